@@ -1,0 +1,132 @@
+# retrygate — build, dependencies, tests.
+#
+#   make deps        install what is missing (Debian packages; llhttp 9.2 from Debian 13 on 12)
+#   make             build/retrygate
+#   make test        unit + integration tests        (SANITIZE=address,undefined for the ASan/UBSan build)
+#   make run         start the bundled demo upstream and retrygate on conf/retrygate.yaml
+#   make fuzz        libFuzzer targets, bounded time  (FUZZ_SECONDS=60)
+#   make bench       retrygate vs nginx vs HAProxy, ratios
+
+VERSION   := 0.1.0
+CC        ?= cc
+SANITIZE  ?=
+WERROR    ?= -Werror
+ARCH      := $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+
+ifeq ($(SANITIZE),)
+BUILD     := build
+OPT       := -O2
+else
+BUILD     := build/san
+OPT       := -O1 -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+endif
+
+# llhttp: the system's when Debian ships it (13+), else Debian 13's package unpacked under build/deps.
+DEPS_DIR  := build/deps
+ifneq ($(wildcard /usr/include/llhttp.h),)
+LLHTTP_INC :=
+LLHTTP_LIB := /usr/lib/$(ARCH)/libllhttp.a
+else
+LLHTTP_INC := -I$(DEPS_DIR)/usr/include
+LLHTTP_LIB := $(DEPS_DIR)/usr/lib/$(ARCH)/libllhttp.a
+endif
+
+WARN      := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 \
+             -Wno-unused-parameter $(WERROR)
+CFLAGS    ?= -g
+CFLAGS    += -std=c11 -D_GNU_SOURCE -pthread $(OPT) $(WARN) $(LLHTTP_INC) -DRETRYGATE_VERSION='"$(VERSION)"'
+LDLIBS    := $(LLHTTP_LIB) -levent_openssl -levent_pthreads -levent -lyaml -lhiredis -lssl -lcrypto -lm -pthread
+LDFLAGS   += $(filter -fsanitize=%,$(OPT))
+
+SRCS      := $(wildcard src/*.c)
+OBJS      := $(SRCS:src/%.c=$(BUILD)/obj/%.o)
+LIBOBJS   := $(filter-out $(BUILD)/obj/main.o,$(OBJS))
+
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/unit/%)
+
+PYTEST    ?= /usr/bin/python3 -m pytest
+PYTEST_ARGS ?= -q
+
+.PHONY: all deps test unit integration run clean fuzz bench demo check-deps
+
+all: $(BUILD)/retrygate
+
+$(BUILD)/retrygate: $(OBJS) | $(LLHTTP_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(LLHTTP_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+
+$(BUILD)/unit/%: tests/unit/%.c $(LIBOBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $< $(LIBOBJS) $(LDLIBS) -lcmocka
+
+# ---------------------------------------------------------------- dependencies
+APT_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev \
+            libcmocka-dev python3 python3-pytest curl redis-server
+deps:
+	@missing=""; for p in $(APT_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "deps: installing$$missing"; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || exit 1; \
+	  else \
+	    echo "deps: missing packages; run:  sudo apt-get install -y$$missing"; exit 1; \
+	  fi; \
+	fi
+	@$(MAKE) --no-print-directory $(LLHTTP_LIB)
+
+# Debian 12 has no libllhttp-dev 9.x: fetch Debian 13's two packages with a private apt
+# state under build/ (the system's apt config is untouched) and unpack them.
+$(DEPS_DIR)/usr/lib/$(ARCH)/libllhttp.a:
+	@set -e; d=$$(pwd)/build/apt; mkdir -p $$d/lists/partial $$d/cache/archives/partial $(DEPS_DIR); \
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > $$d/sources.list; \
+	o="-o Dir::Etc::SourceList=$$d/sources.list -o Dir::Etc::SourceParts=/nonexistent -o Dir::State::Lists=$$d/lists -o Dir::Cache=$$d/cache -o Debug::NoLocking=1 -o APT::Sandbox::User=root"; \
+	echo "deps: fetching libllhttp-dev 9.2 from Debian 13 into $(DEPS_DIR)"; \
+	apt-get $$o -q update >/dev/null; \
+	(cd $$d && apt-get $$o -q download libllhttp-dev libllhttp9.2 >/dev/null); \
+	for f in $$d/libllhttp*.deb; do dpkg-deb -x $$f $(DEPS_DIR); done; \
+	test -f $@
+
+# ---------------------------------------------------------------- tests
+test: deps
+	@$(MAKE) --no-print-directory unit integration
+
+unit: $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+
+integration: $(BUILD)/retrygate
+	RETRYGATE_BIN=$(abspath $(BUILD)/retrygate) $(PYTEST) $(PYTEST_ARGS) tests/integration
+
+run: deps $(BUILD)/retrygate
+	/usr/bin/python3 tests/tools/upstream.py --listen 127.0.0.1:9001 --quiet & up=$$!; \
+	trap "kill $$up 2>/dev/null" EXIT INT TERM; \
+	$(BUILD)/retrygate -c conf/retrygate.yaml
+
+clean:
+	rm -rf build/obj build/unit build/san build/retrygate build/fuzz
+
+# ---------------------------------------------------------------- fuzzing (clang, libFuzzer)
+FUZZ_SECONDS ?= 60
+FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=build/fuzz/%)
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+               -fno-omit-frame-pointer $(LLHTTP_INC) -Isrc -DRETRYGATE_VERSION='"$(VERSION)"'
+FUZZ_OBJS  := $(filter-out build/fuzz/obj/main.o,$(SRCS:src/%.c=build/fuzz/obj/%.o))
+
+build/fuzz/obj/%.o: src/%.c $(wildcard src/*.h) | $(LLHTTP_LIB)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -c -o $@ $<
+
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJS) $(LDLIBS)
+
+fuzz: deps $(FUZZ_BINS)
+	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p build/fuzz/corpus/$$n; \
+	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus/$$n tests/fuzz/corpus/$$n 2>&1 | tail -n 12; done

@@ -1,0 +1,143 @@
+/*
+ * config: the YAML policy (SPEC §2) loaded into an immutable, reference-counted struct.
+ *
+ * config_load() parses the whole file with libyaml, collects every error as
+ * "FILE:LINE:COL: path.to.key: what is wrong (what was expected)" and returns NULL when there
+ * was any. A loaded config is never modified; a reload builds a new one. Every holder takes a
+ * reference (config_ref) and drops it (config_unref); the last unref frees it.
+ * Times are microseconds (*_us), sizes bytes.
+ */
+#ifndef RG_CONFIG_H
+#define RG_CONFIG_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* retry.on conditions that are not statuses */
+#define RETRY_ON_CONNECT_FAILURE 0x1u
+#define RETRY_ON_RESET           0x2u
+#define RETRY_ON_TIMEOUT         0x4u
+
+enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+
+struct cfg_deadline {
+	int64_t default_us;         /* 5s */
+	int64_t max_us;             /* 30s */
+	int64_t min_us;             /* 5ms */
+};
+
+struct cfg_retry {
+	bool enabled;               /* true */
+	int max_attempts;           /* 3, >= 1 */
+	int64_t per_try_timeout_us; /* 1s */
+	unsigned on_flags;          /* RETRY_ON_* */
+	uint8_t on_status[200 / 8]; /* bit (status - 400) set: retry on that status (400..599) */
+	int64_t backoff_base_us;    /* 25ms */
+	int64_t backoff_max_us;     /* 250ms */
+	bool retry_after_honor;     /* true */
+	int64_t retry_after_max_us; /* 10s */
+	double budget_ratio;        /* 0.2 */
+	double budget_min_per_second; /* 10 */
+	int64_t budget_max_tokens;  /* 100 */
+	enum non_idempotent non_idempotent; /* require-key */
+	int64_t max_body;           /* 64KiB */
+};
+
+struct cfg_idempotency {
+	bool enabled;               /* false */
+	char *header;               /* "Idempotency-Key" (used by retry rule 4 even when disabled) */
+	char **methods;             /* ["POST","PATCH"] */
+	int nmethods;
+	bool require_key;           /* false */
+	char **scope_headers;       /* ["Authorization"] */
+	int nscope_headers;
+	int64_t ttl_us;             /* 24h */
+	int64_t lock_timeout_us;    /* 30s */
+	int64_t max_body;           /* 1MiB */
+	int64_t max_response;       /* 1MiB */
+	char *store;                /* "memory" | "redis://[:password@]host:port/db" */
+};
+
+struct cfg_upstream {
+	char *name;
+	char **endpoints;           /* "host:port" as written; names resolved asynchronously */
+	int nendpoints;
+	bool tls;                   /* a tls: block was given */
+	char *tls_sni;              /* NULL: none */
+	char *tls_ca;               /* NULL: system default store */
+	bool tls_verify;            /* true */
+	char *host_rewrite;         /* "" : send the client's Host */
+	int64_t connect_timeout_us; /* 250ms */
+	struct cfg_deadline deadline;
+	struct cfg_retry retry;
+	int max_in_flight;          /* 256 */
+	int max_retries_in_flight;  /* 32 (effective: min with max_in_flight) */
+	struct cfg_idempotency idem;
+	int line, col;              /* where it was defined, for messages */
+};
+
+struct cfg_route {
+	char *host;                 /* NULL: any host; "*.example.com" allowed; lower-cased */
+	char *path_prefix;          /* "/" */
+	char *upstream_name;
+	struct cfg_upstream *upstream; /* resolved at load, points into config->upstreams */
+};
+
+struct cfg_limits {
+	int64_t max_header_bytes;   /* 32KiB */
+	int64_t header_timeout_us;  /* 10s */
+	int64_t max_uri_bytes;      /* 8KiB (effective: min with max_header_bytes) */
+	int64_t idle_timeout_us;    /* 60s */
+	int64_t max_body;           /* 0 = unlimited */
+	int64_t max_connections;    /* 10000 */
+};
+
+struct cfg_listener {
+	char *name;
+	char *listen;               /* "host:port" */
+	bool tls;
+	char *tls_cert, *tls_key;
+	struct cfg_limits limits;
+	struct cfg_route *routes;
+	int nroutes;
+};
+
+struct config {
+	atomic_int refs;
+	char *path;                 /* the file it was loaded from */
+	char *admin_listen;         /* "127.0.0.1:9901"; "" disables the admin listener */
+	char *admin_token;          /* "" */
+	int workers;                /* resolved: "auto" becomes the CPU count */
+	int64_t drain_timeout_us;   /* 15s */
+	char *access_log;           /* "off" | "stdout" | path */
+	struct cfg_listener *listeners;
+	int nlisteners;
+	struct cfg_upstream *upstreams;
+	int nupstreams;
+};
+
+/* Load and validate PATH. On any error, print every one of them to ERRS and return NULL.
+ * The result has one reference. */
+struct config *config_load(const char *path, FILE *errs);
+struct config *config_ref(struct config *c);
+void config_unref(struct config *c);
+
+struct cfg_upstream *config_upstream(const struct config *c, const char *name);
+
+/* --check report: per upstream the worst case its policy allows, warnings, then "FILE: ok". */
+void config_report(const struct config *c, FILE *out);
+
+/* /config: the effective configuration as JSON (admin token and store passwords redacted).
+ * Returns a malloc'd NUL-terminated string. */
+char *config_to_json(const struct config *c);
+
+static inline bool cfg_retry_on_status(const struct cfg_retry *r, int status)
+{
+	if (status < 400 || status > 599)
+		return false;
+	return (r->on_status[(status - 400) / 8] >> ((status - 400) % 8)) & 1;
+}
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * util: small pure helpers shared by several files: duration and size syntax (SPEC §2),
+ * case-insensitive comparisons, host:port splitting, a fast PRNG.
+ */
+#ifndef RG_UTIL_H
+#define RG_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* "250ms" "2s" "1m" "24h", or a bare integer meaning milliseconds; no fractions or compounds.
+ * Returns 0 and sets *us, or -1. Overflow is an error. */
+int parse_duration(const char *s, int64_t *us);
+/* "512" "512B" "64KiB" "1MiB" "1GiB". Returns 0 and sets *bytes, or -1. */
+int parse_size(const char *s, int64_t *bytes);
+
+bool str_ieq(const char *a, size_t alen, const char *b, size_t blen);
+bool str_iprefix(const char *s, size_t len, const char *prefix);
+
+/* Split "host:port" / "[v6]:port" into host (no brackets) and port. 0 or -1. */
+int split_host_port(const char *s, char *host, size_t hostcap, int *port);
+
+/* xorshift64*: per-thread state, never 0 */
+uint64_t rand_next(uint64_t *state);
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t m);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xstrndup(const char *s, size_t n);
+
+#endif
