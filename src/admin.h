@@ -1,0 +1,18 @@
+/*
+ * admin: the admin listener (SPEC §7) on the main thread: /healthz /ready /metrics /stats
+ * /config /retries. It parses requests with the same http.c as the proxy.
+ */
+#ifndef RG_ADMIN_H
+#define RG_ADMIN_H
+
+struct event_base;
+struct config;
+
+enum admin_state { ADMIN_STARTING, ADMIN_READY, ADMIN_DRAINING };
+
+int admin_start(struct event_base *base, const struct config *cfg);
+void admin_reconfigure(const struct config *cfg);
+void admin_set_state(enum admin_state st);
+void admin_stop(void);
+
+#endif

@@ -1,0 +1,498 @@
+/*
+ * attempt: one try against one endpoint (see attempt.h).
+ *
+ * States: A_RESOLVING -> A_CONNECTING -> A_WAITING (request written or being written, no
+ * final head yet) -> A_BODY (final head delivered, body streaming) -> A_DONE.
+ * Every failure is reported once, through on_end, from a clean stack (a failure noticed inside
+ * attempt_start() is delivered from a zero-delay timer), so the owner never sees a callback
+ * before attempt_start() returned.
+ *
+ * Outcome classification (SPEC §4): a failure before any byte of the request left is a
+ * connect-failure, whichever timer cut it; a pooled connection found closed before writing is
+ * replaced with a fresh one, silently; once a byte was written, a close is a reset.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "attempt.h"
+#include "clock.h"
+#include "http.h"
+#include "log.h"
+#include "pool.h"
+#include "upstream.h"
+#include "util.h"
+#include "worker.h"
+
+#define ATTEMPT_MAGIC 0xa77e3b71u
+#define BODY_CHUNK (64 * 1024)
+
+enum astate { A_RESOLVING, A_CONNECTING, A_WAITING, A_BODY, A_DONE };
+
+struct attempt {
+	uint32_t magic;
+	enum astate state;
+	struct worker *w;
+	struct ep_state *ep;
+	struct pool_ep *pe;
+	struct upconn *c;
+	struct attempt_cbs cbs;
+	void *arg;
+	struct evbuffer *head;          /* kept until written: a reused connection may be replaced */
+	struct evbuffer *body;
+	struct evbuffer *pending;       /* streamed body received before the connection was ready */
+	struct evbuffer *decoded;       /* response body bytes handed to on_body */
+	struct evbuffer_cb_entry *out_cb;
+	bool streaming, chunked, is_head, body_ended;
+	bool wrote_any, reused, paused, eof, freed;
+	int64_t start_us, connect_timeout_us, head_timeout_us;
+	struct event *timer;
+	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
+	const char *fail_detail;
+	struct pool_waiter wt;
+	char peer[64];
+};
+
+static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
+static void attempt_process(struct attempt *a);
+
+bool attempt_wrote_any(const struct attempt *a) { return a->wrote_any; }
+struct ep_state *attempt_endpoint(const struct attempt *a) { return a->ep; }
+const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
+size_t attempt_send_pending(const struct attempt *a)
+{
+	size_t n = a->pending ? evbuffer_get_length(a->pending) : 0;
+	if (a->c && a->c->bev)
+		n += evbuffer_get_length(bufferevent_get_output(a->c->bev));
+	return n;
+}
+
+static void attempt_free_cb(void *p)
+{
+	struct attempt *a = p;
+	a->magic = 0;
+	free(a);
+}
+
+static void conn_detach(struct attempt *a, bool reuse)
+{
+	struct upconn *c = a->c;
+	if (!c)
+		return;
+	a->c = NULL;
+	if (a->out_cb) {
+		evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), a->out_cb);
+		a->out_cb = NULL;
+	}
+	bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+	if (reuse)
+		pool_put(c);
+	else
+		upconn_close(c);
+}
+
+/* Finish: report once. Safe against the owner freeing us inside on_end. */
+static void attempt_end(struct attempt *a, enum outcome out, bool bad, const char *detail)
+{
+	if (a->state == A_DONE)
+		return;
+	a->state = A_DONE;
+	evtimer_del(a->timer);
+	if (a->pe && a->wt.fn)
+		pool_resolve_cancel(a->pe, &a->wt);
+	conn_detach(a, false);
+	a->cbs.on_end(a->arg, a, out, bad, detail);
+}
+
+static void attempt_fail_soon(struct attempt *a, enum outcome out, const char *detail)
+{
+	a->fail_out = out;
+	a->fail_detail = detail;
+	struct timeval tv = { 0, 0 };
+	evtimer_add(a->timer, &tv);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct attempt *a = arg;
+	if (a->state == A_DONE)
+		return;
+	if (a->fail_out != OUT_NONE) {
+		attempt_end(a, a->fail_out, false, a->fail_detail);
+		return;
+	}
+	if (a->state == A_RESOLVING || a->state == A_CONNECTING || !a->wrote_any)
+		attempt_end(a, OUT_CONNECT_FAILURE, false,
+		            a->state == A_RESOLVING ? "resolve timeout" : "connect timeout");
+	else
+		attempt_end(a, OUT_TIMEOUT, false, "no response head in time");
+}
+
+static void arm_head_timer(struct attempt *a)
+{
+	evtimer_del(a->timer);
+	if (a->head_timeout_us <= 0)
+		return;
+	struct timeval tv = clock_tv(a->start_us + a->head_timeout_us - clock_now_us());
+	evtimer_add(a->timer, &tv);
+}
+
+static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct attempt *a = arg;
+	if (info->n_deleted > 0 && !a->wrote_any) {
+		a->wrote_any = true;
+	}
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+	attempt_process(arg);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+	struct attempt *a = arg;
+	if (a->streaming && !a->body_ended && a->state != A_DONE)
+		a->cbs.on_drain(a->arg, a);
+}
+
+static void replace_conn(struct attempt *a);
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct attempt *a = arg;
+	if (a->state == A_DONE)
+		return;
+	if (what & BEV_EVENT_CONNECTED) {
+		int one = 1;
+		setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		a->state = A_WAITING;
+		arm_head_timer(a);
+		return;
+	}
+	if (a->state == A_CONNECTING) {
+		attempt_end(a, OUT_CONNECT_FAILURE, false,
+		            (what & BEV_EVENT_ERROR) ? evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR())
+		                                     : "closed while connecting");
+		return;
+	}
+	if (!a->wrote_any) {
+		if (a->reused) {
+			/* a pooled connection found closed before our first byte: no outcome */
+			replace_conn(a);
+			return;
+		}
+		attempt_end(a, OUT_CONNECT_FAILURE, false, "closed before the request was written");
+		return;
+	}
+	a->eof = true;
+	attempt_process(a);
+}
+
+static void conn_setup(struct attempt *a)
+{
+	struct bufferevent *bev = a->c->bev;
+	bufferevent_setcb(bev, read_cb, write_cb, event_cb, a);
+	if (a->c->parser)
+		http_msg_expect(a->c->parser, a->is_head);
+	a->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), out_drained_cb, a);
+	bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+/* Queue the head and whatever body we have. */
+static void conn_write_request(struct attempt *a)
+{
+	struct evbuffer *out = bufferevent_get_output(a->c->bev);
+	evbuffer_add_buffer(out, a->head);
+	if (a->body)
+		evbuffer_add_buffer_reference(out, a->body);
+	if (a->pending && evbuffer_get_length(a->pending) > 0)
+		evbuffer_add_buffer(out, a->pending);
+	if (a->streaming && a->body_ended && a->chunked)
+		http_chunk_last(out);
+}
+
+static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const char *err)
+{
+	struct attempt *a = arg;
+	a->wt.fn = NULL;
+	if (a->state == A_DONE)
+		return;
+	if (err) {
+		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "name resolution failed");
+		return;
+	}
+	attempt_connect(a, sa, salen);
+}
+
+static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen)
+{
+	a->state = A_CONNECTING;
+	struct bufferevent *bev = bufferevent_socket_new(a->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (!bev) {
+		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "out of sockets");
+		return;
+	}
+	struct upconn *c = xcalloc(1, sizeof(*c));
+	c->w = a->w;
+	c->ep = a->ep;
+	c->bev = bev;
+	a->c = c;
+	a->reused = false;
+	conn_setup(a);
+	/* the request is queued now; it leaves once connected */
+	if (bufferevent_socket_connect(bev, (struct sockaddr *)sa, salen) < 0) {
+		conn_detach(a, false);
+		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "connect failed");
+		return;
+	}
+	conn_write_request(a);
+}
+
+static void start_fresh(struct attempt *a)
+{
+	a->state = A_RESOLVING;
+	a->wt.fn = resolved_cb;
+	a->wt.arg = a;
+	pool_resolve(a->pe, &a->wt);
+}
+
+/* Our head went out on a pooled connection the peer had closed: nothing was written
+ * (SPEC §4: discarded and replaced, with no outcome). The head is still ours: rebuild. */
+static void replace_conn(struct attempt *a)
+{
+	struct evbuffer *out = bufferevent_get_output(a->c->bev);
+	struct evbuffer *again = evbuffer_new();
+	evbuffer_add_buffer(again, out);    /* nothing was drained: the whole request is here */
+	conn_detach(a, false);
+	evbuffer_add_buffer(a->head, again);
+	evbuffer_free(again);
+	/* the body reference and pending bytes were moved into the head buffer above */
+	a->body = NULL;
+	start_fresh(a);
+}
+
+struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct attempt_req *req,
+                              const struct attempt_cbs *cbs, void *arg)
+{
+	struct attempt *a = xcalloc(1, sizeof(*a));
+	a->magic = ATTEMPT_MAGIC;
+	a->w = w;
+	a->ep = ep;
+	a->pe = pool_ep_get(w, ep);
+	a->cbs = *cbs;
+	a->arg = arg;
+	a->head = req->head;
+	a->body = req->body;
+	a->streaming = req->streaming;
+	a->chunked = req->chunked;
+	a->is_head = req->is_head;
+	a->connect_timeout_us = req->connect_timeout_us;
+	a->head_timeout_us = req->head_timeout_us;
+	a->start_us = clock_now_us();
+	a->decoded = evbuffer_new();
+	if (a->streaming)
+		a->pending = evbuffer_new();
+	a->timer = evtimer_new(w->base, timer_cb, a);
+
+	int64_t t = a->connect_timeout_us;
+	if (a->head_timeout_us > 0 && a->head_timeout_us < t)
+		t = a->head_timeout_us;
+	struct timeval tv = clock_tv(t);
+	evtimer_add(a->timer, &tv);
+
+	struct upconn *c = req->fresh_conn ? NULL : pool_get(a->pe);
+	if (c) {
+		a->c = c;
+		a->reused = true;
+		a->state = A_WAITING;
+		conn_setup(a);
+		conn_write_request(a);
+		arm_head_timer(a);
+	} else {
+		start_fresh(a);
+	}
+	return a;
+}
+
+void attempt_free(struct attempt *a)
+{
+	if (!a || a->freed)
+		return;
+	a->freed = true;
+	if (a->state != A_DONE) {
+		a->state = A_DONE;
+		if (a->pe && a->wt.fn)
+			pool_resolve_cancel(a->pe, &a->wt);
+		conn_detach(a, false);
+	}
+	if (a->timer)
+		event_free(a->timer);
+	a->timer = NULL;
+	if (a->head)
+		evbuffer_free(a->head);
+	if (a->pending)
+		evbuffer_free(a->pending);
+	if (a->decoded)
+		evbuffer_free(a->decoded);
+	a->head = a->pending = a->decoded = NULL;
+	worker_defer_free(a->w, attempt_free_cb, a);
+}
+
+void attempt_send_body(struct attempt *a, struct evbuffer *data)
+{
+	size_t n = evbuffer_get_length(data);
+	if (a->state == A_DONE) {
+		evbuffer_drain(data, n);
+		return;
+	}
+	/* once a connection exists its output queues bytes until connected */
+	struct evbuffer *dst = a->c ? bufferevent_get_output(a->c->bev) : a->pending;
+	if (n == 0)
+		return;
+	if (a->chunked)
+		http_chunk_encode(dst, data, n);
+	else
+		evbuffer_add_buffer(dst, data);
+}
+
+void attempt_send_body_end(struct attempt *a)
+{
+	if (a->body_ended)
+		return;
+	a->body_ended = true;
+	if (a->state == A_DONE || !a->chunked)
+		return;
+	http_chunk_last(a->c ? bufferevent_get_output(a->c->bev) : a->pending);
+}
+
+void attempt_pause(struct attempt *a)
+{
+	a->paused = true;
+	if (a->c && a->c->bev)
+		bufferevent_disable(a->c->bev, EV_READ);
+}
+
+void attempt_resume(struct attempt *a)
+{
+	if (!a->paused || a->state == A_DONE)
+		return;
+	a->paused = false;
+	if (a->c && a->c->bev) {
+		bufferevent_enable(a->c->bev, EV_READ);
+		/* bytes (or an EOF) already buffered would get no new read event */
+		bufferevent_trigger(a->c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+	}
+}
+
+struct bufferevent *attempt_take_bev(struct attempt *a)
+{
+	if (!a->c)
+		return NULL;
+	struct upconn *c = a->c;
+	struct bufferevent *bev = c->bev;
+	if (a->out_cb)
+		evbuffer_remove_cb_entry(bufferevent_get_output(bev), a->out_cb);
+	a->out_cb = NULL;
+	bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
+	c->bev = NULL;
+	a->c = NULL;
+	upconn_close(c);
+	a->state = A_DONE;
+	evtimer_del(a->timer);
+	return bev;
+}
+
+/* Complete response: pool the connection if both directions ended cleanly. */
+static void attempt_complete(struct attempt *a, bool keep_alive)
+{
+	bool reuse = keep_alive && !a->eof && a->c &&
+	             (!a->streaming || a->body_ended) &&
+	             evbuffer_get_length(bufferevent_get_output(a->c->bev)) == 0 &&
+	             (!a->pending || evbuffer_get_length(a->pending) == 0);
+	a->state = A_DONE;
+	evtimer_del(a->timer);
+	conn_detach(a, reuse);
+	a->cbs.on_end(a->arg, a, OUT_NONE, false, NULL);
+}
+
+static void attempt_process(struct attempt *a)
+{
+	while (a->state == A_WAITING || a->state == A_BODY) {
+		struct upconn *c = a->c;
+		if (!c)
+			return;
+		if (!c->parser) {
+			struct http_limits lim = { 64 * 1024, 64 * 1024 };
+			c->parser = http_msg_new(HTTP_RESPONSE_KIND, &lim);
+			http_msg_expect(c->parser, a->is_head);
+		}
+		struct evbuffer *in = bufferevent_get_input(c->bev);
+		enum http_event ev = http_msg_feed(c->parser, in, a->decoded, a->paused ? 0 : BODY_CHUNK);
+		switch (ev) {
+		case HTTP_NEED_MORE:
+			if (!a->eof || a->paused)
+				return;
+			if (evbuffer_get_length(in) > 0 && !a->paused)
+				continue;
+			ev = http_msg_eof(c->parser);
+			if (ev == HTTP_DONE && a->state == A_BODY) {
+				attempt_complete(a, false);
+				return;
+			}
+			if (a->state == A_WAITING)
+				attempt_end(a, OUT_RESET, ev == HTTP_ERROR && http_msg_head_bytes(c->parser) > 0,
+				            "connection closed before a complete response head");
+			else
+				attempt_end(a, OUT_RESET, false, "response body truncated");
+			return;
+		case HTTP_HEAD: {
+			const struct http_head *h = http_msg_head(c->parser);
+			if (h->status >= 100 && h->status < 200 && h->status != 101) {
+				a->cbs.on_head(a->arg, a, h);
+				if (a->freed || a->state == A_DONE)
+					return;
+				http_msg_next(c->parser);
+				http_msg_expect(c->parser, a->is_head);
+				continue;
+			}
+			a->state = A_BODY;
+			evtimer_del(a->timer);
+			a->cbs.on_head(a->arg, a, h);
+			if (a->freed || a->state == A_DONE || h->status == 101)
+				return;
+			continue;
+		}
+		case HTTP_BODY:
+			a->cbs.on_body(a->arg, a, a->decoded);
+			if (a->freed || a->state == A_DONE)
+				return;
+			continue;
+		case HTTP_DONE: {
+			bool ka = http_msg_head(c->parser)->keep_alive;
+			http_msg_next(c->parser);
+			if (evbuffer_get_length(in) > 0)
+				ka = false;     /* bytes after the response: never pool (SPEC §8) */
+			attempt_complete(a, ka);
+			return;
+		}
+		case HTTP_ERROR: {
+			int st;
+			const char *reason, *detail;
+			http_msg_error(c->parser, &st, &reason, &detail);
+			if (a->state == A_WAITING)
+				attempt_end(a, OUT_RESET, true, detail);
+			else
+				attempt_end(a, OUT_RESET, false, detail);
+			return;
+		}
+		}
+	}
+}

@@ -1,0 +1,70 @@
+/*
+ * attempt: one try of one request against one endpoint: take a pooled connection or open
+ * one, write the head and body, read the response head and body, and classify the outcome:
+ * connect-failure (no byte of the request written), reset (closed, reset or invalid after
+ * writing), timeout (no head in time), or a status. It makes no retry decision: it reports
+ * through the callbacks it was handed (DESIGN rule 7) and the exchange decides.
+ *
+ * The owner frees an attempt with attempt_free() at any time, including from inside one of
+ * its callbacks; the connection is pooled only if the response completed cleanly.
+ */
+#ifndef RG_ATTEMPT_H
+#define RG_ATTEMPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "retry.h"
+
+struct worker;
+struct ep_state;
+struct evbuffer;
+struct http_head;
+struct attempt;
+
+struct attempt_cbs {
+	/* A response head: 1xx (then more follow) or final. */
+	void (*on_head)(void *arg, struct attempt *a, const struct http_head *h);
+	/* Decoded response body bytes in DATA: the callee must drain what it takes. */
+	void (*on_body)(void *arg, struct attempt *a, struct evbuffer *data);
+	/* The request body written so far has drained to the socket: send more. */
+	void (*on_drain)(void *arg, struct attempt *a);
+	/* The end. Before a final head: OUT_CONNECT_FAILURE / OUT_RESET / OUT_TIMEOUT
+	 * (bad_response: the peer sent invalid HTTP). After it: OUT_NONE = complete, OUT_RESET =
+	 * the body broke off. The attempt is finished; the owner still calls attempt_free(). */
+	void (*on_end)(void *arg, struct attempt *a, enum outcome out, bool bad_response,
+	               const char *detail);
+};
+
+struct attempt_req {
+	struct evbuffer *head;          /* serialized request head (taken) */
+	struct evbuffer *body;          /* complete replayable body (referenced, not taken) or NULL */
+	bool streaming;                 /* body arrives later through attempt_send_body() */
+	bool chunked;                   /* encode the streamed body as chunked */
+	bool is_head;                   /* HEAD request: the response has no body */
+	bool fresh_conn;                /* do not reuse a pooled connection */
+	int64_t connect_timeout_us;
+	int64_t head_timeout_us;        /* 0: none (the exchange's deadline timer governs) */
+};
+
+struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct attempt_req *req,
+                              const struct attempt_cbs *cbs, void *arg);
+void attempt_free(struct attempt *a);
+
+/* Streaming request body */
+void attempt_send_body(struct attempt *a, struct evbuffer *data);
+void attempt_send_body_end(struct attempt *a);
+size_t attempt_send_pending(const struct attempt *a);
+
+/* Response backpressure */
+void attempt_pause(struct attempt *a);
+void attempt_resume(struct attempt *a);
+
+bool attempt_wrote_any(const struct attempt *a);
+struct ep_state *attempt_endpoint(const struct attempt *a);
+const char *attempt_peer(const struct attempt *a);
+
+/* Upgrade: after a 101 head, take the raw connection (and bytes already read) for a tunnel. */
+struct bufferevent *attempt_take_bev(struct attempt *a);
+
+#endif

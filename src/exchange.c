@@ -1,0 +1,1042 @@
+/*
+ * exchange: one request, its attempts, and the retry loop between them (see exchange.h).
+ *
+ *   X_WAIT_BODY --body end--> X_ATTEMPT --head/failure--> decide() --retry--> X_BACKOFF
+ *        |                        ^                          |                    |
+ *        +--(streamed body)-------+                          +--relay--> X_RELAY  |
+ *                                  +---------------backoff timer------------------+
+ *   and from anywhere: X_DONE (finish(): response queued, on_done reported once).
+ *
+ * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
+ * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the
+ * decision, through its wait, to its end. A response that was retried is kept (head and up
+ * to retry.max_body of body) so that, if no later attempt produces a response, the client
+ * still gets the last one any attempt produced (SPEC §4).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "accesslog.h"
+#include "attempt.h"
+#include "clock.h"
+#include "config.h"
+#include "deadline.h"
+#include "exchange.h"
+#include "http.h"
+#include "log.h"
+#include "reply.h"
+#include "retry.h"
+#include "route.h"
+#include "stats.h"
+#include "upstream.h"
+#include "util.h"
+#include "worker.h"
+
+#define EXCHANGE_MAGIC 0xe8c4a46eu
+#define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
+#define STREAM_HIGH   (256 * 1024)    /* upstream output above this: stop reading the client */
+
+enum xstate { X_NEW, X_WAIT_BODY, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
+enum bmode { B_NONE, B_BUFFER, B_STREAM };
+
+/* a response kept while its request is retried */
+struct saved {
+	bool valid;
+	bool complete;
+	struct attempt *a;              /* still collecting its body, or NULL */
+	struct http_head h;
+	struct http_hdr *hdrs;
+	char *strings;
+	struct evbuffer *body;
+};
+
+struct exchange {
+	uint32_t magic;
+	enum xstate state;
+	struct worker *w;
+	struct runtime *rt;
+	struct cfg_listener *l;
+	struct client_info ci;
+	char peer_ip[64];
+	const struct http_head *req;
+	struct bufferevent *cbev;
+	struct evbuffer *cout;
+	struct exchange_cbs cbs;
+	void *arg;
+
+	struct cfg_upstream *up;
+	struct upstream_binding *ub;
+	struct upstream_state *st;
+	struct ustats *us;
+
+	int64_t t0_us, deadline_us, given_us;
+	bool dl_present[DL_NKINDS];
+	bool req_nested, has_key;
+	enum method_class mclass;
+	const char *key; size_t keylen;
+
+	enum bmode bmode;
+	struct evbuffer *body;
+	int64_t body_len;
+	bool body_done, has_body;
+
+	struct attempt *att;            /* the attempt waiting for its head */
+	struct attempt *relay;          /* the attempt whose response goes to the client */
+	struct ep_state *att_ep;
+	bool slot_in_flight, slot_retry;
+	struct ep_state *next_ep;
+	int attempts;
+	uint64_t tried;
+	enum outcome last_out;
+	bool last_bad;
+	struct saved saved;
+	enum refusal refused;
+
+	struct event *deadline_ev, *backoff_ev;
+	bool head_sent, resp_chunked, close_after;
+	int resp_status;
+	char reqid[40];
+	struct access_rec log;
+};
+
+static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
+static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry);
+static void deliver_last(struct exchange *ex);
+
+static const struct attempt_cbs attempt_callbacks;
+
+/* ------------------------------------------------------------------ helpers */
+
+static bool hdr_is(const struct http_hdr *h, const char *name)
+{
+	return str_ieq(h->name, h->nlen, name, strlen(name));
+}
+
+static int64_t hdr_int(const struct http_head *h, const char *name)
+{
+	size_t n;
+	const char *v = http_head_get(h, name, &n);
+	if (!v || n == 0 || n > 18)
+		return -1;
+	int64_t x = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return -1;
+		x = x * 10 + (v[i] - '0');
+	}
+	return x;
+}
+
+static void release_slots(struct exchange *ex)
+{
+	if (ex->slot_in_flight) {
+		upstream_release_in_flight(ex->st);
+		ex->slot_in_flight = false;
+	}
+	if (ex->slot_retry) {
+		upstream_release_retry_slot(ex->st);
+		ex->slot_retry = false;
+	}
+}
+
+static void saved_clear(struct saved *s)
+{
+	if (s->a)
+		attempt_free(s->a);
+	s->a = NULL;
+	if (s->body)
+		evbuffer_free(s->body);
+	free(s->hdrs);
+	free(s->strings);
+	memset(s, 0, sizeof(*s));
+}
+
+/* Keep a deep copy of H: the attempt that parsed it goes on collecting the body. */
+static void saved_keep(struct exchange *ex, const struct http_head *h, struct attempt *a)
+{
+	struct saved *s = &ex->saved;
+	saved_clear(s);
+	size_t total = h->reason_len + 1;
+	for (int i = 0; i < h->nhdrs; i++)
+		total += h->hdrs[i].nlen + h->hdrs[i].vlen + 2;
+	s->strings = xmalloc(total);
+	s->hdrs = xcalloc((size_t)h->nhdrs + 1, sizeof(*s->hdrs));
+	char *p = s->strings;
+	s->h = *h;
+	memcpy(p, h->reason, h->reason_len);
+	s->h.reason = p;
+	p += h->reason_len + 1;
+	for (int i = 0; i < h->nhdrs; i++) {
+		s->hdrs[i] = h->hdrs[i];
+		memcpy(p, h->hdrs[i].name, h->hdrs[i].nlen);
+		s->hdrs[i].name = p;
+		p += h->hdrs[i].nlen + 1;
+		memcpy(p, h->hdrs[i].value, h->hdrs[i].vlen);
+		s->hdrs[i].value = p;
+		p += h->hdrs[i].vlen + 1;
+	}
+	s->h.hdrs = s->hdrs;
+	s->body = evbuffer_new();
+	s->valid = true;
+	s->a = a;
+}
+
+static bool bodyless_response(const struct exchange *ex, int status)
+{
+	return ex->req->method_head || status == 204 || status == 304 || status < 200;
+}
+
+static void count_status(struct exchange *ex, int status)
+{
+	int c = status / 100;
+	if (c >= 1 && c <= 5)
+		STAT_INC(g_gstats[ex->w->id].requests[c]);
+}
+
+/* ------------------------------------------------------------------ finishing */
+
+static void finish(struct exchange *ex, bool close)
+{
+	if (ex->state == X_DONE)
+		return;
+	ex->state = X_DONE;
+	release_slots(ex);
+	evtimer_del(ex->deadline_ev);
+	evtimer_del(ex->backoff_ev);
+	if (ex->att) {
+		attempt_free(ex->att);
+		ex->att = NULL;
+	}
+	if (ex->relay) {
+		attempt_free(ex->relay);
+		ex->relay = NULL;
+	}
+	saved_clear(&ex->saved);
+	count_status(ex, ex->resp_status);
+	int64_t now = clock_now_us();
+	if (ex->us && ex->attempts > 0)
+		stats_observe_duration(ex->us, now - ex->t0_us);
+	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
+	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT) && !ex->log.ok_response)
+		STAT_INC(ex->us->unknown_outcomes);
+	ex->log.status = ex->resp_status;
+	ex->log.attempts = ex->attempts;
+	ex->log.refused = ex->refused;
+	ex->log.non_idempotent = ex->mclass == MC_OTHER;
+	ex->log.last_out = ex->last_out;
+	ex->log.duration_us = now - ex->t0_us;
+	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
+	accesslog_write(ex->w, &ex->log);
+	ex->cbs.on_done(ex->arg, close || ex->close_after);
+}
+
+static void finish_error(struct exchange *ex, int status, const char *reason, bool close,
+                         const char *extra)
+{
+	char hdrs[256] = "";
+	if (ex->refused != RR_NONE && ex->refused != RR_NOT_LISTED)
+		snprintf(hdrs, sizeof(hdrs), "X-Retrygate-Retry-Refused: %s\r\n%s",
+		         refusal_name(ex->refused), extra ? extra : "");
+	else if (extra)
+		snprintf(hdrs, sizeof(hdrs), "%s", extra);
+	if (ex->has_body && !ex->body_done)
+		close = true;       /* the rest of the request body was not read */
+	close = close || ex->close_after || !ex->req->keep_alive || ex->ci.draining;
+	ex->resp_status = status;
+	ex->log.reason = reason;
+	reply_error(ex->cout, status, reason, ex->up ? ex->up->name : "", ex->attempts, close,
+	            ex->req->version == 10 && ex->req->keep_alive, hdrs);
+	finish(ex, close);
+}
+
+/* ------------------------------------------------------------------ response to the client */
+
+static void write_head(struct exchange *ex, const struct http_head *h, enum refusal reason)
+{
+	struct evbuffer *o = ex->cout;
+	bool bodyless = bodyless_response(ex, h->status);
+	evbuffer_add_printf(o, "HTTP/1.1 %d %.*s\r\n", h->status, (int)h->reason_len, h->reason);
+	bool own_refusal = reason != RR_NONE && reason != RR_NOT_LISTED;
+	for (int i = 0; i < h->nhdrs; i++) {
+		const struct http_hdr *x = &h->hdrs[i];
+		if (x->hop || hdr_is(x, "X-Retrygate-Attempts"))
+			continue;
+		if (own_refusal && hdr_is(x, "X-Retrygate-Retry-Refused"))
+			continue;
+		evbuffer_add(o, x->name, x->nlen);
+		evbuffer_add(o, ": ", 2);
+		evbuffer_add(o, x->value, x->vlen);
+		evbuffer_add(o, "\r\n", 2);
+	}
+	evbuffer_add_printf(o, "X-Retrygate-Attempts: %d\r\n", ex->attempts);
+	if (own_refusal)
+		evbuffer_add_printf(o, "X-Retrygate-Retry-Refused: %s\r\n", refusal_name(reason));
+	ex->resp_chunked = false;
+	if (h->status >= 200 && h->status != 204 && h->content_length >= 0 &&
+	    (h->status != 304 || ex->req->method_head))
+		evbuffer_add_printf(o, "Content-Length: %" PRId64 "\r\n", h->content_length);
+	else if (h->status == 304 && h->content_length >= 0)
+		evbuffer_add_printf(o, "Content-Length: %" PRId64 "\r\n", h->content_length);
+	else if (!bodyless) {
+		if (ex->req->version == 11) {
+			evbuffer_add(o, "Transfer-Encoding: chunked\r\n", 28);
+			ex->resp_chunked = true;
+		} else {
+			ex->close_after = true;     /* HTTP/1.0: the body ends with the connection */
+		}
+	}
+	if (ex->has_body && !ex->body_done && ex->bmode != B_STREAM)
+		ex->close_after = true;
+	if (!ex->req->keep_alive || ex->ci.draining || atomic_load(&g_draining))
+		ex->close_after = true;
+	if (ex->close_after)
+		evbuffer_add(o, "Connection: close\r\n", 19);
+	else if (ex->req->version == 10)
+		evbuffer_add(o, "Connection: keep-alive\r\n", 24);
+	evbuffer_add(o, "\r\n", 2);
+	ex->head_sent = true;
+	ex->resp_status = h->status;
+	ex->log.ok_response = true;
+}
+
+static void relay_body(struct exchange *ex, struct evbuffer *data)
+{
+	size_t n = evbuffer_get_length(data);
+	if (n == 0)
+		return;
+	if (ex->resp_chunked)
+		http_chunk_encode(ex->cout, data, n);
+	else
+		evbuffer_add_buffer(ex->cout, data);
+}
+
+/* The response of attempt A goes to the client. */
+static void relay_from(struct exchange *ex, struct attempt *a, const struct http_head *h,
+                       enum refusal reason)
+{
+	ex->state = X_RELAY;
+	ex->relay = a;
+	if (ex->att == a)
+		ex->att = NULL;
+	write_head(ex, h, reason);
+}
+
+static void relay_saved(struct exchange *ex, enum refusal reason)
+{
+	struct saved *s = &ex->saved;
+	if (s->complete)
+		s->h.content_length = (int64_t)evbuffer_get_length(s->body);
+	ex->state = X_RELAY;
+	write_head(ex, &s->h, reason);
+	relay_body(ex, s->body);
+	if (s->complete) {
+		if (ex->resp_chunked)
+			http_chunk_last(ex->cout);
+		finish(ex, false);
+		return;
+	}
+	/* its attempt is still collecting: from now on it streams to the client */
+	ex->relay = s->a;
+	s->a = NULL;
+	s->valid = false;
+}
+
+static void deliver_last(struct exchange *ex)
+{
+	if (ex->saved.valid) {
+		relay_saved(ex, ex->refused);
+		return;
+	}
+	switch (ex->last_out) {
+	case OUT_CONNECT_FAILURE:
+		finish_error(ex, 502, "connect-failure", false, NULL);
+		break;
+	case OUT_TIMEOUT:
+		finish_error(ex, 504, "timeout", false, NULL);
+		break;
+	default:
+		finish_error(ex, 502, ex->last_bad ? "bad-response" : "reset", false, NULL);
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------ the upstream request */
+
+static bool is_deadline_header(const struct http_hdr *h, int *kind)
+{
+	for (int k = 0; k < DL_NKINDS; k++)
+		if (hdr_is(h, deadline_header_name[k])) {
+			*kind = k;
+			return true;
+		}
+	return false;
+}
+
+static struct evbuffer *build_request(struct exchange *ex, int64_t wait_us)
+{
+	const struct http_head *r = ex->req;
+	struct evbuffer *b = evbuffer_new();
+	evbuffer_expand(b, 1024);
+	evbuffer_add_printf(b, "%s %.*s HTTP/1.1\r\n", r->method, (int)r->path_len, r->path);
+	if (ex->up->host_rewrite && ex->up->host_rewrite[0])
+		evbuffer_add_printf(b, "Host: %s\r\n", ex->up->host_rewrite);
+	else if (r->host_len > 0)
+		evbuffer_add_printf(b, "Host: %.*s\r\n", (int)r->host_len, r->host);
+	else
+		evbuffer_add_printf(b, "Host: %s\r\n", ex->att_ep->name);
+
+	const struct http_hdr *xff = NULL, *xfp = NULL;
+	bool have_reqid = false;
+	for (int i = 0; i < r->nhdrs; i++) {
+		const struct http_hdr *h = &r->hdrs[i];
+		int kind;
+		if (h->hop || hdr_is(h, "Host") || is_deadline_header(h, &kind))
+			continue;
+		if (hdr_is(h, "Expect"))
+			continue;
+		if (!ex->req_nested && hdr_is(h, "X-Retrygate-Attempt"))
+			continue;
+		if (hdr_is(h, "X-Forwarded-For")) {
+			if (!xff)
+				xff = h;
+			else {
+				/* several lines: keep them, the last gets our hop appended */
+				evbuffer_add_printf(b, "X-Forwarded-For: %.*s\r\n", (int)xff->vlen, xff->value);
+				xff = h;
+			}
+			continue;
+		}
+		if (hdr_is(h, "X-Forwarded-Proto")) {
+			if (xfp)
+				evbuffer_add_printf(b, "X-Forwarded-Proto: %.*s\r\n", (int)xfp->vlen, xfp->value);
+			xfp = h;
+			continue;
+		}
+		if (hdr_is(h, "X-Request-Id"))
+			have_reqid = true;
+		evbuffer_add(b, h->name, h->nlen);
+		evbuffer_add(b, ": ", 2);
+		evbuffer_add(b, h->value, h->vlen);
+		evbuffer_add(b, "\r\n", 2);
+	}
+	if (xff)
+		evbuffer_add_printf(b, "X-Forwarded-For: %.*s, %s\r\n", (int)xff->vlen, xff->value, ex->peer_ip);
+	else
+		evbuffer_add_printf(b, "X-Forwarded-For: %s\r\n", ex->peer_ip);
+	const char *proto = ex->ci.tls ? "https" : "http";
+	if (xfp)
+		evbuffer_add_printf(b, "X-Forwarded-Proto: %.*s, %s\r\n", (int)xfp->vlen, xfp->value, proto);
+	else
+		evbuffer_add_printf(b, "X-Forwarded-Proto: %s\r\n", proto);
+	if (!have_reqid)
+		evbuffer_add_printf(b, "X-Request-Id: %s\r\n", ex->reqid);
+
+	char v[32];
+	deadline_format(DL_X_TIMEOUT_MS, wait_us, v, sizeof(v));
+	evbuffer_add_printf(b, "X-Timeout-Ms: %s\r\n", v);
+	for (int k = 1; k < DL_NKINDS; k++) {
+		if (!ex->dl_present[k])
+			continue;
+		deadline_format((enum dl_kind)k, wait_us, v, sizeof(v));
+		evbuffer_add_printf(b, "%s: %s\r\n", deadline_header_name[k], v);
+	}
+	if (!ex->req_nested)
+		evbuffer_add_printf(b, "X-Retrygate-Attempt: %d\r\n", ex->attempts);
+	if (ex->bmode == B_STREAM && r->expect_continue)
+		evbuffer_add(b, "Expect: 100-continue\r\n", 22);
+	if (r->upgrade) {
+		size_t n;
+		const char *u = http_head_get(r, "Upgrade", &n);
+		evbuffer_add_printf(b, "Connection: upgrade\r\nUpgrade: %.*s\r\n", (int)n, u ? u : "");
+	}
+	if (ex->bmode == B_STREAM) {
+		if (r->content_length >= 0)
+			evbuffer_add_printf(b, "Content-Length: %" PRId64 "\r\n", r->content_length);
+		else
+			evbuffer_add(b, "Transfer-Encoding: chunked\r\n", 28);
+	} else if (ex->body_len > 0 || r->content_length >= 0 || r->chunked) {
+		evbuffer_add_printf(b, "Content-Length: %" PRId64 "\r\n", ex->body_len);
+	}
+	evbuffer_add(b, "\r\n", 2);
+	return b;
+}
+
+/* ------------------------------------------------------------------ endpoints */
+
+/* SPEC §4 rule 6: unheld before held, then not yet tried before tried, then the hold that
+ * ends first; ties go round-robin. */
+static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now)
+{
+	int n = ex->up->nendpoints;
+	if (n > MAX_ENDPOINTS)
+		n = MAX_ENDPOINTS;
+	uint64_t start = atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
+	struct ep_state *best = NULL;
+	int best_rank = 0;
+	int64_t best_hold = 0;
+	for (int i = 0; i < n; i++) {
+		struct ep_state *ep = ex->ub->ep[(start + (uint64_t)i) % (uint64_t)n];
+		int64_t hold = atomic_load_explicit(&ep->hold_until_us, memory_order_relaxed);
+		bool held = hold > now;
+		bool tried = (ex->tried >> ep->index) & 1;
+		int rank = (held ? 2 : 0) + (tried ? 1 : 0);
+		if (!best || rank < best_rank || (held && rank == best_rank && hold < best_hold)) {
+			best = ep;
+			best_rank = rank;
+			best_hold = hold;
+		}
+	}
+	return best;
+}
+
+/* ------------------------------------------------------------------ attempts */
+
+static bool may_replay_after_reset(const struct exchange *ex)
+{
+	if (ex->bmode == B_STREAM || ex->req_nested)
+		return false;
+	if (ex->mclass == MC_IDEMPOTENT)
+		return true;
+	switch (ex->up->retry.non_idempotent) {
+	case NI_ALWAYS: return true;
+	case NI_REQUIRE_KEY: return ex->has_key;
+	default: return false;
+	}
+}
+
+static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
+{
+	int64_t now = clock_now_us();
+	int64_t remaining = ex->deadline_us - now;
+	if (remaining < ex->up->deadline.min_us || remaining < 1000) {
+		if (retry) {
+			ex->refused = RR_DEADLINE;
+			STAT_INC(ex->us->refused[RR_DEADLINE]);
+			deliver_last(ex);
+		} else {
+			STAT_INC(ex->us->rejected[REJ_DEADLINE]);
+			finish_error(ex, 504, "deadline-exceeded", false, NULL);
+		}
+		return;
+	}
+	if (!upstream_take_in_flight(ex->st, ex->up->max_in_flight)) {
+		if (retry) {
+			/* SPEC §4 rule 7: the retry ends refused when no slot is free at send time */
+			ex->refused = RR_RETRIES_IN_FLIGHT;
+			STAT_INC(ex->us->refused[RR_RETRIES_IN_FLIGHT]);
+			deliver_last(ex);
+		} else {
+			STAT_INC(ex->us->rejected[REJ_OVERLOADED]);
+			finish_error(ex, 503, "overloaded", false, "Retry-After: 1\r\n");
+		}
+		return;
+	}
+	ex->slot_in_flight = true;
+	if (!retry) {
+		STAT_INC(ex->us->requests);
+		budget_deposit(&ex->st->budget, &ex->up->retry, now);
+	} else {
+		STAT_INC(ex->us->retries);
+	}
+	ex->attempts++;
+	STAT_INC(ex->us->attempts);
+	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
+	ex->tried |= 1ull << ep->index;
+	ex->att_ep = ep;
+
+	int64_t per_try = ex->up->retry.per_try_timeout_us;
+	int64_t wait = per_try < remaining ? per_try : remaining;
+	struct attempt_req rq = {
+		.head = build_request(ex, wait),
+		.body = (ex->bmode == B_BUFFER && ex->body_len > 0) ? ex->body : NULL,
+		.streaming = ex->bmode == B_STREAM,
+		.chunked = ex->bmode == B_STREAM && ex->req->content_length < 0,
+		.is_head = ex->req->method_head,
+		.fresh_conn = !may_replay_after_reset(ex),
+		.connect_timeout_us = ex->up->connect_timeout_us,
+		.head_timeout_us = per_try < remaining ? per_try : 0,
+	};
+	ex->state = X_ATTEMPT;
+	ex->att = attempt_start(ex->w, ep, &rq, &attempt_callbacks, ex);
+	access_add_attempt(&ex->log, ep->name);
+	if (ex->bmode == B_STREAM) {
+		if (evbuffer_get_length(ex->body) > 0)
+			attempt_send_body(ex->att, ex->body);
+		if (ex->body_done)
+			attempt_send_body_end(ex->att);
+	}
+}
+
+static void backoff_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	if (ex->state != X_BACKOFF)
+		return;
+	start_attempt(ex, ex->next_ep, true);
+}
+
+/* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
+static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
+{
+	const struct cfg_retry *rc = &ex->up->retry;
+	int64_t now = clock_now_us();
+	struct attempt *a = ex->att;
+	ex->att = NULL;
+	ex->last_out = out;
+	ex->last_bad = bad;
+	release_slots(ex);              /* the failed attempt's slots go before the decision */
+
+	struct retry_facts f = {
+		.outcome = out,
+		.status = h ? h->status : 0,
+		.runtime_enabled = atomic_load_explicit(&ex->st->runtime_enabled, memory_order_relaxed),
+		.nested = ex->req_nested,
+		.attempts = ex->attempts,
+		.method = ex->mclass,
+		.has_key = ex->has_key,
+		.body_replayable = ex->bmode != B_STREAM,
+		.now_us = now,
+		.deadline_us = ex->deadline_us,
+		.retry_after_us = -1,
+		.rand = rand_next(&ex->w->rng),
+	};
+	if (h) {
+		if (hdr_int(h, "X-Retrygate-Attempts") > 1 || http_head_get(h, "X-Retrygate-Retry-Refused", NULL))
+			f.nested = true;
+		size_t n;
+		const char *ra = (h->status == 429 || h->status == 503) && rc->retry_after_honor
+		                 ? http_head_get(h, "Retry-After", &n) : NULL;
+		int64_t delay;
+		if (ra && retry_after_parse(ra, n, clock_wall(), &delay) == 0) {
+			f.retry_after_us = delay;
+			if (delay > 0)
+				upstream_hold(ex->att_ep, now + delay);
+		}
+	}
+	struct ep_state *next = choose_endpoint(ex, now);
+	int64_t hold = atomic_load(&next->hold_until_us);
+	f.hold_until_us = hold > now ? hold : 0;
+
+	int64_t start = 0;
+	enum refusal reason = retry_decide(rc, &ex->up->deadline, &f, &start);
+	if (reason == RR_NONE) {
+		int cap = ex->up->max_retries_in_flight;
+		if (!upstream_take_retry_slot(ex->st, cap))
+			reason = RR_RETRIES_IN_FLIGHT;
+		else if (!budget_take(&ex->st->budget, rc, now)) {
+			upstream_release_retry_slot(ex->st);
+			reason = RR_BUDGET;
+		} else {
+			ex->slot_retry = true;
+		}
+	}
+	if (reason == RR_NONE) {
+		if (h)
+			saved_keep(ex, h, a);   /* it goes on collecting the body */
+		else
+			attempt_free(a);
+		ex->next_ep = next;
+		ex->state = X_BACKOFF;
+		struct timeval tv = clock_tv(start - now);
+		evtimer_add(ex->backoff_ev, &tv);
+		return;
+	}
+	if (reason != RR_NOT_LISTED) {
+		STAT_INC(ex->us->refused[reason]);
+		ex->refused = reason;
+	}
+	if (h) {
+		saved_clear(&ex->saved);
+		relay_from(ex, a, h, reason);
+		return;
+	}
+	attempt_free(a);
+	deliver_last(ex);
+}
+
+/* ------------------------------------------------------------------ attempt callbacks */
+
+static void att_head(void *arg, struct attempt *a, const struct http_head *h)
+{
+	struct exchange *ex = arg;
+	if (ex->state == X_DONE || a != ex->att)
+		return;
+	if (h->status >= 100 && h->status < 200 && h->status != 101) {
+		if (ex->req->version != 11 || ex->head_sent)
+			return;
+		if ((h->status == 100 && ex->req->expect_continue && ex->bmode == B_STREAM) || h->status == 103) {
+			evbuffer_add_printf(ex->cout, "HTTP/1.1 %d %.*s\r\n", h->status, (int)h->reason_len, h->reason);
+			for (int i = 0; h->status == 103 && i < h->nhdrs; i++) {
+				if (h->hdrs[i].hop)
+					continue;
+				evbuffer_add_printf(ex->cout, "%.*s: %.*s\r\n", (int)h->hdrs[i].nlen, h->hdrs[i].name,
+				                    (int)h->hdrs[i].vlen, h->hdrs[i].value);
+			}
+			evbuffer_add(ex->cout, "\r\n", 2);
+		}
+		return;
+	}
+	if (h->status == 101) {
+		/* no tunnel was asked for, or none is supported here: an invalid response */
+		STAT_INC(ex->us->outcomes[OUT_RESET]);
+		access_set_outcome(&ex->log, "bad-response");
+		decide(ex, OUT_RESET, NULL, true);
+		return;
+	}
+	STAT_INC(ex->us->responses[h->status / 100]);
+	access_set_status(&ex->log, h->status);
+	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
+		decide(ex, OUT_STATUS, h, false);
+		return;
+	}
+	relay_from(ex, a, h, RR_NONE);
+}
+
+static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
+{
+	struct exchange *ex = arg;
+	if (ex->state != X_DONE && a == ex->saved.a) {
+		if (evbuffer_get_length(ex->saved.body) + evbuffer_get_length(data) >
+		    (size_t)ex->up->retry.max_body) {
+			/* too big to keep: if no later attempt answers, the client gets our error */
+			saved_clear(&ex->saved);
+			return;
+		}
+		evbuffer_add_buffer(ex->saved.body, data);
+		return;
+	}
+	if (ex->state != X_RELAY || a != ex->relay) {
+		evbuffer_drain(data, evbuffer_get_length(data));
+		return;
+	}
+	relay_body(ex, data);
+	if (evbuffer_get_length(ex->cout) > CLIENT_HIGH)
+		attempt_pause(a);
+}
+
+static void att_drain(void *arg, struct attempt *a)
+{
+	struct exchange *ex = arg;
+	if (ex->state != X_DONE && ex->bmode == B_STREAM && !ex->body_done)
+		ex->cbs.on_want_body(ex->arg);
+}
+
+static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, const char *detail)
+{
+	struct exchange *ex = arg;
+	if (ex->state == X_DONE)
+		return;
+	if (a == ex->saved.a) {
+		ex->saved.a = NULL;
+		if (out == OUT_NONE)
+			ex->saved.complete = true;
+		else
+			saved_clear(&ex->saved);
+		attempt_free(a);
+		return;
+	}
+	if (a == ex->relay) {
+		ex->relay = NULL;
+		attempt_free(a);
+		if (out == OUT_NONE) {
+			if (ex->resp_chunked)
+				http_chunk_last(ex->cout);
+			finish(ex, false);
+		} else {
+			slog(LOG_WARN, ex->ci.sid, "upstream %s: %s: response cut short", ex->up->name, detail);
+			finish(ex, true);   /* never pad or complete a truncated body */
+		}
+		return;
+	}
+	if (a != ex->att)
+		return;
+	STAT_INC(ex->us->outcomes[bad ? OUT_RESET : out]);
+	access_set_outcome(&ex->log, bad ? "bad-response" : outcome_name(out));
+	slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d to %s: %s (%s)", ex->up->name, ex->attempts,
+	     attempt_peer(a), bad ? "bad-response" : outcome_name(out), detail ? detail : "");
+	decide(ex, bad ? OUT_RESET : out, NULL, bad);
+}
+
+static const struct attempt_cbs attempt_callbacks = {
+	.on_head = att_head,
+	.on_body = att_body,
+	.on_drain = att_drain,
+	.on_end = att_end,
+};
+
+/* ------------------------------------------------------------------ deadline */
+
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	if (ex->state == X_DONE || ex->state == X_RELAY)
+		return;     /* a response whose head arrived in time is not cut off */
+	if (!ex->body_done && ex->has_body)
+		ex->close_after = true;
+	if (ex->att) {
+		STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
+		access_set_outcome(&ex->log, "deadline");
+		attempt_free(ex->att);
+		ex->att = NULL;
+	}
+	release_slots(ex);
+	if (ex->saved.valid) {
+		ex->refused = RR_DEADLINE;
+		STAT_INC(ex->us->refused[RR_DEADLINE]);
+		relay_saved(ex, RR_DEADLINE);
+		return;
+	}
+	finish_error(ex, 504, "deadline-exceeded", false, NULL);
+}
+
+/* ------------------------------------------------------------------ session side */
+
+struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_listener *l,
+                              const struct client_info *ci, const struct http_head *req,
+                              struct bufferevent *client, const struct exchange_cbs *cbs,
+                              void *arg)
+{
+	struct exchange *ex = xcalloc(1, sizeof(*ex));
+	ex->magic = EXCHANGE_MAGIC;
+	ex->w = w;
+	ex->rt = runtime_ref(rt);
+	ex->l = l;
+	ex->ci = *ci;
+	snprintf(ex->peer_ip, sizeof(ex->peer_ip), "%s", ci->peer_ip ? ci->peer_ip : "");
+	ex->ci.peer_ip = ex->peer_ip;
+	ex->req = req;
+	ex->cbev = client;
+	ex->cout = bufferevent_get_output(client);
+	ex->cbs = *cbs;
+	ex->arg = arg;
+	ex->t0_us = clock_now_us();
+	ex->deadline_ev = evtimer_new(w->base, deadline_cb, ex);
+	ex->backoff_ev = evtimer_new(w->base, backoff_cb, ex);
+	ex->body = evbuffer_new();
+	ex->has_body = req->chunked || req->content_length > 0;
+	ex->body_done = !ex->has_body;
+	uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
+	snprintf(ex->reqid, sizeof(ex->reqid), "%016" PRIx64 "%016" PRIx64, r1, r2);
+	access_begin(&ex->log, ci, req, ex->reqid);
+	return ex;
+}
+
+static void read_deadline(struct exchange *ex, struct dl_value vals[DL_NKINDS])
+{
+	const struct http_head *r = ex->req;
+	memset(vals, 0, sizeof(struct dl_value) * DL_NKINDS);
+	for (int i = 0; i < r->nhdrs; i++) {
+		int k;
+		if (!is_deadline_header(&r->hdrs[i], &k))
+			continue;
+		struct dl_value *v = &vals[k];
+		if (v->present && (v->len != r->hdrs[i].vlen || memcmp(v->v, r->hdrs[i].value, v->len) != 0))
+			v->conflict = 1;
+		if (!v->present) {
+			v->v = r->hdrs[i].value;
+			v->len = r->hdrs[i].vlen;
+			v->present = 1;
+		}
+		ex->dl_present[k] = true;
+	}
+}
+
+static bool request_marked_retry(const struct http_head *r)
+{
+	return hdr_int(r, "X-Retrygate-Attempt") > 1 || hdr_int(r, "x-envoy-attempt-count") > 1 ||
+	       hdr_int(r, "grpc-previous-rpc-attempts") > 0;
+}
+
+void exchange_start(struct exchange *ex)
+{
+	const struct http_head *r = ex->req;
+	struct cfg_route *route = route_match(ex->l, r->host, r->host_len, r->path, r->path_len);
+	if (!route) {
+		finish_error(ex, 404, "no-route", false, NULL);
+		return;
+	}
+	ex->up = route->upstream;
+	ex->ub = runtime_upstream(ex->rt, ex->up);
+	ex->st = ex->ub->st;
+	ex->us = &ex->st->stats[ex->w->id];
+	access_set_route(&ex->log, route, ex->up->name);
+
+	struct dl_value vals[DL_NKINDS];
+	read_deadline(ex, vals);
+	int64_t budget;
+	int kind;
+	if (deadline_resolve(vals, &ex->up->deadline, &budget, &kind) != DL_OK) {
+		finish_error(ex, 400, "bad-deadline", true, NULL);
+		return;
+	}
+	ex->given_us = budget;
+	ex->deadline_us = ex->t0_us + budget;
+	ex->log.deadline_given_us = budget;
+	if (budget < ex->up->deadline.min_us || budget < 1000) {
+		STAT_INC(ex->us->rejected[REJ_DEADLINE]);
+		finish_error(ex, 504, "deadline-exceeded", false, NULL);
+		return;
+	}
+	ex->req_nested = request_marked_retry(r);
+	ex->mclass = retry_method_class(r->method);
+	size_t klen = 0;
+	const char *key = http_head_get(r, ex->up->idem.header, &klen);
+	ex->has_key = key && klen > 0;
+	if (ex->has_key)
+		access_set_key(&ex->log, key, klen);
+
+	int64_t lmax = ex->l->limits.max_body;
+	if (lmax > 0 && r->content_length > lmax) {
+		finish_error(ex, 413, "body-too-large", true, NULL);
+		return;
+	}
+	if (!ex->has_body)
+		ex->bmode = B_NONE;
+	else if (r->chunked || r->content_length <= ex->up->retry.max_body)
+		ex->bmode = B_BUFFER;
+	else
+		ex->bmode = B_STREAM;
+
+	struct timeval tv = clock_tv(budget);
+	evtimer_add(ex->deadline_ev, &tv);
+
+	if (ex->bmode == B_BUFFER) {
+		/* we want the whole body before the first attempt: say so ourselves */
+		if (r->expect_continue && r->version == 11)
+			evbuffer_add(ex->cout, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+		ex->state = X_WAIT_BODY;
+		return;
+	}
+	start_attempt(ex, choose_endpoint(ex, ex->t0_us), false);
+}
+
+void exchange_body(struct exchange *ex, struct evbuffer *data)
+{
+	size_t n = evbuffer_get_length(data);
+	ex->body_len += (int64_t)n;
+	ex->log.body_bytes = ex->body_len;
+	if (ex->state == X_DONE) {
+		evbuffer_drain(data, n);
+		return;
+	}
+	int64_t lmax = ex->l->limits.max_body;
+	if (lmax > 0 && ex->body_len > lmax) {
+		evbuffer_drain(data, n);
+		if (ex->head_sent) {
+			finish(ex, true);
+			return;
+		}
+		if (ex->att) {
+			attempt_free(ex->att);
+			ex->att = NULL;
+		}
+		finish_error(ex, 413, "body-too-large", true, NULL);
+		return;
+	}
+	if (ex->bmode == B_BUFFER) {
+		evbuffer_add_buffer(ex->body, data);
+		if (ex->body_len > ex->up->retry.max_body) {
+			/* a chunked body outgrew retry.max_body: stream it, it will never be re-sent */
+			ex->bmode = B_STREAM;
+			start_attempt(ex, choose_endpoint(ex, clock_now_us()), false);
+		}
+		return;
+	}
+	if (ex->bmode == B_STREAM && ex->att)
+		attempt_send_body(ex->att, data);
+	else if (ex->bmode == B_STREAM && ex->relay)
+		attempt_send_body(ex->relay, data);
+	else
+		evbuffer_drain(data, n);
+}
+
+void exchange_body_end(struct exchange *ex)
+{
+	ex->body_done = true;
+	if (ex->state == X_DONE)
+		return;
+	if (ex->bmode == B_BUFFER && ex->state == X_WAIT_BODY) {
+		start_attempt(ex, choose_endpoint(ex, clock_now_us()), false);
+		return;
+	}
+	if (ex->bmode == B_STREAM) {
+		if (ex->att)
+			attempt_send_body_end(ex->att);
+		else if (ex->relay)
+			attempt_send_body_end(ex->relay);
+	}
+}
+
+size_t exchange_body_room(const struct exchange *ex)
+{
+	if (ex->state == X_DONE)
+		return 64 * 1024;       /* discard what is left, the connection closes after */
+	if (ex->bmode != B_STREAM)
+		return 64 * 1024;
+	const struct attempt *a = ex->att ? ex->att : ex->relay;
+	if (!a)
+		return 0;
+	size_t pending = attempt_send_pending(a);
+	return pending < STREAM_HIGH ? STREAM_HIGH - pending : 0;
+}
+
+bool exchange_wants_body(const struct exchange *ex)
+{
+	return ex->state != X_DONE;
+}
+
+void exchange_client_drained(struct exchange *ex)
+{
+	if (ex->state == X_RELAY && ex->relay)
+		attempt_resume(ex->relay);
+}
+
+void exchange_abort(struct exchange *ex)
+{
+	if (ex->state == X_DONE)
+		return;
+	if (ex->us && (ex->att || ex->relay || ex->state == X_BACKOFF))
+		STAT_INC(ex->us->client_aborts);
+	ex->log.client_abort = true;
+	if (!ex->head_sent)
+		ex->resp_status = 499;  /* nginx's "client closed request", for the log only */
+	ex->state = X_DONE;
+	release_slots(ex);
+	evtimer_del(ex->deadline_ev);
+	evtimer_del(ex->backoff_ev);
+	attempt_free(ex->att);
+	attempt_free(ex->relay);
+	ex->att = ex->relay = NULL;
+	saved_clear(&ex->saved);
+	ex->log.status = ex->resp_status;
+	ex->log.attempts = ex->attempts;
+	ex->log.duration_us = clock_now_us() - ex->t0_us;
+	accesslog_write(ex->w, &ex->log);
+}
+
+static void exchange_free_cb(void *p)
+{
+	struct exchange *ex = p;
+	ex->magic = 0;
+	free(ex);
+}
+
+void exchange_free(struct exchange *ex)
+{
+	if (!ex)
+		return;
+	if (ex->state != X_DONE)
+		exchange_abort(ex);
+	event_free(ex->deadline_ev);
+	event_free(ex->backoff_ev);
+	evbuffer_free(ex->body);
+	access_end(&ex->log);
+	runtime_unref(ex->rt);
+	worker_defer_free(ex->w, exchange_free_cb, ex);
+}

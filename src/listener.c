@@ -1,0 +1,202 @@
+/*
+ * listener: accept loop with a process-wide connection cap per listener name.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+
+#include "clock.h"
+#include "config.h"
+#include "listener.h"
+#include "log.h"
+#include "session.h"
+#include "util.h"
+#include "worker.h"
+
+#define PAUSE_POLL_US   (20 * 1000)
+#define EMFILE_PAUSE_US (100 * 1000)
+
+/* per listener name, shared by the workers */
+struct lcount {
+	char *name;
+	_Atomic int64_t conns;
+	struct lcount *next;
+};
+
+static pthread_mutex_t lc_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct lcount *lc_head;
+
+static struct lcount *lcount_get(const char *name)
+{
+	pthread_mutex_lock(&lc_lock);
+	struct lcount *c;
+	for (c = lc_head; c; c = c->next)
+		if (strcmp(c->name, name) == 0)
+			break;
+	if (!c) {
+		c = xcalloc(1, sizeof(*c));
+		c->name = xstrdup(name);
+		c->next = lc_head;
+		lc_head = c;
+	}
+	pthread_mutex_unlock(&lc_lock);
+	return c;
+}
+
+struct listener {
+	struct worker *w;
+	char *name;
+	struct evconnlistener *evl;
+	struct event *pause_ev;
+	bool paused, stopped;
+	struct lcount *count;
+	const struct config *cached_cfg;
+	struct cfg_listener *cached;
+};
+
+int listener_bind(const char *addr, const char **err)
+{
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+	if (evutil_parse_sockaddr_port(addr, (struct sockaddr *)&ss, &len) != 0) {
+		*err = "not an address:port";
+		return -1;
+	}
+	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		*err = strerror(errno);
+		return -1;
+	}
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&ss, (socklen_t)len) != 0 || listen(fd, 1024) != 0) {
+		*err = strerror(errno);
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+struct cfg_listener *listener_config(struct listener *l, const struct config *cfg)
+{
+	if (cfg == l->cached_cfg)
+		return l->cached;
+	l->cached_cfg = cfg;
+	l->cached = NULL;
+	for (int i = 0; i < cfg->nlisteners; i++)
+		if (strcmp(cfg->listeners[i].name, l->name) == 0)
+			l->cached = &cfg->listeners[i];
+	return l->cached;
+}
+
+static int64_t current_cap(struct listener *l)
+{
+	struct cfg_listener *lc = listener_config(l, worker_runtime(l->w)->cfg);
+	return lc ? lc->limits.max_connections : 0;
+}
+
+static void pause_for(struct listener *l, int64_t us)
+{
+	if (!l->paused) {
+		evconnlistener_disable(l->evl);
+		l->paused = true;
+	}
+	struct timeval tv = clock_tv(us);
+	evtimer_add(l->pause_ev, &tv);
+}
+
+static void pause_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct listener *l = arg;
+	if (l->stopped)
+		return;
+	if (atomic_load(&l->count->conns) >= current_cap(l)) {
+		pause_for(l, PAUSE_POLL_US);
+		return;
+	}
+	l->paused = false;
+	evconnlistener_enable(l->evl);
+}
+
+static void accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg)
+{
+	struct listener *l = arg;
+	int64_t cap = current_cap(l);
+	int64_t n = atomic_fetch_add(&l->count->conns, 1) + 1;
+	if (n > cap) {
+		/* another worker took the last place at the same moment */
+		atomic_fetch_sub(&l->count->conns, 1);
+		close(fd);
+		pause_for(l, PAUSE_POLL_US);
+		return;
+	}
+	if (n == cap)
+		pause_for(l, PAUSE_POLL_US);
+	if (!listener_config(l, worker_runtime(l->w)->cfg)) {
+		atomic_fetch_sub(&l->count->conns, 1);
+		close(fd);
+		return;
+	}
+	session_new(l->w, l, fd, sa, salen);
+}
+
+static void accept_error_cb(struct evconnlistener *evl, void *arg)
+{
+	struct listener *l = arg;
+	int err = EVUTIL_SOCKET_ERROR();
+	/* out of descriptors: pause instead of spinning on a readable listen socket */
+	log_warn("listener %s: accept: %s; pausing", l->name, evutil_socket_error_to_string(err));
+	pause_for(l, EMFILE_PAUSE_US);
+}
+
+struct listener *listener_new(struct worker *w, const char *name, int fd)
+{
+	struct listener *l = xcalloc(1, sizeof(*l));
+	l->w = w;
+	l->name = xstrdup(name);
+	l->count = lcount_get(name);
+	l->evl = evconnlistener_new(w->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
+	                            -1, fd);
+	evconnlistener_set_error_cb(l->evl, accept_error_cb);
+	l->pause_ev = evtimer_new(w->base, pause_cb, l);
+	return l;
+}
+
+void listener_stop(struct listener *l)
+{
+	if (l->stopped)
+		return;
+	l->stopped = true;
+	evtimer_del(l->pause_ev);
+	evconnlistener_free(l->evl);    /* closes the socket: the kernel stops queueing to it */
+	l->evl = NULL;
+}
+
+void listener_free(struct listener *l)
+{
+	listener_stop(l);
+	event_free(l->pause_ev);
+	free(l->name);
+	free(l);
+}
+
+void listener_release(struct listener *l)
+{
+	atomic_fetch_sub(&l->count->conns, 1);
+	if (l->paused && !l->stopped) {
+		evtimer_del(l->pause_ev);
+		pause_cb(-1, 0, l);
+	}
+}

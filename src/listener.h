@@ -1,0 +1,27 @@
+/*
+ * listener: the proxy's listening sockets. Every worker has its own socket per configured
+ * listener (SO_REUSEPORT: the kernel spreads connections), all bound by the main thread at
+ * startup so that a bind error stops the process before it serves anything. max_connections
+ * counts across workers: at the cap a worker's listener pauses until a connection closes.
+ */
+#ifndef RG_LISTENER_H
+#define RG_LISTENER_H
+
+struct worker;
+struct config;
+struct cfg_listener;
+struct listener;
+
+/* Bind one socket for listener L (main thread). Returns the fd or -1 with *err set. */
+int listener_bind(const char *addr, const char **err);
+
+/* Wrap FD for worker W; NAME is the listener's name (its config is looked up by it). */
+struct listener *listener_new(struct worker *w, const char *name, int fd);
+void listener_free(struct listener *l);
+/* Stop accepting (drain). */
+void listener_stop(struct listener *l);
+
+struct cfg_listener *listener_config(struct listener *l, const struct config *cfg);
+void listener_release(struct listener *l);
+
+#endif

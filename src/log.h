@@ -1,0 +1,23 @@
+/*
+ * log: one line per event on stderr: "2026-11-29T11:30:00.123Z LEVEL [sid] message".
+ * The access log (one JSON line per request) is separate: accesslog.c.
+ */
+#ifndef RG_LOG_H
+#define RG_LOG_H
+
+#include <stdint.h>
+
+enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR };
+
+extern enum log_level log_min_level;
+
+void log_msg(enum log_level lvl, uint64_t sid, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#define log_info(...)  log_msg(LOG_INFO, 0, __VA_ARGS__)
+#define log_warn(...)  log_msg(LOG_WARN, 0, __VA_ARGS__)
+#define log_error(...) log_msg(LOG_ERROR, 0, __VA_ARGS__)
+#define log_debug(...) do { if (log_min_level <= LOG_DEBUG) log_msg(LOG_DEBUG, 0, __VA_ARGS__); } while (0)
+#define slog(lvl, sid, ...) do { if (log_min_level <= (lvl)) log_msg((lvl), (sid), __VA_ARGS__); } while (0)
+
+#endif

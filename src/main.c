@@ -1,0 +1,240 @@
+/*
+ * main: command line, startup, signals (SIGHUP reload, SIGTERM/SIGINT drain, SIGUSR1 reopen
+ * the access log), and shutdown. The main thread runs the admin listener and the signal
+ * events; workers run the proxy.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "accesslog.h"
+#include "admin.h"
+#include "clock.h"
+#include "config.h"
+#include "listener.h"
+#include "log.h"
+#include "stats.h"
+#include "upstream.h"
+#include "util.h"
+#include "worker.h"
+
+static struct event_base *main_base;
+static const char *config_path = "conf/retrygate.yaml";
+static struct worker workers[MAX_WORKERS];
+static _Atomic int workers_running;
+static struct event *workers_done_ev, *drain_timer, *flush_timer;
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: retrygate [-c FILE] [--check] [--version]\n"
+	           "  -c FILE     config file (default conf/retrygate.yaml)\n"
+	           "  --check     validate FILE, print the worst case each upstream allows, exit\n"
+	           "  --version   print the version and exit\n");
+}
+
+static void worker_exited(struct worker *w)
+{
+	if (atomic_fetch_sub(&workers_running, 1) == 1)
+		event_active(workers_done_ev, EV_TIMEOUT, 0);
+}
+
+static void workers_done_cb(evutil_socket_t fd, short what, void *arg)
+{
+	event_base_loopexit(main_base, NULL);
+}
+
+static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	log_warn("drain timeout: closing the remaining connections");
+	for (int i = 0; i < g_nworkers; i++)
+		worker_stop(&workers[i]);
+}
+
+static void on_term(evutil_socket_t sig, short what, void *arg)
+{
+	if (atomic_load(&g_draining))
+		return;
+	struct runtime *rt = runtime_current();
+	int64_t drain = rt->cfg->drain_timeout_us;
+	runtime_unref(rt);
+	log_info("signal %d: draining (up to %lld ms)", (int)sig, (long long)(drain / 1000));
+	atomic_store(&g_draining, true);
+	admin_set_state(ADMIN_DRAINING);
+	for (int i = 0; i < g_nworkers; i++)
+		worker_notify(&workers[i]);
+	struct timeval tv = clock_tv(drain);
+	evtimer_add(drain_timer, &tv);
+}
+
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+	char *errs = NULL;
+	size_t errlen = 0;
+	FILE *ef = open_memstream(&errs, &errlen);
+	struct config *cfg = config_load(config_path, ef);
+	fclose(ef);
+	if (!cfg) {
+		log_error("reload of %s failed; the old config keeps serving:\n%s", config_path, errs);
+		free(errs);
+		return;
+	}
+	free(errs);
+	struct runtime *old = runtime_current();
+	if (cfg->workers != old->cfg->workers)
+		log_warn("reload: workers changed; takes effect at restart");
+	for (int i = 0; i < cfg->nlisteners; i++) {
+		bool known = false;
+		for (int j = 0; j < old->cfg->nlisteners; j++)
+			if (strcmp(cfg->listeners[i].name, old->cfg->listeners[j].name) == 0 &&
+			    strcmp(cfg->listeners[i].listen, old->cfg->listeners[j].listen) == 0)
+				known = true;
+		if (!known)
+			log_warn("reload: listener %s (%s) is new or moved; it opens at restart",
+			         cfg->listeners[i].name, cfg->listeners[i].listen);
+	}
+	if (strcmp(cfg->access_log, old->cfg->access_log) != 0) {
+		accesslog_close();
+		if (accesslog_open(cfg->access_log) != 0)
+			log_error("reload: cannot open access log %s", cfg->access_log);
+	}
+	runtime_unref(old);
+	runtime_publish(runtime_new(cfg));
+	admin_reconfigure(cfg);
+	config_unref(cfg);
+	log_info("reloaded %s", config_path);
+}
+
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+	accesslog_flush();
+}
+
+static void on_usr1(evutil_socket_t sig, short what, void *arg)
+{
+	accesslog_reopen();
+	log_info("access log reopened");
+}
+
+int main(int argc, char **argv)
+{
+	bool check = false;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
+			config_path = argv[++i];
+		} else if (strcmp(argv[i], "--check") == 0) {
+			check = true;
+		} else if (strcmp(argv[i], "--version") == 0) {
+			printf("retrygate %s\n", RETRYGATE_VERSION);
+			return 0;
+		} else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+			usage(stdout);
+			return 0;
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+
+	struct config *cfg = config_load(config_path, stderr);
+	if (!cfg)
+		return 1;
+	if (check) {
+		config_report(cfg, stdout);
+		config_unref(cfg);
+		return 0;
+	}
+
+	signal(SIGPIPE, SIG_IGN);
+	evthread_use_pthreads();
+	g_nworkers = cfg->workers < 1 ? 1 : (cfg->workers > MAX_WORKERS ? MAX_WORKERS : cfg->workers);
+	main_base = event_base_new();
+	runtime_publish(runtime_new(cfg));
+
+	if (accesslog_open(cfg->access_log) != 0) {
+		fprintf(stderr, "%s: cannot open access log %s: %s\n", config_path, cfg->access_log,
+		        strerror(errno));
+		return 1;
+	}
+
+	/* bind everything before serving anything: a bind error is a startup error */
+	for (int w = 0; w < g_nworkers; w++) {
+		workers[w].id = w;
+		workers[w].nlisteners = cfg->nlisteners;
+		workers[w].listen_fds = xcalloc((size_t)cfg->nlisteners, sizeof(int));
+		workers[w].listen_names = xcalloc((size_t)cfg->nlisteners, sizeof(char *));
+		workers[w].on_exit = worker_exited;
+		for (int i = 0; i < cfg->nlisteners; i++) {
+			const char *err = NULL;
+			int fd = listener_bind(cfg->listeners[i].listen, &err);
+			if (fd < 0) {
+				fprintf(stderr, "%s: listener %s: cannot listen on %s: %s\n", config_path,
+				        cfg->listeners[i].name, cfg->listeners[i].listen, err);
+				return 1;
+			}
+			workers[w].listen_fds[i] = fd;
+			workers[w].listen_names[i] = xstrdup(cfg->listeners[i].name);
+		}
+	}
+	if (admin_start(main_base, cfg) != 0)
+		return 1;
+
+	struct event *sig_term = evsignal_new(main_base, SIGTERM, on_term, NULL);
+	struct event *sig_int = evsignal_new(main_base, SIGINT, on_term, NULL);
+	struct event *sig_hup = evsignal_new(main_base, SIGHUP, on_hup, NULL);
+	struct event *sig_usr1 = evsignal_new(main_base, SIGUSR1, on_usr1, NULL);
+	evsignal_add(sig_term, NULL);
+	evsignal_add(sig_int, NULL);
+	evsignal_add(sig_hup, NULL);
+	evsignal_add(sig_usr1, NULL);
+	workers_done_ev = event_new(main_base, -1, 0, workers_done_cb, NULL);
+	drain_timer = evtimer_new(main_base, drain_timeout_cb, NULL);
+	flush_timer = event_new(main_base, -1, EV_PERSIST, flush_cb, NULL);
+	struct timeval flush_tv = { 0, 200 * 1000 };
+	evtimer_add(flush_timer, &flush_tv);
+
+	atomic_store(&workers_running, g_nworkers);
+	for (int w = 0; w < g_nworkers; w++) {
+		g_workers[w] = &workers[w];
+		if (worker_start(&workers[w]) != 0) {
+			fprintf(stderr, "retrygate: cannot start worker %d\n", w);
+			return 1;
+		}
+	}
+	for (int i = 0; i < cfg->nlisteners; i++)
+		log_info("listening on %s (%s), %d worker%s", cfg->listeners[i].listen,
+		         cfg->listeners[i].name, g_nworkers, g_nworkers > 1 ? "s" : "");
+	config_unref(cfg);
+	admin_set_state(ADMIN_READY);
+
+	event_base_dispatch(main_base);
+
+	for (int w = 0; w < g_nworkers; w++) {
+		worker_join(&workers[w]);
+		for (int i = 0; i < workers[w].nlisteners; i++)
+			free(workers[w].listen_names[i]);
+		free(workers[w].listen_names);
+		free(workers[w].listen_fds);
+	}
+	admin_stop();
+	event_free(sig_term);
+	event_free(sig_int);
+	event_free(sig_hup);
+	event_free(sig_usr1);
+	event_free(workers_done_ev);
+	event_free(drain_timer);
+	event_free(flush_timer);
+	event_base_free(main_base);
+	struct runtime *rt = runtime_current();
+	runtime_unref(rt);
+	runtime_publish_none();
+	upstream_states_free();
+	accesslog_close();
+	log_info("stopped");
+	return 0;
+}

@@ -1,0 +1,246 @@
+/*
+ * pool: idle upstream connections and endpoint addresses, per worker. See pool.h.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/util.h>
+
+#include "clock.h"
+#include "http.h"
+#include "log.h"
+#include "pool.h"
+#include "upstream.h"
+#include "util.h"
+#include "worker.h"
+
+#define DNS_TTL_US (30 * 1000000LL)
+
+struct pool_ep *pool_ep_get(struct worker *w, struct ep_state *ep)
+{
+	int id = ep->up->id;
+	if (id >= w->npools) {
+		int n = id + 8;
+		w->pools = xrealloc(w->pools, sizeof(*w->pools) * (size_t)n);
+		for (int i = w->npools; i < n; i++)
+			w->pools[i] = NULL;
+		w->npools = n;
+	}
+	if (!w->pools[id])
+		w->pools[id] = xcalloc(MAX_ENDPOINTS, sizeof(struct pool_ep *));
+	struct pool_ep *pe = w->pools[id][ep->index];
+	if (!pe) {
+		pe = xcalloc(1, sizeof(*pe));
+		TAILQ_INIT(&pe->idle);
+		TAILQ_INIT(&pe->waiters);
+		pe->ep = ep;
+		pe->w = w;
+		w->pools[id][ep->index] = pe;
+	}
+	return pe;
+}
+
+static void upconn_free_cb(void *p)
+{
+	struct upconn *c = p;
+	if (c->parser)
+		http_msg_free(c->parser);
+	free(c);
+}
+
+static void pool_unlink(struct upconn *c)
+{
+	if (!c->idle)
+		return;
+	struct pool_ep *pe = pool_ep_get(c->w, c->ep);
+	TAILQ_REMOVE(&pe->idle, c, link);
+	pe->nidle--;
+	c->idle = false;
+	if (c->idle_ev) {
+		event_free(c->idle_ev);
+		c->idle_ev = NULL;
+	}
+}
+
+void upconn_close(struct upconn *c)
+{
+	pool_unlink(c);
+	if (c->bev) {
+		bufferevent_free(c->bev);
+		c->bev = NULL;
+	}
+	worker_defer_free(c->w, upconn_free_cb, c);
+}
+
+/* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
+static void idle_read_cb(struct bufferevent *bev, void *arg)
+{
+	upconn_close(arg);
+}
+
+static void idle_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	upconn_close(arg);
+}
+
+static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	upconn_close(arg);
+}
+
+void pool_put(struct upconn *c)
+{
+	struct pool_ep *pe = pool_ep_get(c->w, c->ep);
+	if (pe->nidle >= POOL_MAX_IDLE || c->w->draining ||
+	    evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
+		upconn_close(c);
+		return;
+	}
+	c->idle = true;
+	c->idle_since_us = clock_now_us();
+	bufferevent_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
+	bufferevent_set_timeouts(c->bev, NULL, NULL);
+	bufferevent_enable(c->bev, EV_READ);
+	c->idle_ev = evtimer_new(c->w->base, idle_timeout_cb, c);
+	struct timeval tv = clock_tv(POOL_IDLE_US);
+	evtimer_add(c->idle_ev, &tv);
+	TAILQ_INSERT_HEAD(&pe->idle, c, link);    /* LIFO: the most recently used is warmest */
+	pe->nidle++;
+}
+
+/* The peer may have closed while we were not looking (the read event not yet run): peek. */
+static bool conn_alive(struct upconn *c)
+{
+	char b;
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0 || n > 0)
+		return false;
+	return errno == EAGAIN || errno == EWOULDBLOCK;
+}
+
+struct upconn *pool_get(struct pool_ep *pe)
+{
+	int64_t now = clock_now_us();
+	struct upconn *c;
+	while ((c = TAILQ_FIRST(&pe->idle))) {
+		pool_unlink(c);
+		if (now - c->idle_since_us > POOL_REUSE_MAX_US || !conn_alive(c)) {
+			upconn_close(c);
+			continue;
+		}
+		bufferevent_disable(c->bev, EV_READ);
+		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+		c->uses++;
+		return c;
+	}
+	return NULL;
+}
+
+static void resolve_done(struct pool_ep *pe, const char *err)
+{
+	pe->resolving = false;
+	/* waiters may register new waiters or cancel others while we call them: pop one by one */
+	struct pool_waiter *wt;
+	while ((wt = TAILQ_FIRST(&pe->waiters))) {
+		TAILQ_REMOVE(&pe->waiters, wt, link);
+		if (err)
+			wt->fn(wt->arg, NULL, 0, err);
+		else
+			wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
+	}
+}
+
+static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
+{
+	struct pool_ep *pe = arg;
+	if (result != 0 || !res) {
+		if (res)
+			evutil_freeaddrinfo(res);
+		resolve_done(pe, result == EVUTIL_EAI_CANCEL ? "cancelled" : evutil_gai_strerror(result));
+		return;
+	}
+	memcpy(&pe->addr, res->ai_addr, res->ai_addrlen);
+	pe->addrlen = (int)res->ai_addrlen;
+	pe->resolved_until_us = clock_now_us() + DNS_TTL_US;
+	evutil_freeaddrinfo(res);
+	resolve_done(pe, NULL);
+}
+
+void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
+{
+	if (pe->resolved_until_us == 0) {
+		/* numeric addresses are parsed once and never expire */
+		int len = sizeof(pe->addr);
+		if (evutil_parse_sockaddr_port(pe->ep->name, (struct sockaddr *)&pe->addr, &len) == 0) {
+			pe->addrlen = len;
+			pe->resolved_until_us = INT64_MAX;
+		}
+	}
+	if (pe->resolved_until_us > clock_now_us()) {
+		wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
+		return;
+	}
+	TAILQ_INSERT_TAIL(&pe->waiters, wt, link);
+	if (pe->resolving)
+		return;
+	char host[256];
+	int port;
+	if (split_host_port(pe->ep->name, host, sizeof(host), &port) != 0) {
+		resolve_done(pe, "bad endpoint");
+		return;
+	}
+	char portstr[16];
+	snprintf(portstr, sizeof(portstr), "%d", port);
+	struct evutil_addrinfo hints;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_protocol = IPPROTO_TCP;
+	hints.ai_flags = EVUTIL_AI_ADDRCONFIG;
+	pe->resolving = true;
+	/* may call dns_cb synchronously (e.g. /etc/hosts hit) */
+	evdns_getaddrinfo(pe->w->dns, host, portstr, &hints, dns_cb, pe);
+}
+
+void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
+{
+	struct pool_waiter *x;
+	TAILQ_FOREACH(x, &pe->waiters, link) {
+		if (x == wt) {
+			TAILQ_REMOVE(&pe->waiters, wt, link);
+			return;
+		}
+	}
+}
+
+void pool_free_all(struct worker *w)
+{
+	for (int i = 0; i < w->npools; i++) {
+		if (!w->pools[i])
+			continue;
+		for (int e = 0; e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = w->pools[i][e];
+			if (!pe)
+				continue;
+			struct upconn *c;
+			while ((c = TAILQ_FIRST(&pe->idle))) {
+				pool_unlink(c);
+				bufferevent_free(c->bev);
+				c->bev = NULL;
+				upconn_free_cb(c);
+			}
+			free(pe);
+		}
+		free(w->pools[i]);
+	}
+	free(w->pools);
+	w->pools = NULL;
+	w->npools = 0;
+}

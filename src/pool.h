@@ -1,0 +1,76 @@
+/*
+ * pool: per worker, per endpoint: idle keep-alive upstream connections, and the endpoint's
+ * resolved address (names resolved with evdns, asynchronously, cached for a while).
+ *
+ * A connection goes back to the pool only after a complete response on a keep-alive
+ * connection. While idle it is watched: any byte or EOF from the peer closes it (SPEC §8), and
+ * it is closed after POOL_IDLE_US. pool_get() skips connections idle for longer than
+ * POOL_REUSE_MAX_US: servers commonly close keep-alive connections after 5 s, and a request
+ * written into a connection the server is closing is a `reset` (not provably unsent).
+ */
+#ifndef RG_POOL_H
+#define RG_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+
+struct worker;
+struct ep_state;
+struct bufferevent;
+struct http_msg;
+
+#define POOL_IDLE_US        (30 * 1000000LL)
+#define POOL_REUSE_MAX_US   (4 * 1000000LL)
+#define POOL_MAX_IDLE       256
+
+struct upconn {
+	struct worker *w;
+	struct ep_state *ep;
+	struct bufferevent *bev;
+	struct http_msg *parser;
+	int64_t idle_since_us;
+	struct event *idle_ev;
+	TAILQ_ENTRY(upconn) link;
+	bool idle;
+	int uses;
+};
+
+typedef void (*pool_resolved_fn)(void *arg, const struct sockaddr *sa, int salen, const char *err);
+
+struct pool_waiter {
+	pool_resolved_fn fn;
+	void *arg;
+	TAILQ_ENTRY(pool_waiter) link;
+};
+
+struct pool_ep {
+	TAILQ_HEAD(, upconn) idle;
+	int nidle;
+	struct sockaddr_storage addr;
+	int addrlen;
+	int64_t resolved_until_us;      /* 0: not resolved; numeric addresses never expire */
+	bool resolving;
+	TAILQ_HEAD(, pool_waiter) waiters;
+	struct ep_state *ep;
+	struct worker *w;
+};
+
+struct pool_ep *pool_ep_get(struct worker *w, struct ep_state *ep);
+
+/* An idle connection that still looks alive, or NULL. */
+struct upconn *pool_get(struct pool_ep *pe);
+/* Park C as idle (after a complete keep-alive response). */
+void pool_put(struct upconn *c);
+/* Close and free C (deferred). */
+void upconn_close(struct upconn *c);
+
+/* Resolve the endpoint address: calls FN now if known, else later (W must stay registered
+ * until called or cancelled). */
+void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt);
+void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt);
+
+void pool_free_all(struct worker *w);
+
+#endif

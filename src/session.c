@@ -1,0 +1,388 @@
+/*
+ * session: one client connection (see session.h).
+ *
+ *   S_HEAD --head--> S_BODY --body end--> S_WAIT --response queued--> S_HEAD (keep-alive)
+ *     |                 |                    |
+ *     +--refusal / EOF / timeout / close-----+--> S_CLOSING (flush output) --> S_CLOSED
+ *
+ * While a request is served (S_BODY, S_WAIT) the bytes of the next pipelined request stay in
+ * the input buffer; its read high-water mark bounds how much a client can queue. A response
+ * is queued by the exchange; when it is done (on_done), the next request is picked up from a
+ * zero-delay event, on a clean stack.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "clock.h"
+#include "config.h"
+#include "exchange.h"
+#include "http.h"
+#include "listener.h"
+#include "log.h"
+#include "reply.h"
+#include "session.h"
+#include "stats.h"
+#include "util.h"
+#include "worker.h"
+
+#define SESSION_MAGIC 0x5e5510a1u
+#define CLIENT_LOW (64 * 1024)
+
+enum sstate { S_HEAD, S_BODY, S_WAIT, S_CLOSING, S_CLOSED };
+
+struct session {
+	uint32_t magic;
+	enum sstate state;
+	uint64_t id;
+	struct worker *w;
+	struct listener *lst;
+	struct runtime *rt;             /* the config of the current request */
+	struct cfg_listener *lcfg;
+	struct bufferevent *bev;
+	struct http_msg *req;
+	struct exchange *ex;
+	bool ex_done;                   /* the exchange queued its response */
+	struct evbuffer *body_tmp;
+	struct event *timer;            /* header or idle timeout */
+	bool head_timer;
+	struct event *resume_ev;
+	bool close_after;
+	char peer_ip[64];
+	TAILQ_ENTRY(session) link;
+};
+
+static void session_process(struct session *s);
+
+static void session_free_cb(void *p)
+{
+	struct session *s = p;
+	s->magic = 0;
+	free(s);
+}
+
+void session_close(struct session *s, const char *why)
+{
+	if (s->state == S_CLOSED)
+		return;
+	s->state = S_CLOSED;
+	slog(LOG_DEBUG, s->id, "close: %s", why);
+	if (s->ex) {
+		exchange_free(s->ex);   /* aborts it if still running */
+		s->ex = NULL;
+	}
+	if (s->bev)
+		bufferevent_free(s->bev);
+	s->bev = NULL;
+	event_free(s->timer);
+	event_free(s->resume_ev);
+	http_msg_free(s->req);
+	evbuffer_free(s->body_tmp);
+	runtime_unref(s->rt);
+	s->rt = NULL;
+	TAILQ_REMOVE(&s->w->sessions, s, link);
+	s->w->nsessions--;
+	atomic_fetch_sub(&g_gstats[s->w->id].conns_active, 1);
+	listener_release(s->lst);
+	worker_defer_free(s->w, session_free_cb, s);
+	worker_session_closed(s->w);
+}
+
+/* Stop reading; close once the output has been flushed. */
+static void session_close_after_flush(struct session *s)
+{
+	if (s->state == S_CLOSED)
+		return;
+	s->state = S_CLOSING;
+	bufferevent_disable(s->bev, EV_READ);
+	evtimer_del(s->timer);
+	if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0) {
+		session_close(s, "done");
+		return;
+	}
+	bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
+	/* a client that never reads its last response must not hold us forever */
+	struct timeval tv = clock_tv(s->lcfg ? s->lcfg->limits.idle_timeout_us : 10000000);
+	evtimer_add(s->timer, &tv);
+}
+
+static void refuse(struct session *s, int status, const char *reason, const char *detail)
+{
+	slog(LOG_INFO, s->id, "refused %d %s: %s", status, reason, detail ? detail : "");
+	reply_error(bufferevent_get_output(s->bev), status, reason, "", 0, true, false, NULL);
+	int c = status / 100;
+	if (c >= 1 && c <= 5)
+		STAT_INC(g_gstats[s->w->id].requests[c]);
+	session_close_after_flush(s);
+}
+
+static void arm_idle(struct session *s)
+{
+	s->head_timer = false;
+	struct timeval tv = clock_tv(s->lcfg->limits.idle_timeout_us);
+	evtimer_add(s->timer, &tv);
+}
+
+static void ex_done_cb(void *arg, bool close)
+{
+	struct session *s = arg;
+	if (s->state == S_CLOSED)
+		return;
+	s->ex_done = true;
+	if (close || s->close_after || s->w->draining || s->state == S_BODY) {
+		session_close_after_flush(s);
+		return;
+	}
+	event_active(s->resume_ev, EV_TIMEOUT, 0);
+}
+
+static void ex_want_body_cb(void *arg)
+{
+	struct session *s = arg;
+	if (s->state == S_BODY)
+		event_active(s->resume_ev, EV_TIMEOUT, 0);
+}
+
+static const struct exchange_cbs exchange_callbacks = {
+	.on_done = ex_done_cb,
+	.on_want_body = ex_want_body_cb,
+};
+
+/* The config the next request is served with: refreshed per request. */
+static bool session_refresh_config(struct session *s)
+{
+	struct runtime *rt = worker_runtime(s->w);
+	if (rt == s->rt)
+		return s->lcfg != NULL;
+	runtime_unref(s->rt);
+	s->rt = runtime_ref(rt);
+	s->lcfg = listener_config(s->lst, rt->cfg);
+	return s->lcfg != NULL;
+}
+
+static void start_exchange(struct session *s, const struct http_head *h)
+{
+	evtimer_del(s->timer);
+	s->head_timer = false;
+	if (!session_refresh_config(s)) {
+		refuse(s, 404, "no-route", "listener no longer configured");
+		return;
+	}
+	struct client_info ci = {
+		.sid = s->id,
+		.peer_ip = s->peer_ip,
+		.tls = false,
+		.draining = s->w->draining,
+	};
+	s->ex_done = false;
+	s->state = (h->chunked || h->content_length > 0) ? S_BODY : S_WAIT;
+	s->ex = exchange_new(s->w, s->rt, s->lcfg, &ci, h, s->bev, &exchange_callbacks, s);
+	exchange_start(s->ex);
+}
+
+/* The response is queued: forget the exchange and look at the next request. */
+static void next_request(struct session *s)
+{
+	exchange_free(s->ex);
+	s->ex = NULL;
+	s->ex_done = false;
+	http_msg_next(s->req);
+	s->state = S_HEAD;
+	arm_idle(s);
+}
+
+static void session_process(struct session *s)
+{
+	struct evbuffer *in = bufferevent_get_input(s->bev);
+	for (;;) {
+		if (s->state == S_CLOSING || s->state == S_CLOSED)
+			return;
+		if (s->ex_done) {
+			if (s->state == S_BODY)
+				return;     /* ex_done_cb closes in that case */
+			next_request(s);
+		}
+		if (s->state == S_WAIT)
+			return;
+		if (s->state == S_HEAD) {
+			if (evbuffer_get_length(in) == 0)
+				return;
+			enum http_event ev = http_msg_feed(s->req, in, s->body_tmp, 0);
+			switch (ev) {
+			case HTTP_NEED_MORE:
+			case HTTP_BODY:
+				if (!s->head_timer && http_msg_head_bytes(s->req) > 0) {
+					s->head_timer = true;
+					struct timeval tv = clock_tv(s->lcfg->limits.header_timeout_us);
+					evtimer_add(s->timer, &tv);
+				}
+				return;
+			case HTTP_HEAD:
+				start_exchange(s, http_msg_head(s->req));
+				continue;
+			case HTTP_DONE:
+				/* a head-only message is complete at its head: nothing to feed */
+				s->state = S_WAIT;
+				continue;
+			case HTTP_ERROR: {
+				int st;
+				const char *reason, *detail;
+				http_msg_error(s->req, &st, &reason, &detail);
+				refuse(s, st, reason, detail);
+				return;
+			}
+			}
+		}
+		if (s->state == S_BODY) {
+			size_t room = exchange_body_room(s->ex);
+			enum http_event ev = http_msg_feed(s->req, in, s->body_tmp, room);
+			switch (ev) {
+			case HTTP_NEED_MORE:
+				return;
+			case HTTP_HEAD:
+				return;     /* not reached: a head comes only after http_msg_next() */
+			case HTTP_BODY:
+				exchange_body(s->ex, s->body_tmp);
+				continue;
+			case HTTP_DONE:
+				s->state = S_WAIT;
+				exchange_body_end(s->ex);
+				continue;
+			case HTTP_ERROR: {
+				int st;
+				const char *reason, *detail;
+				http_msg_error(s->req, &st, &reason, &detail);
+				slog(LOG_INFO, s->id, "bad request body: %s", detail ? detail : reason);
+				if (s->ex_done) {
+					session_close(s, "bad body");
+					return;
+				}
+				exchange_free(s->ex);
+				s->ex = NULL;
+				refuse(s, st, reason, detail);
+				return;
+			}
+			}
+		}
+	}
+}
+
+static void resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+	session_process(s);
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+	session_process(arg);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+	struct session *s = arg;
+	if (s->state == S_CLOSING) {
+		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+			session_close(s, "flushed");
+		return;
+	}
+	if (s->ex && !s->ex_done)
+		exchange_client_drained(s->ex);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct session *s = arg;
+	if (s->state == S_CLOSING && !(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF)) {
+		/* the client half-closed while we flush: keep flushing */
+		bufferevent_disable(bev, EV_READ);
+		return;
+	}
+	session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct session *s = arg;
+	if (s->state == S_CLOSING) {
+		session_close(s, "flush timeout");
+		return;
+	}
+	if (s->state != S_HEAD)
+		return;
+	if (s->head_timer && http_msg_head_bytes(s->req) > 0) {
+		refuse(s, 408, "header-timeout", "request head not complete in time");
+		return;
+	}
+	session_close(s, "idle");
+}
+
+struct session *session_new(struct worker *w, struct listener *lst, int fd,
+                            const struct sockaddr *peer, int peerlen)
+{
+	struct session *s = xcalloc(1, sizeof(*s));
+	s->magic = SESSION_MAGIC;
+	s->w = w;
+	s->lst = lst;
+	s->id = ++w->next_sid * 64 + (uint64_t)w->id;
+	s->rt = runtime_ref(worker_runtime(w));
+	s->lcfg = listener_config(lst, s->rt->cfg);
+	if (peer->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, s->peer_ip, sizeof(s->peer_ip));
+	else if (peer->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)peer)->sin6_addr, s->peer_ip, sizeof(s->peer_ip));
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	s->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	struct http_limits lim = {
+		.max_header_bytes = (size_t)s->lcfg->limits.max_header_bytes,
+		.max_uri_bytes = (size_t)s->lcfg->limits.max_uri_bytes,
+	};
+	s->req = http_msg_new(HTTP_REQUEST_KIND, &lim);
+	s->body_tmp = evbuffer_new();
+	s->timer = evtimer_new(w->base, timer_cb, s);
+	s->resume_ev = event_new(w->base, -1, 0, resume_cb, s);
+	bufferevent_setcb(s->bev, read_cb, write_cb, event_cb, s);
+	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
+	bufferevent_setwatermark(s->bev, EV_READ, 0, lim.max_header_bytes + 64 * 1024);
+	bufferevent_setwatermark(s->bev, EV_WRITE, CLIENT_LOW, 0);
+	bufferevent_enable(s->bev, EV_READ | EV_WRITE);
+	TAILQ_INSERT_TAIL(&w->sessions, s, link);
+	w->nsessions++;
+	atomic_fetch_add(&g_gstats[w->id].conns_active, 1);
+	s->state = S_HEAD;
+	arm_idle(s);
+	return s;
+}
+
+void session_drain(struct session *s)
+{
+	if (s->state == S_HEAD && http_msg_head_bytes(s->req) == 0 &&
+	    evbuffer_get_length(bufferevent_get_input(s->bev)) == 0) {
+		session_close(s, "draining");
+		return;
+	}
+	s->close_after = true;
+}
+
+void session_drain_all(struct worker *w)
+{
+	struct session *s, *next;
+	for (s = TAILQ_FIRST(&w->sessions); s; s = next) {
+		next = TAILQ_NEXT(s, link);
+		session_drain(s);
+	}
+}
+
+void session_close_all(struct worker *w)
+{
+	struct session *s;
+	while ((s = TAILQ_FIRST(&w->sessions)))
+		session_close(s, "shutdown");
+}

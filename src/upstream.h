@@ -1,0 +1,88 @@
+/*
+ * upstream: the per-upstream policy state shared by every worker (SPEC §1: one per process):
+ * retry budget, in-flight and retries-in-flight counts, Retry-After holds per endpoint, the
+ * runtime switch, and the counters. State is keyed by upstream name and endpoint string, so it
+ * survives reloads; it is created when a config naming it is activated and lives until exit.
+ *
+ * struct runtime binds one loaded config to that state: new requests take the current runtime
+ * (refcounted); requests in flight keep the one they started with.
+ */
+#ifndef RG_UPSTREAM_H
+#define RG_UPSTREAM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "budget.h"
+#include "config.h"
+#include "stats.h"
+
+#define MAX_ENDPOINTS 64
+
+struct ep_state {
+	char *name;                 /* "host:port" as configured */
+	_Atomic int64_t hold_until_us;  /* Retry-After hold (monotonic), 0: none */
+	struct upstream_state *up;
+	int index;                  /* in up->eps: per-worker pools are indexed by it */
+};
+
+struct upstream_state {
+	char *name;
+	struct budget budget;
+	_Atomic int in_flight;
+	_Atomic int retries_in_flight;
+	_Atomic bool runtime_enabled;
+	_Atomic uint64_t rr;
+	struct ep_state *eps[MAX_ENDPOINTS];
+	_Atomic int neps;
+	struct ustats *stats;       /* [g_nworkers] */
+	int id;                     /* registry index */
+	struct upstream_state *next;
+};
+
+struct upstream_binding {
+	struct cfg_upstream *cfg;
+	struct upstream_state *st;
+	struct ep_state *ep[MAX_ENDPOINTS];   /* cfg->endpoints[i] */
+};
+
+struct runtime {
+	atomic_int refs;
+	struct config *cfg;
+	struct upstream_binding *ups; /* cfg->nupstreams, same order */
+	uint64_t gen;
+};
+
+/* Build the runtime for CFG (takes its own reference), creating state for new names. */
+struct runtime *runtime_new(struct config *cfg);
+struct runtime *runtime_ref(struct runtime *rt);
+void runtime_unref(struct runtime *rt);
+/* The current one, with a reference taken; and the swap done by reload. */
+struct runtime *runtime_current(void);
+void runtime_publish(struct runtime *rt);
+uint64_t runtime_generation(void);
+/* At exit: drop the current runtime. */
+void runtime_publish_none(void);
+
+static inline struct upstream_binding *runtime_upstream(struct runtime *rt,
+                                                        const struct cfg_upstream *u)
+{
+	return &rt->ups[u - rt->cfg->upstreams];
+}
+
+/* Iterate all states (admin). */
+struct upstream_state *upstream_state_first(void);
+struct upstream_state *upstream_state_find(const char *name);
+void upstream_states_free(void);
+
+/* in-flight gates: true if a slot was taken */
+bool upstream_take_in_flight(struct upstream_state *st, int cap);
+void upstream_release_in_flight(struct upstream_state *st);
+bool upstream_take_retry_slot(struct upstream_state *st, int cap);
+void upstream_release_retry_slot(struct upstream_state *st);
+
+/* Retry-After hold: extend (never shorten) to UNTIL. */
+void upstream_hold(struct ep_state *ep, int64_t until_us);
+
+#endif

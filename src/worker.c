@@ -1,0 +1,142 @@
+/*
+ * worker: thread, event loop, deferred frees, drain.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "clock.h"
+#include "listener.h"
+#include "log.h"
+#include "pool.h"
+#include "session.h"
+#include "util.h"
+#include "worker.h"
+
+struct worker *g_workers[64];
+_Atomic bool g_draining;
+
+struct runtime *worker_runtime(struct worker *w)
+{
+	if (runtime_generation() != w->rt->gen) {
+		struct runtime *rt = runtime_current();
+		runtime_unref(w->rt);
+		w->rt = rt;
+	}
+	return w->rt;
+}
+
+static void dq_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	/* frees may queue more frees: run until empty */
+	for (int i = 0; i < w->ndq; i++)
+		w->dq[i].fn(w->dq[i].p);
+	w->ndq = 0;
+}
+
+void worker_defer_free(struct worker *w, void (*fn)(void *), void *p)
+{
+	if (w->ndq == w->capdq) {
+		w->capdq = w->capdq ? w->capdq * 2 : 64;
+		w->dq = xrealloc(w->dq, sizeof(*w->dq) * (size_t)w->capdq);
+	}
+	w->dq[w->ndq].fn = fn;
+	w->dq[w->ndq].p = p;
+	if (w->ndq++ == 0)
+		event_active(w->dq_ev, EV_TIMEOUT, 0);
+}
+
+void worker_session_closed(struct worker *w)
+{
+	if (w->draining && w->nsessions == 0)
+		event_base_loopexit(w->base, NULL);
+}
+
+static void begin_drain(struct worker *w)
+{
+	if (w->draining)
+		return;
+	w->draining = true;
+	for (int i = 0; i < w->nlisteners; i++)
+		listener_stop(w->listeners[i]);
+	session_drain_all(w);
+	worker_session_closed(w);
+}
+
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	if (atomic_load(&g_draining))
+		begin_drain(w);
+}
+
+void worker_notify(struct worker *w)
+{
+	event_active(w->notify_ev, EV_READ, 0);
+}
+
+void worker_stop(struct worker *w)
+{
+	event_base_loopbreak(w->base);
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	event_base_dispatch(w->base);
+
+	/* stopped: close what is left, then free everything this thread owns */
+	session_close_all(w);
+	for (int i = 0; i < w->nlisteners; i++)
+		listener_free(w->listeners[i]);
+	free(w->listeners);
+	w->listeners = NULL;
+	dq_cb(-1, 0, w);
+	evdns_base_free(w->dns, 1);
+	dq_cb(-1, 0, w);
+	pool_free_all(w);
+	dq_cb(-1, 0, w);
+	event_free(w->dq_ev);
+	event_free(w->notify_ev);
+	free(w->dq);
+	runtime_unref(w->rt);
+	w->rt = NULL;
+	if (w->on_exit)
+		w->on_exit(w);
+	return NULL;
+}
+
+int worker_start(struct worker *w)
+{
+	w->base = event_base_new();
+	if (!w->base)
+		return -1;
+	w->dns = evdns_base_new(w->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	if (!w->dns) {
+		/* no usable resolv.conf: names still resolve from /etc/hosts */
+		w->dns = evdns_base_new(w->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+		evdns_base_load_hosts(w->dns, NULL);
+	}
+	w->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)w->id + 1;
+	TAILQ_INIT(&w->sessions);
+	w->dq_ev = event_new(w->base, -1, 0, dq_cb, w);
+	w->notify_ev = event_new(w->base, -1, EV_PERSIST, notify_cb, w);
+	w->rt = runtime_current();
+	w->listeners = xcalloc((size_t)w->nlisteners, sizeof(*w->listeners));
+	for (int i = 0; i < w->nlisteners; i++)
+		w->listeners[i] = listener_new(w, w->listen_names[i], w->listen_fds[i]);
+	return pthread_create(&w->thread, NULL, worker_main, w);
+}
+
+void worker_join(struct worker *w)
+{
+	pthread_join(w->thread, NULL);
+	event_base_free(w->base);
+	w->base = NULL;
+}
