@@ -12,6 +12,7 @@
  * replaced with a fresh one, silently; once a byte was written, a close is a reset.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "attempt.h"
@@ -26,6 +28,7 @@
 #include "http.h"
 #include "log.h"
 #include "pool.h"
+#include "tls.h"
 #include "upstream.h"
 #include "util.h"
 #include "worker.h"
@@ -56,7 +59,9 @@ struct attempt {
 	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
 	const char *fail_detail;
 	struct pool_waiter wt;
-	char peer[64];
+	SSL_CTX *tls;
+	char sni[256];
+	bool verify;
 };
 
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
@@ -235,7 +240,18 @@ static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const c
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen)
 {
 	a->state = A_CONNECTING;
-	struct bufferevent *bev = bufferevent_socket_new(a->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	struct bufferevent *bev;
+	if (a->tls) {
+		SSL *ssl = tls_client_ssl(a->tls, a->sni, a->verify);
+		bev = ssl ? bufferevent_openssl_socket_new(a->w->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+		                                           BEV_OPT_CLOSE_ON_FREE) : NULL;
+		if (bev)
+			bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+		else if (ssl)
+			SSL_free(ssl);
+	} else {
+		bev = bufferevent_socket_new(a->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	}
 	if (!bev) {
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "out of sockets");
 		return;
@@ -296,6 +312,9 @@ struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct atte
 	a->is_head = req->is_head;
 	a->connect_timeout_us = req->connect_timeout_us;
 	a->head_timeout_us = req->head_timeout_us;
+	a->tls = req->tls;
+	a->verify = req->verify;
+	snprintf(a->sni, sizeof(a->sni), "%s", req->sni ? req->sni : "");
 	a->start_us = clock_now_us();
 	a->decoded = evbuffer_new();
 	if (a->streaming)

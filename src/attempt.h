@@ -45,6 +45,9 @@ struct attempt_req {
 	bool fresh_conn;                /* do not reuse a pooled connection */
 	int64_t connect_timeout_us;
 	int64_t head_timeout_us;        /* 0: none (the exchange's deadline timer governs) */
+	struct ssl_ctx_st *tls;         /* TLS to the upstream, or NULL */
+	const char *sni;                /* server name to send and, with verify, to check */
+	bool verify;
 };
 
 struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct attempt_req *req,

@@ -13,6 +13,7 @@
  * to retry.max_body of body) so that, if no later attempt produces a response, the client
  * still gets the last one any attempt produced (SPEC §4).
  */
+#include <arpa/inet.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +202,10 @@ static void count_status(struct exchange *ex, int status)
 
 /* ------------------------------------------------------------------ finishing */
 
+static void noop_done(void *arg, bool close)
+{
+}
+
 static void finish(struct exchange *ex, bool close)
 {
 	if (ex->state == X_DONE)
@@ -234,6 +239,16 @@ static void finish(struct exchange *ex, bool close)
 	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
 	accesslog_write(ex->w, &ex->log);
 	ex->cbs.on_done(ex->arg, close || ex->close_after);
+}
+
+static void finish_tunnel(struct exchange *ex, struct bufferevent *ubev)
+{
+	void (*on_done)(void *, bool) = ex->cbs.on_done;
+	/* finish() reports on_done; a tunnel reports on_tunnel instead */
+	ex->cbs.on_done = noop_done;
+	finish(ex, false);
+	ex->cbs.on_done = on_done;
+	ex->cbs.on_tunnel(ex->arg, ubev);
 }
 
 static void finish_error(struct exchange *ex, int status, const char *reason, bool close,
@@ -561,7 +576,19 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.fresh_conn = !may_replay_after_reset(ex),
 		.connect_timeout_us = ex->up->connect_timeout_us,
 		.head_timeout_us = per_try < remaining ? per_try : 0,
+		.tls = ex->ub->tls,
+		.verify = ex->up->tls_verify,
 	};
+	char sni[256];
+	if (rq.tls) {
+		int port;
+		struct in6_addr ip;
+		if (ex->up->tls_sni && ex->up->tls_sni[0])
+			rq.sni = ex->up->tls_sni;
+		else if (split_host_port(ep->name, sni, sizeof(sni), &port) == 0 &&
+		         inet_pton(AF_INET, sni, &ip) != 1 && inet_pton(AF_INET6, sni, &ip) != 1)
+			rq.sni = sni;   /* a name, not an address: it is the server's name */
+	}
 	ex->state = X_ATTEMPT;
 	ex->att = attempt_start(ex->w, ep, &rq, &attempt_callbacks, ex);
 	access_add_attempt(&ex->log, ep->name);
@@ -624,7 +651,9 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	f.hold_until_us = hold > now ? hold : 0;
 
 	int64_t start = 0;
-	enum refusal reason = retry_decide(rc, &ex->up->deadline, &f, &start);
+	/* an Upgrade request is tunnelled without retries (SPEC §8) */
+	enum refusal reason = ex->req->upgrade ? RR_NOT_LISTED
+	                                       : retry_decide(rc, &ex->up->deadline, &f, &start);
 	if (reason == RR_NONE) {
 		int cap = ex->up->max_retries_in_flight;
 		if (!upstream_take_retry_slot(ex->st, cap))
@@ -662,6 +691,32 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 
 /* ------------------------------------------------------------------ attempt callbacks */
 
+/* 101 to an Upgrade request: relay the head, hand the raw connection to the session. */
+static void start_tunnel(struct exchange *ex, struct attempt *a, const struct http_head *h)
+{
+	struct evbuffer *o = ex->cout;
+	STAT_INC(ex->us->responses[1]);
+	access_set_status(&ex->log, 101);
+	evbuffer_add_printf(o, "HTTP/1.1 101 %.*s\r\n", (int)h->reason_len, h->reason);
+	for (int i = 0; i < h->nhdrs; i++) {
+		const struct http_hdr *x = &h->hdrs[i];
+		if (x->hop || hdr_is(x, "X-Retrygate-Attempts"))
+			continue;
+		evbuffer_add_printf(o, "%.*s: %.*s\r\n", (int)x->nlen, x->name, (int)x->vlen, x->value);
+	}
+	size_t n;
+	const char *up = http_head_get(h, "Upgrade", &n);
+	evbuffer_add_printf(o, "Connection: upgrade\r\nUpgrade: %.*s\r\nX-Retrygate-Attempts: %d\r\n\r\n",
+	                    (int)(up ? n : 0), up ? up : "", ex->attempts);
+	struct bufferevent *ubev = attempt_take_bev(a);
+	ex->att = NULL;
+	attempt_free(a);
+	ex->resp_status = 101;
+	ex->log.ok_response = true;
+	ex->head_sent = true;
+	finish_tunnel(ex, ubev);
+}
+
 static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 {
 	struct exchange *ex = arg;
@@ -682,8 +737,12 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		}
 		return;
 	}
+	if (h->status == 101 && ex->req->upgrade) {
+		start_tunnel(ex, a, h);
+		return;
+	}
 	if (h->status == 101) {
-		/* no tunnel was asked for, or none is supported here: an invalid response */
+		/* an unsolicited 101: an invalid response */
 		STAT_INC(ex->us->outcomes[OUT_RESET]);
 		access_set_outcome(&ex->log, "bad-response");
 		decide(ex, OUT_RESET, NULL, true);

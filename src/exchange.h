@@ -24,6 +24,9 @@ struct exchange_cbs {
 	void (*on_done)(void *arg, bool close);
 	/* Request body bytes may flow again (exchange_body_room() grew). */
 	void (*on_want_body)(void *arg);
+	/* The upstream switched protocols (101): the 101 head is queued; from now on the client
+	 * connection is a tunnel to UPSTREAM (taken). The exchange is finished. */
+	void (*on_tunnel)(void *arg, struct bufferevent *upstream);
 };
 
 struct client_info {

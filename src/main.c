@@ -104,7 +104,14 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 			log_error("reload: cannot open access log %s", cfg->access_log);
 	}
 	runtime_unref(old);
-	runtime_publish(runtime_new(cfg));
+	char terr[512];
+	struct runtime *nrt = runtime_new(cfg, terr, sizeof(terr));
+	if (!nrt) {
+		log_error("reload of %s failed; the old config keeps serving: %s", config_path, terr);
+		config_unref(cfg);
+		return;
+	}
+	runtime_publish(nrt);
 	admin_reconfigure(cfg);
 	config_unref(cfg);
 	log_info("reloaded %s", config_path);
@@ -154,7 +161,13 @@ int main(int argc, char **argv)
 	evthread_use_pthreads();
 	g_nworkers = cfg->workers < 1 ? 1 : (cfg->workers > MAX_WORKERS ? MAX_WORKERS : cfg->workers);
 	main_base = event_base_new();
-	runtime_publish(runtime_new(cfg));
+	char terr[512];
+	struct runtime *rt0 = runtime_new(cfg, terr, sizeof(terr));
+	if (!rt0) {
+		fprintf(stderr, "%s: %s\n", config_path, terr);
+		return 1;
+	}
+	runtime_publish(rt0);
 
 	if (accesslog_open(cfg->access_log) != 0) {
 		fprintf(stderr, "%s: cannot open access log %s: %s\n", config_path, cfg->access_log,

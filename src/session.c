@@ -18,6 +18,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "clock.h"
@@ -29,13 +30,15 @@
 #include "reply.h"
 #include "session.h"
 #include "stats.h"
+#include "tls.h"
+#include "tunnel.h"
 #include "util.h"
 #include "worker.h"
 
 #define SESSION_MAGIC 0x5e5510a1u
 #define CLIENT_LOW (64 * 1024)
 
-enum sstate { S_HEAD, S_BODY, S_WAIT, S_CLOSING, S_CLOSED };
+enum sstate { S_HEAD, S_BODY, S_WAIT, S_TUNNEL, S_CLOSING, S_CLOSED };
 
 struct session {
 	uint32_t magic;
@@ -48,12 +51,14 @@ struct session {
 	struct bufferevent *bev;
 	struct http_msg *req;
 	struct exchange *ex;
+	struct tunnel *tunnel;
 	bool ex_done;                   /* the exchange queued its response */
 	struct evbuffer *body_tmp;
 	struct event *timer;            /* header or idle timeout */
 	bool head_timer;
 	struct event *resume_ev;
 	bool close_after;
+	bool tls;
 	char peer_ip[64];
 	TAILQ_ENTRY(session) link;
 };
@@ -76,6 +81,10 @@ void session_close(struct session *s, const char *why)
 	if (s->ex) {
 		exchange_free(s->ex);   /* aborts it if still running */
 		s->ex = NULL;
+	}
+	if (s->tunnel) {
+		tunnel_free(s->tunnel);
+		s->tunnel = NULL;
 	}
 	if (s->bev)
 		bufferevent_free(s->bev);
@@ -149,9 +158,24 @@ static void ex_want_body_cb(void *arg)
 		event_active(s->resume_ev, EV_TIMEOUT, 0);
 }
 
+static void tunnel_closed_cb(void *arg)
+{
+	session_close(arg, "tunnel closed");
+}
+
+static void ex_tunnel_cb(void *arg, struct bufferevent *upstream)
+{
+	struct session *s = arg;
+	s->ex_done = true;
+	s->state = S_TUNNEL;
+	evtimer_del(s->timer);
+	s->tunnel = tunnel_new(s->w, s->bev, upstream, tunnel_closed_cb, s);
+}
+
 static const struct exchange_cbs exchange_callbacks = {
 	.on_done = ex_done_cb,
 	.on_want_body = ex_want_body_cb,
+	.on_tunnel = ex_tunnel_cb,
 };
 
 /* The config the next request is served with: refreshed per request. */
@@ -177,7 +201,7 @@ static void start_exchange(struct session *s, const struct http_head *h)
 	struct client_info ci = {
 		.sid = s->id,
 		.peer_ip = s->peer_ip,
-		.tls = false,
+		.tls = s->tls,
 		.draining = s->w->draining,
 	};
 	s->ex_done = false;
@@ -201,7 +225,7 @@ static void session_process(struct session *s)
 {
 	struct evbuffer *in = bufferevent_get_input(s->bev);
 	for (;;) {
-		if (s->state == S_CLOSING || s->state == S_CLOSED)
+		if (s->state == S_CLOSING || s->state == S_CLOSED || s->state == S_TUNNEL)
 			return;
 		if (s->ex_done) {
 			if (s->state == S_BODY)
@@ -339,7 +363,16 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)peer)->sin6_addr, s->peer_ip, sizeof(s->peer_ip));
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	s->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	SSL_CTX *tls = s->rt->ltls[s->lcfg - s->rt->cfg->listeners];
+	if (tls) {
+		SSL *ssl = SSL_new(tls);
+		s->bev = bufferevent_openssl_socket_new(w->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+		                                        BEV_OPT_CLOSE_ON_FREE);
+		bufferevent_openssl_set_allow_dirty_shutdown(s->bev, 1);
+		s->tls = true;
+	} else {
+		s->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	}
 	struct http_limits lim = {
 		.max_header_bytes = (size_t)s->lcfg->limits.max_header_bytes,
 		.max_uri_bytes = (size_t)s->lcfg->limits.max_uri_bytes,

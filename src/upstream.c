@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "tls.h"
 #include "upstream.h"
 #include "util.h"
 
@@ -73,12 +74,41 @@ static struct upstream_state *state_find_or_add(const struct cfg_upstream *u)
 	return st;
 }
 
-struct runtime *runtime_new(struct config *cfg)
+static void runtime_free(struct runtime *rt)
+{
+	for (int i = 0; i < rt->cfg->nupstreams; i++)
+		if (rt->ups[i].tls)
+			SSL_CTX_free(rt->ups[i].tls);
+	for (int i = 0; i < rt->cfg->nlisteners; i++)
+		if (rt->ltls[i])
+			SSL_CTX_free(rt->ltls[i]);
+	config_unref(rt->cfg);
+	free(rt->ups);
+	free(rt->ltls);
+	free(rt);
+}
+
+struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen)
 {
 	struct runtime *rt = xcalloc(1, sizeof(*rt));
 	atomic_init(&rt->refs, 1);
 	rt->cfg = config_ref(cfg);
 	rt->ups = xcalloc((size_t)cfg->nupstreams, sizeof(*rt->ups));
+	rt->ltls = xcalloc((size_t)cfg->nlisteners + 1, sizeof(*rt->ltls));
+	for (int i = 0; i < cfg->nlisteners; i++) {
+		struct cfg_listener *l = &cfg->listeners[i];
+		if (l->tls && !(rt->ltls[i] = tls_server_ctx(l->tls_cert, l->tls_key, err, errlen))) {
+			runtime_free(rt);
+			return NULL;
+		}
+	}
+	for (int i = 0; i < cfg->nupstreams; i++) {
+		struct cfg_upstream *u = &cfg->upstreams[i];
+		if (u->tls && !(rt->ups[i].tls = tls_client_ctx(u->tls_ca, u->tls_verify, err, errlen))) {
+			runtime_free(rt);
+			return NULL;
+		}
+	}
 	pthread_mutex_lock(&reg_lock);
 	for (int i = 0; i < cfg->nupstreams; i++) {
 		struct cfg_upstream *u = &cfg->upstreams[i];
@@ -102,9 +132,7 @@ void runtime_unref(struct runtime *rt)
 {
 	if (!rt || atomic_fetch_sub(&rt->refs, 1) != 1)
 		return;
-	config_unref(rt->cfg);
-	free(rt->ups);
-	free(rt);
+	runtime_free(rt);
 }
 
 struct runtime *runtime_current(void)

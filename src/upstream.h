@@ -12,6 +12,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "budget.h"
@@ -43,6 +44,7 @@ struct upstream_state {
 
 struct upstream_binding {
 	struct cfg_upstream *cfg;
+	struct ssl_ctx_st *tls;         /* TLS to this upstream, or NULL */
 	struct upstream_state *st;
 	struct ep_state *ep[MAX_ENDPOINTS];   /* cfg->endpoints[i] */
 };
@@ -51,11 +53,13 @@ struct runtime {
 	atomic_int refs;
 	struct config *cfg;
 	struct upstream_binding *ups; /* cfg->nupstreams, same order */
+	struct ssl_ctx_st **ltls;       /* per cfg->listeners: TLS termination, or NULL */
 	uint64_t gen;
 };
 
-/* Build the runtime for CFG (takes its own reference), creating state for new names. */
-struct runtime *runtime_new(struct config *cfg);
+/* Build the runtime for CFG (takes its own reference), creating state for new names and the
+ * TLS contexts. NULL with ERR set when a certificate or key cannot be loaded. */
+struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen);
 struct runtime *runtime_ref(struct runtime *rt);
 void runtime_unref(struct runtime *rt);
 /* The current one, with a reference taken; and the swap done by reload. */

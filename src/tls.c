@@ -1,0 +1,78 @@
+/*
+ * tls: OpenSSL 3 contexts. TLS 1.2 is the floor on both sides.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "tls.h"
+
+static void last_error(char *err, size_t errlen, const char *what, const char *file)
+{
+	unsigned long e = ERR_get_error();
+	char buf[256];
+	ERR_error_string_n(e, buf, sizeof(buf));
+	snprintf(err, errlen, "%s %s: %s", what, file ? file : "", e ? buf : "unknown error");
+	ERR_clear_error();
+}
+
+SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	if (!ctx) {
+		last_error(err, errlen, "cannot create TLS context", NULL);
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+		last_error(err, errlen, "cannot load certificate", cert);
+		SSL_CTX_free(ctx);
+		return NULL;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+	    SSL_CTX_check_private_key(ctx) != 1) {
+		last_error(err, errlen, "cannot load private key", key);
+		SSL_CTX_free(ctx);
+		return NULL;
+	}
+	return ctx;
+}
+
+SSL_CTX *tls_client_ctx(const char *ca, bool verify, char *err, size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	if (!ctx) {
+		last_error(err, errlen, "cannot create TLS context", NULL);
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	if (verify) {
+		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+		int ok = ca && ca[0] ? SSL_CTX_load_verify_locations(ctx, ca, NULL)
+		                     : SSL_CTX_set_default_verify_paths(ctx);
+		if (ok != 1) {
+			last_error(err, errlen, "cannot load CA", ca);
+			SSL_CTX_free(ctx);
+			return NULL;
+		}
+	} else {
+		SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
+	}
+	return ctx;
+}
+
+SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify)
+{
+	SSL *ssl = SSL_new(ctx);
+	if (!ssl)
+		return NULL;
+	if (sni && sni[0]) {
+		SSL_set_tlsext_host_name(ssl, sni);
+		if (verify)
+			SSL_set1_host(ssl, sni);
+	}
+	return ssl;
+}

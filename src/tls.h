@@ -1,0 +1,18 @@
+/*
+ * tls: OpenSSL contexts for TLS termination on listeners and TLS to upstreams, built once
+ * per loaded config (a reload with a bad certificate fails and the old config keeps serving).
+ */
+#ifndef RG_TLS_H
+#define RG_TLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <openssl/ssl.h>
+
+SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen);
+SSL_CTX *tls_client_ctx(const char *ca, bool verify, char *err, size_t errlen);
+/* A client SSL for one upstream connection: SNI and, when verifying, the expected name. */
+SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify);
+
+#endif

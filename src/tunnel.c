@@ -1,0 +1,115 @@
+/*
+ * tunnel: a byte pipe between two bufferevents (see tunnel.h).
+ */
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "tunnel.h"
+#include "util.h"
+#include "worker.h"
+
+#define TUNNEL_HIGH (256 * 1024)
+
+struct tunnel {
+	struct worker *w;
+	struct bufferevent *c, *u;
+	void (*on_close)(void *);
+	void *arg;
+	bool ending, freed;
+};
+
+static struct bufferevent *other(struct tunnel *t, struct bufferevent *bev)
+{
+	return bev == t->c ? t->u : t->c;
+}
+
+static void end(struct tunnel *t)
+{
+	if (t->freed)
+		return;
+	t->on_close(t->arg);
+}
+
+static void move(struct tunnel *t, struct bufferevent *from)
+{
+	struct bufferevent *to = other(t, from);
+	evbuffer_add_buffer(bufferevent_get_output(to), bufferevent_get_input(from));
+	if (evbuffer_get_length(bufferevent_get_output(to)) >= TUNNEL_HIGH) {
+		bufferevent_disable(from, EV_READ);
+		bufferevent_setwatermark(to, EV_WRITE, TUNNEL_HIGH / 2, 0);
+	}
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+	move(arg, bev);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+	struct tunnel *t = arg;
+	if (t->ending) {
+		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+			end(t);
+		return;
+	}
+	bufferevent_enable(other(t, bev), EV_READ);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct tunnel *t = arg;
+	if (t->ending || (what & BEV_EVENT_ERROR)) {
+		end(t);
+		return;
+	}
+	/* EOF: flush what this side sent to the other, then close both */
+	struct bufferevent *to = other(t, bev);
+	move(t, bev);
+	t->ending = true;
+	bufferevent_disable(t->c, EV_READ);
+	bufferevent_disable(t->u, EV_READ);
+	if (evbuffer_get_length(bufferevent_get_output(to)) == 0) {
+		end(t);
+		return;
+	}
+	bufferevent_setwatermark(to, EV_WRITE, 0, 0);
+}
+
+struct tunnel *tunnel_new(struct worker *w, struct bufferevent *client, struct bufferevent *upstream,
+                          void (*on_close)(void *arg), void *arg)
+{
+	struct tunnel *t = xcalloc(1, sizeof(*t));
+	t->w = w;
+	t->c = client;
+	t->u = upstream;
+	t->on_close = on_close;
+	t->arg = arg;
+	bufferevent_setcb(client, read_cb, write_cb, event_cb, t);
+	bufferevent_setcb(upstream, read_cb, write_cb, event_cb, t);
+	bufferevent_setwatermark(client, EV_READ, 0, 0);
+	bufferevent_setwatermark(upstream, EV_READ, 0, 0);
+	bufferevent_setwatermark(client, EV_WRITE, 0, 0);
+	bufferevent_setwatermark(upstream, EV_WRITE, 0, 0);
+	bufferevent_enable(client, EV_READ | EV_WRITE);
+	bufferevent_enable(upstream, EV_READ | EV_WRITE);
+	/* bytes that arrived with the heads */
+	move(t, client);
+	move(t, upstream);
+	return t;
+}
+
+void tunnel_free(struct tunnel *t)
+{
+	if (!t || t->freed)
+		return;
+	t->freed = true;
+	bufferevent_setcb(t->c, NULL, NULL, NULL, NULL);
+	bufferevent_free(t->u);
+	t->u = NULL;
+	worker_defer_free(t->w, free, t);
+}

@@ -1,0 +1,19 @@
+/*
+ * tunnel: after an Upgrade (101 Switching Protocols), bytes flow both ways unchanged between
+ * the client and the upstream connection, with backpressure on each direction. No retries,
+ * no parsing. When either side ends, what it sent is flushed to the other, then both close.
+ */
+#ifndef RG_TUNNEL_H
+#define RG_TUNNEL_H
+
+struct bufferevent;
+struct worker;
+struct tunnel;
+
+/* CLIENT stays owned by the caller (freed by it after ON_CLOSE); UPSTREAM is taken. */
+struct tunnel *tunnel_new(struct worker *w, struct bufferevent *client, struct bufferevent *upstream,
+                          void (*on_close)(void *arg), void *arg);
+/* Free the tunnel and the upstream connection (deferred). Safe inside on_close. */
+void tunnel_free(struct tunnel *t);
+
+#endif
