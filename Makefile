@@ -107,6 +107,14 @@ run: deps $(BUILD)/retrygate
 	trap "kill $$up 2>/dev/null" EXIT INT TERM; \
 	$(BUILD)/retrygate -c conf/retrygate.yaml
 
+# Peer comparison: retrygate, HAProxy and nginx side by side (tests/bench/README.md).
+bench: deps $(BUILD)/retrygate
+	tests/bench/run.sh
+
+# The point in one command: a flaky dependency, a naive retry policy vs retrygate's.
+demo: deps $(BUILD)/retrygate
+	/usr/bin/python3 tests/tools/demo.py
+
 clean:
 	rm -rf build/obj build/unit build/san build/retrygate build/fuzz
 

@@ -158,6 +158,9 @@ int main(int argc, char **argv)
 	}
 
 	signal(SIGPIPE, SIG_IGN);
+	const char *lvl = getenv("RETRYGATE_LOG");
+	if (lvl && strcmp(lvl, "debug") == 0)
+		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
 	g_nworkers = cfg->workers < 1 ? 1 : (cfg->workers > MAX_WORKERS ? MAX_WORKERS : cfg->workers);
 	main_base = event_base_new();
