@@ -14,10 +14,10 @@ WERROR    ?= -Werror
 ARCH      := $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 
 ifeq ($(SANITIZE),)
-BUILD     := build
+BUILD     ?= build
 OPT       := -O2
 else
-BUILD     := build/san
+BUILD     ?= build/san
 OPT       := -O1 -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 endif
 

@@ -57,7 +57,13 @@ struct cfg_idempotency {
 	int64_t lock_timeout_us;    /* 30s */
 	int64_t max_body;           /* 1MiB */
 	int64_t max_response;       /* 1MiB */
-	char *store;                /* "memory" | "redis://[:password@]host:port/db" */
+	char *store;                /* "memory" | "redis://[user:password@]host[:port][/db]" */
+	/* the redis store URL, decoded at load (all unset for "memory") */
+	char *store_host;           /* NULL: memory; an IPv6 literal without brackets */
+	int store_port;             /* 6379 when not given */
+	int store_db;               /* 0 when not given */
+	char *store_user;           /* NULL: none (percent-decoded) */
+	char *store_password;       /* NULL: none (percent-decoded) */
 };
 
 struct cfg_upstream {
@@ -116,11 +122,17 @@ struct config {
 	int nlisteners;
 	struct cfg_upstream *upstreams;
 	int nupstreams;
+	/* things the loader adjusted (a limit clamped by a smaller one), as
+	 * "path.to.key: what happened"; config_report prints them, the caller may log them */
+	char **warnings;
+	int nwarnings;
 };
 
 /* Load and validate PATH. On any error, print every one of them to ERRS and return NULL.
  * The result has one reference. */
 struct config *config_load(const char *path, FILE *errs);
+/* The same from memory (LEN bytes, need not be NUL-terminated); NAME is used in messages. */
+struct config *config_load_buffer(const char *name, const char *data, size_t len, FILE *errs);
 struct config *config_ref(struct config *c);
 void config_unref(struct config *c);
 
@@ -132,6 +144,11 @@ void config_report(const struct config *c, FILE *out);
 /* /config: the effective configuration as JSON (admin token and store passwords redacted).
  * Returns a malloc'd NUL-terminated string. */
 char *config_to_json(const struct config *c);
+
+/* Every key of the schema, as a dotted path without list indexes or upstream names
+ * ("admin.listen", "listeners.routes.host", "upstreams.retry.backoff.base"), parents before
+ * their children, in schema order. The documentation test walks this. */
+void config_schema_keys(void (*cb)(const char *dotted_path, void *arg), void *arg);
 
 static inline bool cfg_retry_on_status(const struct cfg_retry *r, int status)
 {

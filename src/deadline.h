@@ -51,6 +51,9 @@ int deadline_resolve(const struct dl_value vals[DL_NKINDS], const struct cfg_dea
  * ms kinds: floor(us / 1000). grpc-timeout: the finest unit whose value fits 8 digits,
  * truncated (never rounds up). */
 int deadline_format(enum dl_kind k, int64_t us, char *buf, size_t cap);
+/* A BUF of this size always fits (19 digits of ms + NUL); a smaller one that does not fit
+ * makes deadline_format() return -1 with BUF empty: a truncated number must not be sent. */
+#define DEADLINE_FMT_MAX 24
 
 /* Retry-After (RFC 9110 §10.2.3): delta-seconds or an HTTP-date (IMF-fixdate, and the obsolete
  * RFC 850 and asctime forms). NOW is wall-clock seconds. Returns 0 and *delay_us (a past date

@@ -14,6 +14,9 @@
 int parse_duration(const char *s, int64_t *us);
 /* "512" "512B" "64KiB" "1MiB" "1GiB". Returns 0 and sets *bytes, or -1. */
 int parse_size(const char *s, int64_t *bytes);
+/* The inverse of parse_duration: the largest unit that is exact ("250ms", "5s", "1m", "24h";
+ * 0 is "0s"). Returns the length it needed, like snprintf. */
+size_t format_duration(int64_t us, char *buf, size_t cap);
 
 bool str_ieq(const char *a, size_t alen, const char *b, size_t blen);
 bool str_iprefix(const char *s, size_t len, const char *prefix);
