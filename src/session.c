@@ -144,7 +144,8 @@ static void ex_done_cb(void *arg, bool close)
 	if (s->state == S_CLOSED)
 		return;
 	s->ex_done = true;
-	if (close || s->close_after || s->w->draining || s->state == S_BODY) {
+	/* the exchange says close when it answered before reading a body it did not want */
+	if (close || s->close_after || s->w->draining) {
 		session_close_after_flush(s);
 		return;
 	}
@@ -205,7 +206,7 @@ static void start_exchange(struct session *s, const struct http_head *h)
 		.draining = s->w->draining,
 	};
 	s->ex_done = false;
-	s->state = (h->chunked || h->content_length > 0) ? S_BODY : S_WAIT;
+	s->state = S_BODY;      /* even a body-less message ends with HTTP_DONE from the parser */
 	s->ex = exchange_new(s->w, s->rt, s->lcfg, &ci, h, s->bev, &exchange_callbacks, s);
 	exchange_start(s->ex);
 }
@@ -227,13 +228,11 @@ static void session_process(struct session *s)
 	for (;;) {
 		if (s->state == S_CLOSING || s->state == S_CLOSED || s->state == S_TUNNEL)
 			return;
-		if (s->ex_done) {
-			if (s->state == S_BODY)
-				return;     /* ex_done_cb closes in that case */
+		if (s->state == S_WAIT) {
+			if (!s->ex_done)
+				return;     /* pipelined bytes wait in the input buffer */
 			next_request(s);
 		}
-		if (s->state == S_WAIT)
-			return;
 		if (s->state == S_HEAD) {
 			if (evbuffer_get_length(in) == 0)
 				return;
@@ -241,6 +240,7 @@ static void session_process(struct session *s)
 			switch (ev) {
 			case HTTP_NEED_MORE:
 			case HTTP_BODY:
+			case HTTP_DONE:
 				if (!s->head_timer && http_msg_head_bytes(s->req) > 0) {
 					s->head_timer = true;
 					struct timeval tv = clock_tv(s->lcfg->limits.header_timeout_us);
@@ -249,10 +249,6 @@ static void session_process(struct session *s)
 				return;
 			case HTTP_HEAD:
 				start_exchange(s, http_msg_head(s->req));
-				continue;
-			case HTTP_DONE:
-				/* a head-only message is complete at its head: nothing to feed */
-				s->state = S_WAIT;
 				continue;
 			case HTTP_ERROR: {
 				int st;
@@ -268,9 +264,8 @@ static void session_process(struct session *s)
 			enum http_event ev = http_msg_feed(s->req, in, s->body_tmp, room);
 			switch (ev) {
 			case HTTP_NEED_MORE:
+			case HTTP_HEAD:     /* not reached: a head comes only after http_msg_next() */
 				return;
-			case HTTP_HEAD:
-				return;     /* not reached: a head comes only after http_msg_next() */
 			case HTTP_BODY:
 				exchange_body(s->ex, s->body_tmp);
 				continue;
