@@ -122,7 +122,7 @@ clean:
 FUZZ_SECONDS ?= 60
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=build/fuzz/%)
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -fno-omit-frame-pointer $(LLHTTP_INC) -Isrc -DRETRYGATE_VERSION='"$(VERSION)"'
 FUZZ_OBJS  := $(filter-out build/fuzz/obj/main.o,$(SRCS:src/%.c=build/fuzz/obj/%.o))
 

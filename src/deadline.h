@@ -37,7 +37,7 @@ struct dl_value {
 #define DL_BAD     -1
 
 /* Parse one value of kind K (optional surrounding spaces/tabs allowed, nothing else).
- * Integer ms kinds: 1..(2^63/1000) digits-only; leading '+' or '-' is malformed. */
+ * Integer ms kinds: digits only (saturating); a sign is malformed. */
 int deadline_parse(enum dl_kind k, const char *v, size_t len, int64_t *us);
 
 /* Pick the inbound deadline budget from the five values: first present wins (an Envoy 0

@@ -1,0 +1,153 @@
+/*
+ * retry: the retry decision of SPEC §4, rules 1-6, as one pure function.
+ *
+ * The rules are checked in SPEC order and the first failing one names the refusal, so the
+ * order of the checks below is part of the contract. All time arithmetic saturates: a
+ * Retry-After of "99999999999999" or a hold far in the future must refuse, never wrap into
+ * "retry now".
+ */
+#include "retry.h"
+
+#include <string.h>
+
+static const char *const refusal_names[RR_NREASONS] = {
+	[RR_NONE]              = "",
+	[RR_NOT_LISTED]        = "",
+	[RR_DISABLED]          = "disabled",
+	[RR_NESTED]            = "nested",
+	[RR_MAX_ATTEMPTS]      = "max-attempts",
+	[RR_NON_IDEMPOTENT]    = "non-idempotent",
+	[RR_BODY_TOO_LARGE]    = "body-too-large",
+	[RR_RETRY_AFTER]       = "retry-after",
+	[RR_DEADLINE]          = "deadline",
+	[RR_BUDGET]            = "budget",
+	[RR_RETRIES_IN_FLIGHT] = "retries-in-flight",
+};
+
+const char *refusal_name(enum refusal r)
+{
+	if ((unsigned)r >= RR_NREASONS)
+		return "";
+	return refusal_names[r];
+}
+
+const char *outcome_name(enum outcome o)
+{
+	switch (o) {
+	case OUT_CONNECT_FAILURE: return "connect-failure";
+	case OUT_RESET:           return "reset";
+	case OUT_TIMEOUT:         return "timeout";
+	case OUT_STATUS:          return "status";
+	case OUT_NONE:            break;
+	}
+	return "";
+}
+
+enum method_class retry_method_class(const char *method)
+{
+	/* RFC 9110 §9.2.2; method names are case-sensitive, so "get" is not GET */
+	static const char *const idempotent[] = { "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE" };
+	if (!method)
+		return MC_OTHER;
+	for (size_t i = 0; i < sizeof(idempotent) / sizeof(idempotent[0]); i++)
+		if (strcmp(method, idempotent[i]) == 0)
+			return MC_IDEMPOTENT;
+	return MC_OTHER;
+}
+
+static int64_t sat_add(int64_t a, int64_t b)
+{
+	int64_t r;
+	if (__builtin_add_overflow(a, b, &r))
+		return b > 0 ? INT64_MAX : INT64_MIN;
+	return r;
+}
+
+static int64_t sat_sub(int64_t a, int64_t b)
+{
+	int64_t r;
+	if (__builtin_sub_overflow(a, b, &r))
+		return b < 0 ? INT64_MAX : INT64_MIN;
+	return r;
+}
+
+int64_t retry_backoff(const struct cfg_retry *r, int n, uint64_t rand)
+{
+	int64_t cap = r->backoff_base_us;
+	if (cap <= 0 || r->backoff_max_us <= 0)
+		return 0;
+	/* base * 2^(n-1), doubling only while below max: at most 63 steps for any n, and no
+	 * overflow even for n = INT_MAX */
+	for (int i = 1; i < n && cap < r->backoff_max_us; i++)
+		cap = cap > INT64_MAX / 2 ? INT64_MAX : cap * 2;
+	if (cap > r->backoff_max_us)
+		cap = r->backoff_max_us;
+	/* full jitter: uniform in [0, cap] inclusive. The multiply-high maps the 64 random bits
+	 * onto cap + 1 values using the high bits (the best ones of xorshift64*); its bias is
+	 * at most (cap + 1) / 2^64. */
+	return (int64_t)(((unsigned __int128)rand * ((uint64_t)cap + 1)) >> 64);
+}
+
+/* Rule 1, first half: is the outcome in retry.on? */
+static bool outcome_listed(const struct cfg_retry *r, const struct retry_facts *f)
+{
+	switch (f->outcome) {
+	case OUT_CONNECT_FAILURE: return r->on_flags & RETRY_ON_CONNECT_FAILURE;
+	case OUT_RESET:           return r->on_flags & RETRY_ON_RESET;
+	case OUT_TIMEOUT:         return r->on_flags & RETRY_ON_TIMEOUT;
+	case OUT_STATUS:          return cfg_retry_on_status(r, f->status);
+	case OUT_NONE:            break;
+	}
+	return false;
+}
+
+/* Rule 4. A connect-failure provably never reached the upstream, so any method may go again;
+ * otherwise a non-idempotent method needs the policy's permission. */
+static bool method_repeatable(const struct cfg_retry *r, const struct retry_facts *f)
+{
+	if (f->method == MC_IDEMPOTENT || f->outcome == OUT_CONNECT_FAILURE)
+		return true;
+	switch (r->non_idempotent) {
+	case NI_REQUIRE_KEY: return f->has_key;
+	case NI_ALWAYS:      return true;
+	case NI_NEVER:       break;
+	}
+	return false;
+}
+
+enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *d,
+                          const struct retry_facts *f, int64_t *start_us)
+{
+	if (!outcome_listed(r, f))
+		return RR_NOT_LISTED;
+	if (!r->enabled || !f->runtime_enabled)
+		return RR_DISABLED;
+	if (f->nested)
+		return RR_NESTED;
+	if (f->attempts >= r->max_attempts)
+		return RR_MAX_ATTEMPTS;
+	if (!method_repeatable(r, f))
+		return RR_NON_IDEMPOTENT;
+	if (!f->body_replayable)
+		return RR_BODY_TOO_LARGE;
+
+	/* Rule 6. The wait before retry n = attempts is the Retry-After hint when there is a
+	 * positive one (it replaces the backoff), else the jittered backoff: "Retry-After: 0 or
+	 * a past date means no wait beyond the backoff", so a hint of 0 does not skip the
+	 * jitter. The endpoint's hold can only push the start later. The hint and the hold are
+	 * judged against retry_after.max by how far ahead they lie, the start against the
+	 * deadline less deadline.min. */
+	int64_t wait = f->retry_after_us > 0 ? f->retry_after_us
+	                                     : retry_backoff(r, f->attempts, f->rand);
+	int64_t start = sat_add(f->now_us, wait);
+	if (f->hold_until_us > start)
+		start = f->hold_until_us;
+	if (f->retry_after_us >= 0 && f->retry_after_us > r->retry_after_max_us)
+		return RR_RETRY_AFTER;
+	if (f->hold_until_us > 0 && sat_sub(f->hold_until_us, f->now_us) > r->retry_after_max_us)
+		return RR_RETRY_AFTER;
+	if (sat_add(start, d->min_us) > f->deadline_us)
+		return RR_DEADLINE;
+	*start_us = start;
+	return RR_NONE;
+}

@@ -1,0 +1,371 @@
+/*
+ * test_budget: the SPEC §4 retry budget. It starts full with max_tokens; every first attempt
+ * adds ratio tokens; time adds min_per_second tokens per second; it never holds more than
+ * max_tokens; a retry takes one whole token or does not happen. So over any interval of
+ * length t: retries <= max_tokens + ratio * (first attempts) + min_per_second * t, which the
+ * threaded tests check with several workers hammering one bucket under a fake clock.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "budget.h"
+
+#define MS 1000LL
+#define S  1000000LL
+
+static struct cfg_retry policy(double ratio, double min_per_second, int64_t max_tokens)
+{
+	struct cfg_retry r;
+	memset(&r, 0, sizeof(r));
+	r.enabled = true;
+	r.max_attempts = 3;
+	r.budget_ratio = ratio;
+	r.budget_min_per_second = min_per_second;
+	r.budget_max_tokens = max_tokens;
+	return r;
+}
+
+static int take_all(struct budget *b, const struct cfg_retry *r, int64_t now)
+{
+	int n = 0;
+	while (budget_take(b, r, now))
+		n++;
+	return n;
+}
+
+static void test_starts_full_and_empties(void **state)
+{
+	struct cfg_retry r = policy(0.2, 10, 100);
+	struct budget b;
+	budget_init(&b, &r, 5 * S);
+	assert_true(budget_tokens(&b, &r, 5 * S) == 100.0);
+	/* with the clock standing still, exactly max_tokens retries, then none */
+	assert_int_equal(take_all(&b, &r, 5 * S), 100);
+	assert_false(budget_take(&b, &r, 5 * S));
+	assert_true(budget_tokens(&b, &r, 5 * S) == 0.0);
+}
+
+static void test_deposit_adds_ratio(void **state)
+{
+	struct cfg_retry r = policy(0.2, 0, 100);
+	struct budget b;
+	budget_init(&b, &r, 0);
+	take_all(&b, &r, 0);
+	/* 4 first attempts give 0.8 of a token: no retry */
+	for (int i = 0; i < 4; i++)
+		budget_deposit(&b, &r, 0);
+	assert_false(budget_take(&b, &r, 0));
+	/* the 5th makes a whole token: one retry */
+	budget_deposit(&b, &r, 0);
+	assert_true(budget_take(&b, &r, 0));
+	assert_false(budget_take(&b, &r, 0));
+	/* 1000 first attempts at ratio 0.2: 200 tokens earned, but the bucket holds 100 */
+	for (int i = 0; i < 1000; i++)
+		budget_deposit(&b, &r, 0);
+	assert_true(budget_tokens(&b, &r, 0) == 100.0);
+	assert_int_equal(take_all(&b, &r, 0), 100);
+}
+
+static void test_time_refill(void **state)
+{
+	struct cfg_retry r = policy(0, 10, 100);
+	struct budget b;
+	budget_init(&b, &r, 0);
+	take_all(&b, &r, 0);
+	/* 10 per second: 100 ms is one token */
+	assert_false(budget_take(&b, &r, 99 * MS));
+	assert_true(budget_take(&b, &r, 100 * MS));
+	assert_false(budget_take(&b, &r, 100 * MS));
+	/* half a token, then the other half */
+	assert_false(budget_take(&b, &r, 150 * MS));
+	assert_true(budget_take(&b, &r, 200 * MS));
+	/* 2 s give 20 tokens */
+	assert_int_equal(take_all(&b, &r, 2200 * MS), 20);
+	/* an hour gives max_tokens, not 36000 */
+	assert_int_equal(take_all(&b, &r, 3600 * S), 100);
+}
+
+/* Time credited while the bucket is full is lost, as in any token bucket: a full bucket
+ * left alone for a minute still holds max_tokens, and refills from there. */
+static void test_time_while_full_is_not_banked(void **state)
+{
+	struct cfg_retry r = policy(0, 10, 5);
+	struct budget b;
+	budget_init(&b, &r, 0);
+	assert_true(budget_tokens(&b, &r, 60 * S) == 5.0);
+	assert_int_equal(take_all(&b, &r, 60 * S), 5);
+	assert_false(budget_take(&b, &r, 60 * S + 99 * MS));
+	assert_true(budget_take(&b, &r, 60 * S + 100 * MS));
+}
+
+/* A fractional rate called very often must still earn: 0.5 token/s over 2 s, looked at every
+ * 3 µs, is one token. */
+static void test_fractional_rate_called_often(void **state)
+{
+	struct cfg_retry r = policy(0, 0.5, 10);
+	struct budget b;
+	budget_init(&b, &r, 0);
+	take_all(&b, &r, 0);
+	int64_t t = 0;
+	int got = 0;
+	for (; t < 2 * S - 3; t += 3)
+		got += budget_take(&b, &r, t);
+	assert_int_equal(got, 0);
+	assert_true(budget_take(&b, &r, 2 * S));
+	assert_false(budget_take(&b, &r, 2 * S));
+}
+
+/* A reload may lower max_tokens: the level is clamped on next use. Raising it again does not
+ * conjure tokens: they come back with time and deposits. */
+static void test_reload_changes_max_tokens(void **state)
+{
+	struct cfg_retry big = policy(0.2, 10, 100);
+	struct cfg_retry small = policy(0.2, 10, 10);
+	struct budget b;
+	budget_init(&b, &big, 0);
+	assert_true(budget_tokens(&b, &small, 0) == 10.0);
+	assert_int_equal(take_all(&b, &small, 0), 10);
+	assert_int_equal(take_all(&b, &big, 0), 0);
+	assert_int_equal(take_all(&b, &big, 1 * S), 10);
+	/* a take under a lowered cap clamps too */
+	budget_init(&b, &big, 0);
+	assert_true(budget_take(&b, &small, 0));
+	assert_true(budget_tokens(&b, &big, 0) == 9.0);
+	/* a deposit under a lowered cap clamps too */
+	budget_init(&b, &big, 0);
+	budget_deposit(&b, &small, 0);
+	assert_true(budget_tokens(&b, &big, 0) == 10.0);
+}
+
+/* Time during which min_per_second was 0 earns nothing, even after a reload raises it. */
+static void test_zero_rate_earns_nothing(void **state)
+{
+	struct cfg_retry none = policy(0, 0, 100);
+	struct cfg_retry ten = policy(0, 10, 100);
+	struct budget b;
+	budget_init(&b, &none, 0);
+	take_all(&b, &none, 0);
+	assert_int_equal(take_all(&b, &none, 3600 * S), 0);
+	assert_int_equal(take_all(&b, &ten, 3600 * S), 0);
+	assert_int_equal(take_all(&b, &ten, 3600 * S + 1 * S), 10);
+}
+
+static void test_zero_max_tokens_never_retries(void **state)
+{
+	struct cfg_retry r = policy(1.0, 1000, 0);
+	struct budget b;
+	budget_init(&b, &r, 0);
+	budget_deposit(&b, &r, 0);
+	assert_false(budget_take(&b, &r, 10 * S));
+	assert_true(budget_tokens(&b, &r, 10 * S) == 0.0);
+}
+
+/* Workers read one monotonic clock, but each at its own moment: an older "now" than the
+ * last refill credits nothing and breaks nothing. */
+static void test_clock_seen_out_of_order(void **state)
+{
+	struct cfg_retry r = policy(0, 10, 100);
+	struct budget b;
+	budget_init(&b, &r, 10 * S);
+	take_all(&b, &r, 10 * S);
+	assert_false(budget_take(&b, &r, 9 * S));
+	assert_false(budget_take(&b, &r, 10 * S + 50 * MS));
+	assert_false(budget_take(&b, &r, 10 * S));
+	assert_true(budget_take(&b, &r, 10 * S + 100 * MS));
+}
+
+/* Single-threaded, with an integer rate and a ratio exact in fixed point, the bucket is an
+ * ideal token bucket to the micro-token: compare every take with a model. */
+static uint64_t xorshift(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ULL;
+}
+
+static void test_matches_ideal_bucket(void **state)
+{
+	struct cfg_retry r = policy(0.25, 7, 20);
+	const int64_t cap = 20 * BUDGET_ONE;
+	struct budget b;
+	budget_init(&b, &r, 0);
+	int64_t level = cap, now = 0;
+	uint64_t seed = 12345;
+	for (int i = 0; i < 200000; i++) {
+		uint64_t x = xorshift(&seed);
+		int64_t dt = (int64_t)(x % 100000);     /* up to 100 ms */
+		now += dt;
+		level = level + dt * 7 > cap ? cap : level + dt * 7;
+		if (x >> 63) {
+			budget_deposit(&b, &r, now);
+			level = level + BUDGET_ONE / 4 > cap ? cap : level + BUDGET_ONE / 4;
+		} else {
+			bool want = level >= BUDGET_ONE;
+			if (want)
+				level -= BUDGET_ONE;
+			assert_int_equal(budget_take(&b, &r, now), want);
+		}
+	}
+	assert_true(budget_tokens(&b, &r, now) == (double)level / BUDGET_ONE);
+}
+
+/* ---------------------------------------------------------------- threads */
+
+#define NTHREADS 4
+
+struct hammer {
+	struct budget *b;
+	const struct cfg_retry *r;
+	_Atomic int64_t *clock;
+	uint64_t seed;
+	int iterations;
+	long deposits;
+	long takes;
+	pthread_barrier_t *go;
+};
+
+static void *hammer_thread(void *arg)
+{
+	struct hammer *h = arg;
+	pthread_barrier_wait(h->go);
+	for (int i = 0; i < h->iterations; i++) {
+		uint64_t x = xorshift(&h->seed);
+		int64_t now;
+		if ((x & 7) == 0)   /* time moves on by up to 64 µs now and then */
+			now = atomic_fetch_add(h->clock, (int64_t)(x >> 58)) + (int64_t)(x >> 58);
+		else
+			now = atomic_load(h->clock);
+		if ((x >> 8) % 3 == 0) {
+			budget_deposit(h->b, h->r, now);
+			h->deposits++;
+		} else {
+			h->takes += budget_take(h->b, h->r, now);
+		}
+	}
+	return NULL;
+}
+
+/* 4 workers deposit and take as fast as they can while the clock moves: the retries never
+ * exceed max_tokens + ratio * first attempts + min_per_second * t. */
+static void test_threads_respect_bound(void **state)
+{
+	struct cfg_retry r = policy(0.1, 50, 10);
+	struct budget b;
+	_Atomic int64_t clock = 1 * S;
+	budget_init(&b, &r, 1 * S);
+	pthread_barrier_t go;
+	pthread_barrier_init(&go, NULL, NTHREADS);
+	struct hammer h[NTHREADS];
+	pthread_t th[NTHREADS];
+	for (int i = 0; i < NTHREADS; i++) {
+		h[i] = (struct hammer){ .b = &b, .r = &r, .clock = &clock,
+		                        .seed = 0x9e3779b97f4a7c15ULL * (uint64_t)(i + 1),
+		                        .iterations = 300000, .go = &go };
+		assert_int_equal(pthread_create(&th[i], NULL, hammer_thread, &h[i]), 0);
+	}
+	long deposits = 0, takes = 0;
+	for (int i = 0; i < NTHREADS; i++) {
+		pthread_join(th[i], NULL);
+		deposits += h[i].deposits;
+		takes += h[i].takes;
+	}
+	pthread_barrier_destroy(&go);
+	double t = (double)(atomic_load(&clock) - 1 * S) / S;
+	double bound = 10 + 0.1 * (double)deposits + 50 * t;
+	double left = budget_tokens(&b, &r, atomic_load(&clock));
+	print_message("threads: %ld takes, %ld deposits, %.3f s: bound %.3f, left %.3f\n", takes,
+	              deposits, t, bound, left);
+	assert_true((double)takes <= bound + 1);
+	/* and the test is not vacuous: takes were asked for far more often than tokens came,
+	 * so all that was earned was taken or is still there, but for the few deposits that
+	 * found the bucket full before the first takes */
+	assert_true((double)takes + left >= bound - 1);
+}
+
+struct burst {
+	struct budget *b;
+	const struct cfg_retry *r;
+	int64_t now;
+	long takes;
+	pthread_barrier_t *go;
+};
+
+static void *burst_thread(void *arg)
+{
+	struct burst *s = arg;
+	pthread_barrier_wait(s->go);
+	/* a failed take may be a refill in progress elsewhere: try a few more times */
+	for (int misses = 0; misses < 64;) {
+		if (budget_take(s->b, s->r, s->now))
+			s->takes++;
+		else
+			misses++;
+	}
+	return NULL;
+}
+
+/* The racy case of a lazy refill: a half-empty bucket left alone for an hour, then several
+ * workers take at the same instant. The bucket is full at that instant (100 tokens), and an
+ * interval of length ~0 allows 100 retries, not the 50 left plus a full bucket of credit. */
+static void test_threads_stale_refill_burst(void **state)
+{
+	struct cfg_retry r = policy(0.2, 10, 100);
+	uint64_t seed = 777;
+	for (int round = 0; round < 300; round++) {
+		struct budget b;
+		budget_init(&b, &r, 0);
+		int drain = (int)(xorshift(&seed) % 101);
+		for (int i = 0; i < drain; i++)
+			assert_true(budget_take(&b, &r, 0));
+		int64_t now = 3600 * S + (int64_t)(xorshift(&seed) % S);
+
+		pthread_barrier_t go;
+		pthread_barrier_init(&go, NULL, NTHREADS);
+		struct burst s[NTHREADS];
+		pthread_t th[NTHREADS];
+		for (int i = 0; i < NTHREADS; i++) {
+			s[i] = (struct burst){ .b = &b, .r = &r, .now = now, .go = &go };
+			assert_int_equal(pthread_create(&th[i], NULL, burst_thread, &s[i]), 0);
+		}
+		long takes = 0;
+		for (int i = 0; i < NTHREADS; i++) {
+			pthread_join(th[i], NULL);
+			takes += s[i].takes;
+		}
+		pthread_barrier_destroy(&go);
+		if (takes > 100)
+			print_error("round %d: drained %d, then %ld takes in one instant\n", round, drain,
+			            takes);
+		assert_true(takes <= 100);
+		/* nothing was lost either: what was not taken is still there */
+		assert_true((double)takes + budget_tokens(&b, &r, now) == 100.0);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_starts_full_and_empties),
+		cmocka_unit_test(test_deposit_adds_ratio),
+		cmocka_unit_test(test_time_refill),
+		cmocka_unit_test(test_time_while_full_is_not_banked),
+		cmocka_unit_test(test_fractional_rate_called_often),
+		cmocka_unit_test(test_reload_changes_max_tokens),
+		cmocka_unit_test(test_zero_rate_earns_nothing),
+		cmocka_unit_test(test_zero_max_tokens_never_retries),
+		cmocka_unit_test(test_clock_seen_out_of_order),
+		cmocka_unit_test(test_matches_ideal_bucket),
+		cmocka_unit_test(test_threads_respect_bound),
+		cmocka_unit_test(test_threads_stale_refill_burst),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,372 @@
+/*
+ * test_retry: SPEC §4 rules 1-6 as one table, one row per rule, per refusal reason and per
+ * interaction between rules; then the backoff distribution, the method classes and the names.
+ */
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "retry.h"
+
+#define MS 1000LL
+#define S  1000000LL
+
+#define NOW (1000 * S)
+#define RAND_TOP UINT64_MAX     /* random bits that make the backoff its cap */
+
+/* The SPEC §2 defaults. */
+static struct cfg_retry base_retry(void)
+{
+	struct cfg_retry r;
+	memset(&r, 0, sizeof(r));
+	r.enabled = true;
+	r.max_attempts = 3;
+	r.per_try_timeout_us = 1 * S;
+	r.on_flags = RETRY_ON_CONNECT_FAILURE | RETRY_ON_RESET | RETRY_ON_TIMEOUT;
+	for (int st = 502; st <= 504; st++)
+		r.on_status[(st - 400) / 8] |= (uint8_t)(1u << ((st - 400) % 8));
+	r.backoff_base_us = 25 * MS;
+	r.backoff_max_us = 250 * MS;
+	r.retry_after_honor = true;
+	r.retry_after_max_us = 10 * S;
+	r.budget_ratio = 0.2;
+	r.budget_min_per_second = 10;
+	r.budget_max_tokens = 100;
+	r.non_idempotent = NI_REQUIRE_KEY;
+	r.max_body = 64 * 1024;
+	return r;
+}
+
+static const struct cfg_deadline dcfg = { .default_us = 5 * S, .max_us = 30 * S, .min_us = 5 * MS };
+
+/* A row states only what differs from "a GET that got a 503 on its first attempt, with a
+ * 5 s deadline, no hint, no hold, zero jitter". Times are relative to NOW. */
+struct row {
+	const char *why;
+	enum outcome outcome;       /* OUT_NONE here means OUT_STATUS */
+	int status;                 /* 0: 503 */
+	const char *method;         /* NULL: GET */
+	bool has_key;
+	bool body_big;
+	bool nested;
+	bool cfg_disabled;
+	bool runtime_off;
+	int attempts;               /* 0: 1 */
+	int max_attempts;           /* 0: 3 */
+	unsigned on_clear;          /* RETRY_ON_* bits removed from retry.on */
+	enum non_idempotent ni;     /* NI_REQUIRE_KEY is 0, the default */
+	bool has_ra;
+	int64_t ra_us;
+	int64_t hold_in_us;         /* 0: no hold */
+	int64_t deadline_in_us;     /* 0: 5 s */
+	uint64_t rand;
+	bool explicit_outcome_none; /* really OUT_NONE */
+	enum refusal want;
+	int64_t want_start_in;      /* checked when want is RR_NONE */
+};
+
+static const struct row rows[] = {
+	/* rule 1: listed in retry.on, and enabled */
+	{ .why = "connect-failure is listed: retry", .outcome = OUT_CONNECT_FAILURE, .want = RR_NONE },
+	{ .why = "reset is listed: retry", .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "timeout is listed: retry", .outcome = OUT_TIMEOUT, .want = RR_NONE },
+	{ .why = "502 is listed: retry", .status = 502, .want = RR_NONE },
+	{ .why = "503 is listed: retry", .status = 503, .want = RR_NONE },
+	{ .why = "504 is listed: retry", .status = 504, .want = RR_NONE },
+	{ .why = "500 is not listed: no retry, no refusal", .status = 500, .want = RR_NOT_LISTED },
+	{ .why = "429 is not listed by default", .status = 429, .want = RR_NOT_LISTED },
+	{ .why = "200 is never listed", .status = 200, .want = RR_NOT_LISTED },
+	{ .why = "a status above 599 is never listed", .status = 600, .want = RR_NOT_LISTED },
+	{ .why = "connect-failure not in retry.on: not listed", .outcome = OUT_CONNECT_FAILURE,
+	  .on_clear = RETRY_ON_CONNECT_FAILURE, .want = RR_NOT_LISTED },
+	{ .why = "reset not in retry.on: not listed", .outcome = OUT_RESET,
+	  .on_clear = RETRY_ON_RESET, .want = RR_NOT_LISTED },
+	{ .why = "timeout not in retry.on: not listed", .outcome = OUT_TIMEOUT,
+	  .on_clear = RETRY_ON_TIMEOUT, .want = RR_NOT_LISTED },
+	{ .why = "no outcome is not listed", .explicit_outcome_none = true, .want = RR_NOT_LISTED },
+	{ .why = "listed but retry.enabled is off: disabled", .cfg_disabled = true,
+	  .want = RR_DISABLED },
+	{ .why = "listed but the runtime switch is off: disabled", .runtime_off = true,
+	  .want = RR_DISABLED },
+	{ .why = "not listed and disabled: not listed (no refusal header)", .status = 500,
+	  .cfg_disabled = true, .want = RR_NOT_LISTED },
+
+	/* rule 2: nested */
+	{ .why = "retrying already done deeper: nested", .nested = true, .want = RR_NESTED },
+	{ .why = "disabled beats nested", .nested = true, .runtime_off = true, .want = RR_DISABLED },
+	{ .why = "a nested connect-failure is nested too", .outcome = OUT_CONNECT_FAILURE,
+	  .nested = true, .want = RR_NESTED },
+
+	/* rule 3: attempts */
+	{ .why = "2 attempts of 3: retry", .attempts = 2, .want = RR_NONE },
+	{ .why = "3 attempts of 3: max-attempts", .attempts = 3, .want = RR_MAX_ATTEMPTS },
+	{ .why = "max_attempts 1 never retries", .max_attempts = 1, .want = RR_MAX_ATTEMPTS },
+	{ .why = "nested beats max-attempts", .nested = true, .attempts = 3, .want = RR_NESTED },
+
+	/* rule 4: method */
+	{ .why = "PUT is idempotent", .method = "PUT", .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "DELETE is idempotent", .method = "DELETE", .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "POST without key after reset: non-idempotent", .method = "POST",
+	  .outcome = OUT_RESET, .want = RR_NON_IDEMPOTENT },
+	{ .why = "POST without key after timeout: non-idempotent", .method = "POST",
+	  .outcome = OUT_TIMEOUT, .want = RR_NON_IDEMPOTENT },
+	{ .why = "POST without key after 503: non-idempotent", .method = "POST",
+	  .want = RR_NON_IDEMPOTENT },
+	{ .why = "POST without key after connect-failure: retry (never reached the upstream)",
+	  .method = "POST", .outcome = OUT_CONNECT_FAILURE, .want = RR_NONE },
+	{ .why = "POST with key after reset (require-key): retry", .method = "POST",
+	  .outcome = OUT_RESET, .has_key = true, .want = RR_NONE },
+	{ .why = "PATCH with key after 503 (require-key): retry", .method = "PATCH",
+	  .has_key = true, .want = RR_NONE },
+	{ .why = "non_idempotent never: POST with key is refused", .method = "POST",
+	  .has_key = true, .ni = NI_NEVER, .want = RR_NON_IDEMPOTENT },
+	{ .why = "non_idempotent never still retries a connect-failure", .method = "POST",
+	  .outcome = OUT_CONNECT_FAILURE, .ni = NI_NEVER, .want = RR_NONE },
+	{ .why = "non_idempotent always: POST without key after reset retries", .method = "POST",
+	  .outcome = OUT_RESET, .ni = NI_ALWAYS, .want = RR_NONE },
+	{ .why = "GET under never is still idempotent", .ni = NI_NEVER, .want = RR_NONE },
+	{ .why = "max-attempts beats non-idempotent", .method = "POST", .attempts = 3,
+	  .want = RR_MAX_ATTEMPTS },
+
+	/* rule 5: body */
+	{ .why = "a body over retry.max_body: body-too-large", .body_big = true,
+	  .want = RR_BODY_TOO_LARGE },
+	{ .why = "POST with key and oversized body: body-too-large", .method = "POST",
+	  .has_key = true, .body_big = true, .want = RR_BODY_TOO_LARGE },
+	{ .why = "body-too-large holds even after connect-failure", .outcome = OUT_CONNECT_FAILURE,
+	  .body_big = true, .want = RR_BODY_TOO_LARGE },
+	{ .why = "non-idempotent beats body-too-large", .method = "POST", .outcome = OUT_RESET,
+	  .body_big = true, .want = RR_NON_IDEMPOTENT },
+
+	/* rule 6: the wait */
+	{ .why = "zero jitter: the retry may start now", .want = RR_NONE, .want_start_in = 0 },
+	{ .why = "full jitter at its top: backoff base before retry 1", .rand = RAND_TOP,
+	  .want = RR_NONE, .want_start_in = 25 * MS },
+	{ .why = "before retry 2 the cap doubles", .attempts = 2, .rand = RAND_TOP,
+	  .want = RR_NONE, .want_start_in = 50 * MS },
+	{ .why = "Retry-After replaces the backoff", .has_ra = true, .ra_us = 2 * S,
+	  .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 2 * S },
+	{ .why = "Retry-After: 0 means no wait beyond the backoff", .has_ra = true, .ra_us = 0,
+	  .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 25 * MS },
+	{ .why = "Retry-After exactly retry_after.max is acceptable", .has_ra = true,
+	  .ra_us = 10 * S, .deadline_in_us = 20 * S, .want = RR_NONE, .want_start_in = 10 * S },
+	{ .why = "Retry-After longer than retry_after.max: retry-after", .has_ra = true,
+	  .ra_us = 11 * S, .deadline_in_us = 20 * S, .want = RR_RETRY_AFTER },
+	{ .why = "Retry-After that does not fit the deadline: deadline", .has_ra = true,
+	  .ra_us = 8 * S, .want = RR_DEADLINE },
+	{ .why = "Retry-After past both: retry-after comes first", .has_ra = true, .ra_us = 11 * S,
+	  .want = RR_RETRY_AFTER },
+	{ .why = "a huge Retry-After saturates into retry-after", .has_ra = true,
+	  .ra_us = INT64_MAX, .want = RR_RETRY_AFTER },
+	{ .why = "the hold pushes the start later", .hold_in_us = 3 * S, .rand = RAND_TOP,
+	  .want = RR_NONE, .want_start_in = 3 * S },
+	{ .why = "a hold already over does not delay", .hold_in_us = -1 * S, .rand = RAND_TOP,
+	  .want = RR_NONE, .want_start_in = 25 * MS },
+	{ .why = "a hold ending before the hint: the hint", .has_ra = true, .ra_us = 2 * S,
+	  .hold_in_us = 1 * S, .want = RR_NONE, .want_start_in = 2 * S },
+	{ .why = "a hold ending after the hint: the hold", .has_ra = true, .ra_us = 1 * S,
+	  .hold_in_us = 3 * S, .want = RR_NONE, .want_start_in = 3 * S },
+	{ .why = "a hold further than retry_after.max: retry-after", .hold_in_us = 12 * S,
+	  .deadline_in_us = 30 * S, .want = RR_RETRY_AFTER },
+	{ .why = "a hold further than max even when the hint is small: retry-after", .has_ra = true,
+	  .ra_us = 1 * S, .hold_in_us = 12 * S, .deadline_in_us = 30 * S, .want = RR_RETRY_AFTER },
+	{ .why = "a hold past the deadline: deadline", .hold_in_us = 6 * S, .want = RR_DEADLINE },
+	{ .why = "a huge hold saturates into retry-after", .hold_in_us = INT64_MAX - NOW,
+	  .want = RR_RETRY_AFTER },
+	{ .why = "backoff plus deadline.min past the deadline: deadline", .rand = RAND_TOP,
+	  .deadline_in_us = 29 * MS, .want = RR_DEADLINE },
+	{ .why = "backoff plus deadline.min exactly at the deadline: retry", .rand = RAND_TOP,
+	  .deadline_in_us = 30 * MS, .want = RR_NONE, .want_start_in = 25 * MS },
+	{ .why = "less than deadline.min left: deadline even with no wait", .deadline_in_us = 4 * MS,
+	  .want = RR_DEADLINE },
+	{ .why = "deadline already gone: deadline", .deadline_in_us = -1, .want = RR_DEADLINE },
+	{ .why = "body-too-large beats the wait", .body_big = true, .deadline_in_us = -1,
+	  .want = RR_BODY_TOO_LARGE },
+};
+
+static enum refusal run_row(const struct row *t, int64_t *start)
+{
+	struct cfg_retry r = base_retry();
+	r.enabled = !t->cfg_disabled;
+	if (t->max_attempts)
+		r.max_attempts = t->max_attempts;
+	r.on_flags &= ~t->on_clear;
+	r.non_idempotent = t->ni;
+
+	struct retry_facts f;
+	memset(&f, 0, sizeof(f));
+	f.outcome = t->explicit_outcome_none ? OUT_NONE : t->outcome ? t->outcome : OUT_STATUS;
+	f.status = f.outcome == OUT_STATUS ? (t->status ? t->status : 503) : 0;
+	f.runtime_enabled = !t->runtime_off;
+	f.nested = t->nested;
+	f.attempts = t->attempts ? t->attempts : 1;
+	f.method = retry_method_class(t->method ? t->method : "GET");
+	f.has_key = t->has_key;
+	f.body_replayable = !t->body_big;
+	f.now_us = NOW;
+	f.deadline_us = NOW + (t->deadline_in_us ? t->deadline_in_us : 5 * S);
+	f.retry_after_us = t->has_ra ? t->ra_us : -1;
+	f.hold_until_us = t->hold_in_us ? NOW + t->hold_in_us : 0;
+	f.rand = t->rand;
+	return retry_decide(&r, &dcfg, &f, start);
+}
+
+static void test_decide_table(void **state)
+{
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const struct row *t = &rows[i];
+		int64_t start = -1;
+		enum refusal got = run_row(t, &start);
+		bool ok = got == t->want;
+		if (ok && got == RR_NONE && start != NOW + t->want_start_in)
+			ok = false;
+		if (!ok) {
+			print_error("%s: got %d \"%s\" start +%lld us, want %d \"%s\" start +%lld us\n",
+			            t->why, got, refusal_name(got), (long long)(start - NOW), t->want,
+			            refusal_name(t->want), (long long)t->want_start_in);
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+}
+
+/* Every refusal reason that rules 1-6 can give appears in the table. */
+static void test_table_covers_every_reason(void **state)
+{
+	bool seen[RR_NREASONS] = { false };
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		seen[rows[i].want] = true;
+	for (int r = RR_NONE; r <= RR_DEADLINE; r++) {
+		if (!seen[r])
+			print_error("no row for reason %d \"%s\"\n", r, refusal_name((enum refusal)r));
+		assert_true(seen[r]);
+	}
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ULL;
+}
+
+/* Backoff before retry n is uniform in [0, min(max, base * 2^(n-1))]: never above the cap,
+ * and the draws cover the whole range (both ends and the middle). */
+static void test_backoff_bounds(void **state)
+{
+	struct cfg_retry r = base_retry();
+	uint64_t seed = 88172645463325252ULL;
+	for (int n = 1; n <= 10; n++) {
+		int64_t cap = 25 * MS << (n - 1);
+		if (cap > 250 * MS)
+			cap = 250 * MS;
+		int64_t lo = INT64_MAX, hi = -1;
+		double sum = 0;
+		int low_tenth = 0, high_tenth = 0;
+		const int draws = 100000;
+		for (int i = 0; i < draws; i++) {
+			int64_t b = retry_backoff(&r, n, xorshift(&seed));
+			assert_true(b >= 0);
+			assert_true(b <= cap);
+			lo = b < lo ? b : lo;
+			hi = b > hi ? b : hi;
+			sum += (double)b;
+			low_tenth += b < cap / 10;
+			high_tenth += b > cap - cap / 10;
+		}
+		assert_true(lo < cap / 1000);
+		assert_true(hi > cap - cap / 1000);
+		double mean = sum / draws;
+		assert_true(mean > 0.48 * (double)cap && mean < 0.52 * (double)cap);
+		assert_true(low_tenth > draws / 12 && low_tenth < draws / 8);
+		assert_true(high_tenth > draws / 12 && high_tenth < draws / 8);
+		assert_int_equal(retry_backoff(&r, n, 0), 0);
+		assert_int_equal(retry_backoff(&r, n, UINT64_MAX), cap);
+	}
+}
+
+static void test_backoff_edges(void **state)
+{
+	struct cfg_retry r = base_retry();
+	/* large n must not overflow base * 2^(n-1) */
+	assert_int_equal(retry_backoff(&r, 64, UINT64_MAX), 250 * MS);
+	assert_int_equal(retry_backoff(&r, INT_MAX, UINT64_MAX), 250 * MS);
+	/* n below 1 is treated as retry 1 */
+	assert_int_equal(retry_backoff(&r, 0, UINT64_MAX), 25 * MS);
+	/* a max near INT64_MAX: doubling saturates instead of wrapping */
+	r.backoff_base_us = 1;
+	r.backoff_max_us = INT64_MAX;
+	assert_int_equal(retry_backoff(&r, 1000, UINT64_MAX), INT64_MAX);
+	assert_true(retry_backoff(&r, 1000, UINT64_MAX / 2) > 0);
+	assert_int_equal(retry_backoff(&r, 3, UINT64_MAX), 4);
+	/* zero base: no backoff */
+	r.backoff_base_us = 0;
+	assert_int_equal(retry_backoff(&r, 5, UINT64_MAX), 0);
+	/* equal base and max: the cap from retry 1 on */
+	r.backoff_base_us = r.backoff_max_us = 100 * MS;
+	assert_int_equal(retry_backoff(&r, 1, UINT64_MAX), 100 * MS);
+	assert_int_equal(retry_backoff(&r, 7, UINT64_MAX), 100 * MS);
+}
+
+static void test_method_class(void **state)
+{
+	static const struct { const char *m; enum method_class want; } t[] = {
+		{ "GET", MC_IDEMPOTENT }, { "HEAD", MC_IDEMPOTENT }, { "OPTIONS", MC_IDEMPOTENT },
+		{ "TRACE", MC_IDEMPOTENT }, { "PUT", MC_IDEMPOTENT }, { "DELETE", MC_IDEMPOTENT },
+		{ "POST", MC_OTHER }, { "PATCH", MC_OTHER }, { "CONNECT", MC_OTHER },
+		{ "PROPFIND", MC_OTHER },
+		/* methods are case-sensitive: "get" is not GET */
+		{ "get", MC_OTHER }, { "Get", MC_OTHER }, { "GETX", MC_OTHER }, { "GE", MC_OTHER },
+		{ "", MC_OTHER }, { NULL, MC_OTHER },
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		if (retry_method_class(t[i].m) != t[i].want)
+			print_error("method \"%s\"\n", t[i].m ? t[i].m : "(null)");
+		assert_int_equal(retry_method_class(t[i].m), t[i].want);
+	}
+}
+
+/* The SPEC §4 reason strings, exactly. */
+static void test_names(void **state)
+{
+	assert_string_equal(refusal_name(RR_NONE), "");
+	assert_string_equal(refusal_name(RR_NOT_LISTED), "");
+	assert_string_equal(refusal_name(RR_DISABLED), "disabled");
+	assert_string_equal(refusal_name(RR_NESTED), "nested");
+	assert_string_equal(refusal_name(RR_MAX_ATTEMPTS), "max-attempts");
+	assert_string_equal(refusal_name(RR_NON_IDEMPOTENT), "non-idempotent");
+	assert_string_equal(refusal_name(RR_BODY_TOO_LARGE), "body-too-large");
+	assert_string_equal(refusal_name(RR_RETRY_AFTER), "retry-after");
+	assert_string_equal(refusal_name(RR_DEADLINE), "deadline");
+	assert_string_equal(refusal_name(RR_BUDGET), "budget");
+	assert_string_equal(refusal_name(RR_RETRIES_IN_FLIGHT), "retries-in-flight");
+	assert_string_equal(refusal_name(RR_NREASONS), "");
+	assert_string_equal(refusal_name((enum refusal)-1), "");
+
+	assert_string_equal(outcome_name(OUT_CONNECT_FAILURE), "connect-failure");
+	assert_string_equal(outcome_name(OUT_RESET), "reset");
+	assert_string_equal(outcome_name(OUT_TIMEOUT), "timeout");
+	assert_string_equal(outcome_name(OUT_STATUS), "status");
+	assert_string_equal(outcome_name(OUT_NONE), "");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_decide_table),
+		cmocka_unit_test(test_table_covers_every_reason),
+		cmocka_unit_test(test_backoff_bounds),
+		cmocka_unit_test(test_backoff_edges),
+		cmocka_unit_test(test_method_class),
+		cmocka_unit_test(test_names),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
