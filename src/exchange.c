@@ -262,7 +262,8 @@ static void finish_error(struct exchange *ex, int status, const char *reason, bo
 		snprintf(hdrs, sizeof(hdrs), "%s", extra);
 	if (ex->has_body && !ex->body_done)
 		close = true;       /* the rest of the request body was not read */
-	close = close || ex->close_after || !ex->req->keep_alive || ex->ci.draining;
+	close = close || ex->close_after || !ex->req->keep_alive || ex->ci.draining ||
+	        atomic_load(&g_draining);
 	ex->resp_status = status;
 	ex->log.reason = reason;
 	reply_error(ex->cout, status, reason, ex->up ? ex->up->name : "", ex->attempts, close,
@@ -605,6 +606,26 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	struct exchange *ex = arg;
 	if (ex->state != X_BACKOFF)
 		return;
+	/* another request may have put a hold on the endpoint during our wait */
+	int64_t now = clock_now_us();
+	int64_t hold = atomic_load(&ex->next_ep->hold_until_us);
+	if (hold > now) {
+		enum refusal r = RR_NONE;
+		if (hold - now > ex->up->retry.retry_after_max_us)
+			r = RR_RETRY_AFTER;
+		else if (hold + ex->up->deadline.min_us > ex->deadline_us)
+			r = RR_DEADLINE;
+		if (r == RR_NONE) {
+			struct timeval tv = clock_tv(hold - now);
+			evtimer_add(ex->backoff_ev, &tv);
+			return;
+		}
+		release_slots(ex);
+		ex->refused = r;
+		STAT_INC(ex->us->refused[r]);
+		deliver_last(ex);
+		return;
+	}
 	start_attempt(ex, ex->next_ep, true);
 }
 
