@@ -1,0 +1,222 @@
+/*
+ * util: small pure helpers (see util.h). Nothing here allocates except the x* wrappers, and
+ * nothing depends on the locale: configuration and HTTP syntax are ASCII.
+ */
+#include "util.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int ascii_lower(int c)
+{
+	return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c;
+}
+
+/* Leading decimal digits of S as an int64 (no sign, at least one digit). Sets *end past them.
+ * -1 on no digit or int64 overflow. */
+static int parse_digits(const char *s, int64_t *v, const char **end)
+{
+	int64_t n = 0;
+	const char *p = s;
+
+	while (*p >= '0' && *p <= '9') {
+		int d = *p - '0';
+		if (n > (INT64_MAX - d) / 10)
+			return -1;
+		n = n * 10 + d;
+		p++;
+	}
+	if (p == s)
+		return -1;
+	*v = n;
+	*end = p;
+	return 0;
+}
+
+/* The unit table is the whole syntax: a number followed by exactly one of these. */
+struct unit {
+	const char *name;
+	int64_t factor;
+};
+
+static int parse_scaled(const char *s, const struct unit *units, int64_t *out)
+{
+	const char *end;
+	int64_t n;
+
+	if (!s || parse_digits(s, &n, &end) < 0)
+		return -1;
+	for (const struct unit *u = units; u->name; u++) {
+		if (strcmp(end, u->name) != 0)
+			continue;
+		if (n > INT64_MAX / u->factor)
+			return -1;
+		*out = n * u->factor;
+		return 0;
+	}
+	return -1;
+}
+
+int parse_duration(const char *s, int64_t *us)
+{
+	/* "" (a bare integer) means milliseconds */
+	static const struct unit units[] = {
+		{ "ms", 1000 }, { "s", 1000000 }, { "m", 60000000 }, { "h", 3600000000LL },
+		{ "", 1000 }, { NULL, 0 },
+	};
+	return parse_scaled(s, units, us);
+}
+
+int parse_size(const char *s, int64_t *bytes)
+{
+	static const struct unit units[] = {
+		{ "", 1 }, { "B", 1 }, { "KiB", 1LL << 10 }, { "MiB", 1LL << 20 }, { "GiB", 1LL << 30 },
+		{ NULL, 0 },
+	};
+	return parse_scaled(s, units, bytes);
+}
+
+size_t format_duration(int64_t us, char *buf, size_t cap)
+{
+	/* largest unit that represents the value exactly, so that parsing it back is lossless */
+	static const struct unit units[] = {
+		{ "h", 3600000000LL }, { "m", 60000000 }, { "s", 1000000 }, { "ms", 1000 }, { NULL, 0 },
+	};
+	int n;
+
+	if (us == 0)
+		n = snprintf(buf, cap, "0s");
+	else {
+		const struct unit *u = units;
+		while (u->name && us % u->factor != 0)
+			u++;
+		if (u->name)
+			n = snprintf(buf, cap, "%lld%s", (long long)(us / u->factor), u->name);
+		else
+			n = snprintf(buf, cap, "%lldus", (long long)us);
+	}
+	return n < 0 ? 0 : (size_t)n;
+}
+
+bool str_ieq(const char *a, size_t alen, const char *b, size_t blen)
+{
+	if (alen != blen)
+		return false;
+	for (size_t i = 0; i < alen; i++)
+		if (ascii_lower((unsigned char)a[i]) != ascii_lower((unsigned char)b[i]))
+			return false;
+	return true;
+}
+
+bool str_iprefix(const char *s, size_t len, const char *prefix)
+{
+	size_t plen = strlen(prefix);
+	return plen <= len && str_ieq(s, plen, prefix, plen);
+}
+
+int split_host_port(const char *s, char *host, size_t hostcap, int *port)
+{
+	const char *h, *hend, *p;
+	char v6[INET6_ADDRSTRLEN + 1];
+	unsigned char addr[16];
+	size_t hlen;
+	long n = 0;
+
+	if (!s || !*s)
+		return -1;
+	if (s[0] == '[') {
+		h = s + 1;
+		hend = strchr(h, ']');
+		if (!hend || hend[1] != ':')
+			return -1;
+		p = hend + 2;
+		hlen = (size_t)(hend - h);
+		/* a bracketed host is an IPv6 literal and nothing else */
+		if (hlen == 0 || hlen >= sizeof v6)
+			return -1;
+		memcpy(v6, h, hlen);
+		v6[hlen] = '\0';
+		if (inet_pton(AF_INET6, v6, addr) != 1)
+			return -1;
+	} else {
+		h = s;
+		hend = strrchr(s, ':');
+		/* more than one colon: an IPv6 address without brackets, ambiguous with the port */
+		if (!hend || hend == s || memchr(s, ':', (size_t)(hend - s)))
+			return -1;
+		p = hend + 1;
+		hlen = (size_t)(hend - h);
+		if (memchr(h, '[', hlen) || memchr(h, ']', hlen))
+			return -1;
+	}
+	/* port: 1-65535, digits only */
+	if (*p == '\0' || strlen(p) > 5)
+		return -1;
+	for (const char *q = p; *q; q++) {
+		if (*q < '0' || *q > '9')
+			return -1;
+		n = n * 10 + (*q - '0');
+	}
+	if (n < 1 || n > 65535)
+		return -1;
+	if (hlen >= hostcap)
+		return -1;
+	memcpy(host, h, hlen);
+	host[hlen] = '\0';
+	*port = (int)n;
+	return 0;
+}
+
+uint64_t rand_next(uint64_t *state)
+{
+	uint64_t x = *state;
+
+	/* xorshift's only fixed point is 0; a zero seed would return 0 forever */
+	if (x == 0)
+		x = 0x9E3779B97F4A7C15ULL;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*state = x;
+	return x * 0x2545F4914F6CDD1DULL;
+}
+
+static void *oom(size_t n)
+{
+	fprintf(stderr, "retrygate: out of memory (%zu bytes)\n", n);
+	abort();
+}
+
+/* A size of 0 is rounded up to 1 so that NULL always means failure. */
+void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	return p ? p : oom(n);
+}
+
+void *xcalloc(size_t n, size_t m)
+{
+	void *p = calloc(n ? n : 1, m ? m : 1);
+	return p ? p : oom(n * m);
+}
+
+void *xrealloc(void *p, size_t n)
+{
+	void *q = realloc(p, n ? n : 1);
+	return q ? q : oom(n);
+}
+
+char *xstrdup(const char *s)
+{
+	return xstrndup(s, strlen(s));
+}
+
+char *xstrndup(const char *s, size_t n)
+{
+	char *p = xmalloc(n + 1);
+	memcpy(p, s, n);
+	p[n] = '\0';
+	return p;
+}

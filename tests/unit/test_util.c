@@ -1,0 +1,254 @@
+/*
+ * util: duration and size syntax (SPEC §2) row by row, host:port splitting, the small string
+ * helpers and the PRNG.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "util.h"
+
+#define MS 1000LL
+#define S  1000000LL
+
+struct num_row {
+	const char *in;
+	int rc;
+	int64_t out;
+};
+
+static const struct num_row duration_rows[] = {
+	{ "250ms", 0, 250 * MS },
+	{ "2s", 0, 2 * S },
+	{ "1m", 0, 60 * S },
+	{ "24h", 0, 24 * 3600 * S },
+	{ "0", 0, 0 },
+	{ "0ms", 0, 0 },
+	{ "1500", 0, 1500 * MS },          /* bare integer: milliseconds */
+	{ "007s", 0, 7 * S },
+	{ "2562047788h", 0, 2562047788LL * 3600 * S },   /* the largest whole hour in int64 us */
+	{ "9223372036854775ms", 0, 9223372036854775LL * MS },
+	{ "", -1, 0 },
+	{ "ms", -1, 0 },
+	{ "s", -1, 0 },
+	{ "1.5s", -1, 0 },                 /* no fractions */
+	{ ".5s", -1, 0 },
+	{ "1m30s", -1, 0 },                /* no compounds */
+	{ "-5s", -1, 0 },                  /* no negatives */
+	{ "+5s", -1, 0 },
+	{ " 5s", -1, 0 },                  /* no spaces */
+	{ "5s ", -1, 0 },
+	{ "5 s", -1, 0 },
+	{ "5S", -1, 0 },                   /* units as written */
+	{ "5sec", -1, 0 },
+	{ "5us", -1, 0 },
+	{ "5d", -1, 0 },
+	{ "1e3", -1, 0 },
+	{ "0x10", -1, 0 },
+	{ "2562047789h", -1, 0 },          /* int64 microseconds overflow */
+	{ "9223372036854776ms", -1, 0 },
+	{ "9223372036854775807", -1, 0 },
+	{ "99999999999999999999999s", -1, 0 },
+};
+
+static const struct num_row size_rows[] = {
+	{ "512", 0, 512 },
+	{ "512B", 0, 512 },
+	{ "64KiB", 0, 64 * 1024 },
+	{ "1MiB", 0, 1 << 20 },
+	{ "1GiB", 0, 1 << 30 },
+	{ "0", 0, 0 },
+	{ "8589934591GiB", 0, 8589934591LL << 30 },
+	{ "9223372036854775807", 0, INT64_MAX },
+	{ "", -1, 0 },
+	{ "B", -1, 0 },
+	{ "64KB", -1, 0 },                 /* only the IEC units as written */
+	{ "64K", -1, 0 },
+	{ "64kib", -1, 0 },
+	{ "1TiB", -1, 0 },
+	{ "1.5MiB", -1, 0 },
+	{ "-1", -1, 0 },
+	{ " 1", -1, 0 },
+	{ "1 KiB", -1, 0 },
+	{ "8589934592GiB", -1, 0 },        /* overflow */
+	{ "9223372036854775808", -1, 0 },
+};
+
+static void test_parse_duration(void **state)
+{
+	for (size_t i = 0; i < sizeof duration_rows / sizeof *duration_rows; i++) {
+		const struct num_row *r = &duration_rows[i];
+		int64_t v = -42;
+		int rc = parse_duration(r->in, &v);
+		if (rc != r->rc || (rc == 0 && v != r->out))
+			fail_msg("parse_duration(\"%s\") = %d, %lld; want %d, %lld", r->in, rc,
+			         (long long)v, r->rc, (long long)r->out);
+		if (rc != 0 && v != -42)
+			fail_msg("parse_duration(\"%s\") failed but wrote its output", r->in);
+	}
+	assert_int_equal(parse_duration(NULL, &(int64_t){ 0 }), -1);
+}
+
+static void test_parse_size(void **state)
+{
+	for (size_t i = 0; i < sizeof size_rows / sizeof *size_rows; i++) {
+		const struct num_row *r = &size_rows[i];
+		int64_t v = -42;
+		int rc = parse_size(r->in, &v);
+		if (rc != r->rc || (rc == 0 && v != r->out))
+			fail_msg("parse_size(\"%s\") = %d, %lld; want %d, %lld", r->in, rc, (long long)v,
+			         r->rc, (long long)r->out);
+	}
+}
+
+static void test_format_duration(void **state)
+{
+	static const struct {
+		int64_t us;
+		const char *out;
+	} rows[] = {
+		{ 0, "0s" },
+		{ 250 * MS, "250ms" },
+		{ 5 * S, "5s" },
+		{ 90 * S, "90s" },
+		{ 60 * S, "1m" },
+		{ 3600 * S, "1h" },
+		{ 24 * 3600 * S, "24h" },
+		{ 1500 * MS, "1500ms" },
+		{ 7, "7us" },
+	};
+	char buf[32];
+
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+		int64_t back;
+		format_duration(rows[i].us, buf, sizeof buf);
+		assert_string_equal(buf, rows[i].out);
+		/* what it prints, parse_duration reads back exactly (at millisecond precision) */
+		if (rows[i].us % MS == 0) {
+			assert_int_equal(parse_duration(buf, &back), 0);
+			assert_int_equal(back, rows[i].us);
+		}
+	}
+	assert_int_equal(format_duration(250 * MS, buf, 3), 5);   /* truncated, like snprintf */
+	assert_string_equal(buf, "25");
+}
+
+static void test_split_host_port(void **state)
+{
+	static const struct {
+		const char *in;
+		int rc;
+		const char *host;
+		int port;
+	} rows[] = {
+		{ "127.0.0.1:9001", 0, "127.0.0.1", 9001 },
+		{ "payments.internal:8443", 0, "payments.internal", 8443 },
+		{ "[::1]:80", 0, "::1", 80 },
+		{ "[2001:db8::1]:65535", 0, "2001:db8::1", 65535 },
+		{ "a:1", 0, "a", 1 },
+		{ "a:0", -1, NULL, 0 },
+		{ "a:65536", -1, NULL, 0 },
+		{ "a:123456", -1, NULL, 0 },
+		{ "a:", -1, NULL, 0 },
+		{ ":80", -1, NULL, 0 },
+		{ "a", -1, NULL, 0 },
+		{ "", -1, NULL, 0 },
+		{ "a:8o", -1, NULL, 0 },
+		{ "a:+80", -1, NULL, 0 },
+		{ "::1:80", -1, NULL, 0 },     /* IPv6 needs brackets */
+		{ "[::1]", -1, NULL, 0 },
+		{ "[::1]80", -1, NULL, 0 },
+		{ "[]:80", -1, NULL, 0 },
+		{ "[nothex]:80", -1, NULL, 0 },
+		{ "a]:80", -1, NULL, 0 },
+	};
+	char host[64];
+	int port;
+
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+		int rc = split_host_port(rows[i].in, host, sizeof host, &port);
+		if (rc != rows[i].rc)
+			fail_msg("split_host_port(\"%s\") = %d, want %d", rows[i].in, rc, rows[i].rc);
+		if (rc == 0) {
+			assert_string_equal(host, rows[i].host);
+			assert_int_equal(port, rows[i].port);
+		}
+	}
+	/* the host must fit, NUL included */
+	assert_int_equal(split_host_port("abcd:1", host, 5, &port), 0);
+	assert_int_equal(split_host_port("abcde:1", host, 5, &port), -1);
+}
+
+static void test_str_helpers(void **state)
+{
+	assert_true(str_ieq("Content-Length", 14, "content-length", 14));
+	assert_false(str_ieq("Content-Length", 14, "content-lengt", 13));
+	assert_false(str_ieq("abc", 3, "abd", 3));
+	assert_true(str_ieq("", 0, "", 0));
+	assert_true(str_iprefix("Bearer xyz", 10, "bearer "));
+	assert_false(str_iprefix("Bear", 4, "bearer "));
+	assert_true(str_iprefix("chunked", 7, ""));
+	/* only LEN bytes are looked at */
+	assert_false(str_iprefix("gzip, chunked", 3, "gzip"));
+}
+
+static void test_rand_next(void **state)
+{
+	uint64_t s = 1, z = 0, a, b;
+	int same = 0;
+
+	a = rand_next(&s);
+	b = rand_next(&s);
+	assert_true(a != b);
+	assert_true(s != 0);
+	/* a zero state must not get stuck at zero */
+	assert_true(rand_next(&z) != 0);
+	assert_true(z != 0);
+	/* deterministic per seed */
+	s = 12345;
+	a = rand_next(&s);
+	s = 12345;
+	assert_true(rand_next(&s) == a);
+	/* roughly uniform top bit over many draws */
+	s = 99;
+	for (int i = 0; i < 10000; i++)
+		same += (int)(rand_next(&s) >> 63);
+	assert_in_range(same, 4500, 5500);
+}
+
+static void test_xalloc(void **state)
+{
+	char *p = xstrndup("abcdef", 3);
+	assert_string_equal(p, "abc");
+	p = xrealloc(p, 100);
+	assert_string_equal(p, "abc");
+	free(p);
+	p = xmalloc(0);          /* never NULL, even for 0 */
+	assert_non_null(p);
+	free(p);
+	p = xcalloc(0, 8);
+	assert_non_null(p);
+	free(p);
+	p = xstrdup("");
+	assert_string_equal(p, "");
+	free(p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_parse_duration),
+		cmocka_unit_test(test_parse_size),
+		cmocka_unit_test(test_format_duration),
+		cmocka_unit_test(test_split_host_port),
+		cmocka_unit_test(test_str_helpers),
+		cmocka_unit_test(test_rand_next),
+		cmocka_unit_test(test_xalloc),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
