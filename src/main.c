@@ -80,7 +80,15 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	struct config *cfg = config_load(config_path, ef);
 	fclose(ef);
 	if (!cfg) {
-		log_error("reload of %s failed; the old config keeps serving:\n%s", config_path, errs);
+		/* one log line per event: each error ("FILE:LINE:COL: message") on its own line */
+		for (char *ln = errs, *nl; ln && *ln; ln = nl ? nl + 1 : NULL) {
+			nl = strchr(ln, '\n');
+			if (nl)
+				*nl = 0;
+			if (*ln)
+				log_error("reload: %s", ln);
+		}
+		log_error("reload of %s failed; the old config keeps serving", config_path);
 		free(errs);
 		return;
 	}
@@ -157,6 +165,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 
+	for (int i = 0; i < cfg->nwarnings; i++)
+		log_warn("%s: %s", config_path, cfg->warnings[i]);
 	signal(SIGPIPE, SIG_IGN);
 	const char *lvl = getenv("RETRYGATE_LOG");
 	if (lvl && strcmp(lvl, "debug") == 0)

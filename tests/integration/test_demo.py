@@ -1,0 +1,176 @@
+"""`make demo` in its fast mode: run tests/tools/demo.py --quick and hold it to its claims.
+
+The demo runs the same load against a flaky dependency (tests/tools/flaky.py) through retrygate
+twice, as a naive retry policy and as retrygate's default policy, and prints PASS/FAIL lines.
+Here we check its exit status, the PASS lines, the numbers behind them (from --json), and that
+it leaves no process behind, also when interrupted with Ctrl-C.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "tests" / "tools" / "demo.py"
+PYTHON = sys.executable or "/usr/bin/python3"
+
+
+def binary():
+    b = os.environ.get("RETRYGATE_BIN")
+    return Path(b) if b else REPO / "build" / "retrygate"
+
+
+def alive(pid):
+    """True if pid exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def pids_of(workdir):
+    p = workdir / "pids"
+    if not p.exists():
+        return {}
+    out = {}
+    for line in p.read_text().splitlines():
+        if line.strip():
+            name, pid = line.split()
+            out[name] = int(pid)
+    return out
+
+
+def run_demo(tmp_path, *extra, timeout=100):
+    env = dict(os.environ, RETRYGATE_BIN=str(binary()))
+    env.pop("DEMO_QUICK", None)
+    cmd = [PYTHON, str(DEMO), "--quick", "--workdir", str(tmp_path / "demo"),
+           "--json", str(tmp_path / "demo.json")] + list(extra)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    if not os.access(binary(), os.X_OK):
+        pytest.skip("%s not built" % binary())
+    tmp = tmp_path_factory.mktemp("demo")
+    t0 = time.monotonic()
+    r = run_demo(tmp)
+    return {"proc": r, "out": r.stdout, "seconds": time.monotonic() - t0, "tmp": tmp,
+            "json": json.loads((tmp / "demo.json").read_text())
+            if (tmp / "demo.json").exists() else None}
+
+
+def _explain(demo):
+    return "exit %s\n--- stdout\n%s\n--- stderr\n%s" % (
+        demo["proc"].returncode, demo["out"][-6000:], demo["proc"].stderr[-3000:])
+
+
+@pytest.mark.timeout(150)
+def test_demo_quick_passes(demo):
+    assert demo["proc"].returncode == 0, _explain(demo)
+    assert "FAIL" not in demo["out"], _explain(demo)
+    assert "demo: PASS" in demo["out"], _explain(demo)
+    assert demo["seconds"] < 40, "quick mode took %.1fs" % demo["seconds"]
+
+
+@pytest.mark.timeout(150)
+def test_demo_prints_the_table_and_the_metrics(demo):
+    out = demo["out"]
+    for row in ("requests sent", "attempts the dependency saw",
+                "amplification during the outage", "duplicate POST side effects",
+                "success rate after recovery", "p99", "deadlines kept",
+                "attempts_total/requests_total", "retries_refused_total{reason}"):
+        assert row in out, "missing %r\n%s" % (row, _explain(demo))
+    assert "naive retries" in out and "retrygate default" in out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("line", [
+    "PASS retrygate: amplification during the outage",
+    "PASS retrygate: zero duplicate side effects",
+    "PASS retrygate: every unknown POST outcome reconciled",
+    "PASS retrygate: normal success rate",
+    "PASS retrygate: deadlines kept",
+    "PASS naive: amplification during the outage",
+    "PASS naive: duplicate side effects > 0",
+])
+def test_demo_acceptance_line(demo, line):
+    assert line in demo["out"], _explain(demo)
+
+
+@pytest.mark.timeout(150)
+def test_demo_numbers_back_the_claims(demo):
+    d = demo["json"]
+    assert d is not None, _explain(demo)
+    n, g = d["naive"], d["retrygate"]
+    # same load both runs
+    assert n["requests"] == g["requests"] == g["planned"] > 0
+    # the budget bound, recomputed here from the raw counts (SPEC §4)
+    b = g["budget"]
+    retries = g["outage_attempts"] - g["outage_first_attempts"]
+    assert retries <= (b["max_tokens"] + b["ratio"] * g["outage_token_earners"]
+                       + b["min_per_second"] * g["outage_seconds"]) + 1e-9
+    assert g["outage_token_earners"] >= g["outage_requests"]
+    assert g["amp_outage"] < n["amp_outage"]
+    assert n["amp_outage"] >= 2.5                     # ~ max_attempts 3: no budget
+    assert g["duplicates"] == 0 and n["duplicates"] > 0
+    assert n["duplicates_by_kind"]["POST-key"] == 0  # the dependency dedupes keyed POSTs
+    # retrygate's own metrics agree with what the dependency saw
+    assert g["metrics"]["attempts_total"] == g["dep_attempts"]
+    assert g["metrics"]["requests_total"] == g["requests"]
+    # the refusals name reasons from SPEC §4, and the budget is one of them
+    reasons = {"max-attempts", "non-idempotent", "body-too-large", "deadline", "retry-after",
+               "budget", "retries-in-flight", "nested", "disabled"}
+    assert set(g["metrics"]["refused"]) <= reasons
+    assert g["metrics"]["refused"].get("budget", 0) > 0
+    assert g["metrics"]["refused"].get("non-idempotent", 0) > 0
+    assert set(n["metrics"]["refused"]) <= {"max-attempts"}
+    # reconciliation settled every unknown outcome
+    assert g["recon"]["resolved"] == g["recon"]["unknown"]
+    assert g["keyed_exactly_once"] == g["keyed_intents"]
+
+
+@pytest.mark.timeout(150)
+def test_demo_leaves_nothing_running(demo):
+    pids = pids_of(demo["tmp"] / "demo")
+    assert set(pids) == {"flaky-naive", "retrygate-naive", "flaky-retrygate",
+                         "retrygate-retrygate"}, pids
+    assert not [n for n, p in pids.items() if alive(p)]
+    for name in ("naive.yaml", "retrygate.yaml"):
+        assert (demo["tmp"] / "demo" / name).exists()
+
+
+@pytest.mark.timeout(60)
+def test_demo_ctrl_c_stops_everything(tmp_path):
+    if not os.access(binary(), os.X_OK):
+        pytest.skip("%s not built" % binary())
+    workdir = tmp_path / "demo"
+    env = dict(os.environ, RETRYGATE_BIN=str(binary()))
+    p = subprocess.Popen([PYTHON, str(DEMO), "--quick", "--workdir", str(workdir)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end and "retrygate-naive" not in pids_of(workdir):
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)                           # mid-load
+        pids = pids_of(workdir)
+        assert "flaky-naive" in pids and "retrygate-naive" in pids, pids
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=15)
+        assert p.returncode == 130, (p.returncode, out, err)
+        assert "interrupted" in err
+        left = [n for n, pid in pids_of(workdir).items() if alive(pid)]
+        assert not left, "still running after Ctrl-C: %s" % left
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
