@@ -30,6 +30,7 @@
 #include "deadline.h"
 #include "exchange.h"
 #include "http.h"
+#include "idempotency.h"
 #include "log.h"
 #include "reply.h"
 #include "retry.h"
@@ -43,7 +44,7 @@
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
 #define STREAM_HIGH   (256 * 1024)    /* upstream output above this: stop reading the client */
 
-enum xstate { X_NEW, X_WAIT_BODY, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
+enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
 enum bmode { B_NONE, B_BUFFER, B_STREAM };
 
 /* a response kept while its request is retried */
@@ -102,13 +103,28 @@ struct exchange {
 	struct event *deadline_ev, *backoff_ev;
 	bool head_sent, resp_chunked, close_after;
 	int resp_status;
-	char reqid[40];
+	char reqid[132];                /* the client's X-Request-Id (truncated), else ours */
 	struct access_rec log;
+
+	/* SPEC §6 enforcement at this hop */
+	bool idem;                      /* enforced for this request (enabled, method, key) */
+	bool idem_claimed;              /* this request owns the key */
+	struct idem_store *store;
+	struct idem_op *idem_op;        /* a claim waiting for its answer */
+	struct idem_key ikey;
+	struct evbuffer *idem_hdrs;     /* the relayed head lines, to store */
+	struct evbuffer *idem_body;     /* the relayed body, up to max_response */
+	bool idem_overflow;
+	int last_att_status;            /* the last attempt's response status, 0: none */
+	bool reached;                   /* some attempt may have reached the upstream */
+	bool resp_complete;             /* a relayed response went out whole */
 };
 
 static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
 static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry);
 static void deliver_last(struct exchange *ex);
+static void exchange_go(struct exchange *ex);
+static bool idem_method(const struct cfg_idempotency *ic, const char *method);
 
 static const struct attempt_cbs attempt_callbacks;
 
@@ -202,6 +218,43 @@ static void count_status(struct exchange *ex, int status)
 
 /* ------------------------------------------------------------------ finishing */
 
+/* SPEC §6: the claim follows the last attempt. Called once, when the exchange ends. */
+static void idem_settle(struct exchange *ex)
+{
+	if (ex->idem_op) {
+		idem_cancel(ex->idem_op);
+		ex->idem_op = NULL;
+	}
+	if (!ex->idem_claimed)
+		return;
+	ex->idem_claimed = false;
+	const struct cfg_idempotency *ic = &ex->up->idem;
+	int64_t blen = (ex->idem_overflow || !ex->idem_body || !ex->resp_complete)
+	               ? -1 : (int64_t)evbuffer_get_length(ex->idem_body);
+	switch (idem_disposition(ex->last_att_status, ex->reached, blen, ic->max_response)) {
+	case IDEM_AFTER_STORE: {
+		struct idem_response resp = {
+			.status = ex->last_att_status,
+			.headers = (const char *)evbuffer_pullup(ex->idem_hdrs, -1),
+			.headers_len = evbuffer_get_length(ex->idem_hdrs),
+			.body = (const char *)evbuffer_pullup(ex->idem_body, -1),
+			.body_len = (size_t)blen,
+		};
+		idem_complete(ex->store, &ex->ikey, &resp, ic->ttl_us);
+		STAT_INC(ex->us->idem[IS_STORED]);
+		break;
+	}
+	case IDEM_AFTER_KEEP:
+		idem_keep_claimed(ex->store, &ex->ikey, ic->ttl_us);
+		break;
+	case IDEM_AFTER_RELEASE:
+		idem_release(ex->store, &ex->ikey);
+		break;
+	case IDEM_AFTER_EXPIRE:
+		break;
+	}
+}
+
 static void noop_done(void *arg, bool close)
 {
 }
@@ -223,12 +276,13 @@ static void finish(struct exchange *ex, bool close)
 		ex->relay = NULL;
 	}
 	saved_clear(&ex->saved);
+	idem_settle(ex);
 	count_status(ex, ex->resp_status);
 	int64_t now = clock_now_us();
 	if (ex->us && ex->attempts > 0)
 		stats_observe_duration(ex->us, now - ex->t0_us);
 	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
-	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT) && !ex->log.ok_response)
+	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT))
 		STAT_INC(ex->us->unknown_outcomes);
 	ex->log.status = ex->resp_status;
 	ex->log.attempts = ex->attempts;
@@ -289,6 +343,12 @@ static void write_head(struct exchange *ex, const struct http_head *h, enum refu
 		evbuffer_add(o, ": ", 2);
 		evbuffer_add(o, x->value, x->vlen);
 		evbuffer_add(o, "\r\n", 2);
+		if (ex->idem_claimed && !hdr_is(x, "X-Retrygate-Retry-Refused")) {
+			evbuffer_add(ex->idem_hdrs, x->name, x->nlen);
+			evbuffer_add(ex->idem_hdrs, ": ", 2);
+			evbuffer_add(ex->idem_hdrs, x->value, x->vlen);
+			evbuffer_add(ex->idem_hdrs, "\r\n", 2);
+		}
 	}
 	evbuffer_add_printf(o, "X-Retrygate-Attempts: %d\r\n", ex->attempts);
 	if (own_refusal)
@@ -326,6 +386,12 @@ static void relay_body(struct exchange *ex, struct evbuffer *data)
 	size_t n = evbuffer_get_length(data);
 	if (n == 0)
 		return;
+	if (ex->idem_claimed && !ex->idem_overflow) {
+		if (evbuffer_get_length(ex->idem_body) + n > (size_t)ex->up->idem.max_response)
+			ex->idem_overflow = true;   /* relayed, not stored: the key stays claimed */
+		else
+			evbuffer_add(ex->idem_body, evbuffer_pullup(data, -1), n);
+	}
 	if (ex->resp_chunked)
 		http_chunk_encode(ex->cout, data, n);
 	else
@@ -354,6 +420,7 @@ static void relay_saved(struct exchange *ex, enum refusal reason)
 	if (s->complete) {
 		if (ex->resp_chunked)
 			http_chunk_last(ex->cout);
+		ex->resp_complete = true;
 		finish(ex, false);
 		return;
 	}
@@ -485,9 +552,10 @@ static struct evbuffer *build_request(struct exchange *ex, int64_t wait_us)
 
 /* ------------------------------------------------------------------ endpoints */
 
-/* SPEC §4 rule 6: unheld before held, then not yet tried before tried, then the hold that
- * ends first; ties go round-robin. */
-static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now)
+/* SPEC §4 rule 6, for a retry: unheld before held, then not yet tried before tried, then the
+ * hold that ends first; ties go round-robin. A first attempt ignores holds (it is the caller's
+ * own traffic, not amplification): plain round-robin. */
+static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
 	int n = ex->up->nendpoints;
 	if (n > MAX_ENDPOINTS)
@@ -499,7 +567,7 @@ static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now)
 	for (int i = 0; i < n; i++) {
 		struct ep_state *ep = ex->ub->ep[(start + (uint64_t)i) % (uint64_t)n];
 		int64_t hold = atomic_load_explicit(&ep->hold_until_us, memory_order_relaxed);
-		bool held = hold > now;
+		bool held = retry && hold > now;
 		bool tried = (ex->tried >> ep->index) & 1;
 		int rank = (held ? 2 : 0) + (tried ? 1 : 0);
 		if (!best || rank < best_rank || (held && rank == best_rank && hold < best_hold)) {
@@ -515,7 +583,7 @@ static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now)
 
 static bool may_replay_after_reset(const struct exchange *ex)
 {
-	if (ex->bmode == B_STREAM || ex->req_nested)
+	if (ex->bmode == B_STREAM || ex->req_nested || ex->body_len > ex->up->retry.max_body)
 		return false;
 	if (ex->mclass == MC_IDEMPOTENT)
 		return true;
@@ -565,6 +633,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
 	ex->tried |= 1ull << ep->index;
 	ex->att_ep = ep;
+	ex->last_att_status = 0;
 
 	int64_t per_try = ex->up->retry.per_try_timeout_us;
 	int64_t wait = per_try < remaining ? per_try : remaining;
@@ -629,6 +698,21 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	start_attempt(ex, ex->next_ep, true);
 }
 
+/* SPEC §4: a 429 or 503 with a valid Retry-After (when honored) puts a hold on the endpoint
+ * that answered, whether or not a retry follows. Returns the hint in µs, or -1 for none. */
+static int64_t retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now)
+{
+	size_t n;
+	const char *ra = (h->status == 429 || h->status == 503) && ex->up->retry.retry_after_honor
+	                 ? http_head_get(h, "Retry-After", &n) : NULL;
+	int64_t delay;
+	if (!ra || retry_after_parse(ra, n, clock_wall(), &delay) != 0)
+		return -1;
+	if (delay > 0)
+		upstream_hold(ex->att_ep, now + delay);
+	return delay;
+}
+
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
@@ -648,7 +732,7 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		.attempts = ex->attempts,
 		.method = ex->mclass,
 		.has_key = ex->has_key,
-		.body_replayable = ex->bmode != B_STREAM,
+		.body_replayable = ex->bmode != B_STREAM && ex->body_len <= rc->max_body,
 		.now_us = now,
 		.deadline_us = ex->deadline_us,
 		.retry_after_us = -1,
@@ -657,17 +741,9 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	if (h) {
 		if (hdr_int(h, "X-Retrygate-Attempts") > 1 || http_head_get(h, "X-Retrygate-Retry-Refused", NULL))
 			f.nested = true;
-		size_t n;
-		const char *ra = (h->status == 429 || h->status == 503) && rc->retry_after_honor
-		                 ? http_head_get(h, "Retry-After", &n) : NULL;
-		int64_t delay;
-		if (ra && retry_after_parse(ra, n, clock_wall(), &delay) == 0) {
-			f.retry_after_us = delay;
-			if (delay > 0)
-				upstream_hold(ex->att_ep, now + delay);
-		}
+		f.retry_after_us = retry_after_hint(ex, h, now);
 	}
-	struct ep_state *next = choose_endpoint(ex, now);
+	struct ep_state *next = choose_endpoint(ex, now, true);
 	int64_t hold = atomic_load(&next->hold_until_us);
 	f.hold_until_us = hold > now ? hold : 0;
 
@@ -677,9 +753,11 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	                                       : retry_decide(rc, &ex->up->deadline, &f, &start);
 	if (reason == RR_NONE) {
 		int cap = ex->up->max_retries_in_flight;
-		if (!upstream_take_retry_slot(ex->st, cap))
-			reason = RR_RETRIES_IN_FLIGHT;
-		else if (!budget_take(&ex->st->budget, rc, now)) {
+		if (!upstream_take_retry_slot(ex->st, cap)) {
+			/* both gates may refuse: the budget comes first in SPEC §4's list */
+			reason = budget_tokens(&ex->st->budget, rc, now) < 1.0 ? RR_BUDGET
+			                                                       : RR_RETRIES_IN_FLIGHT;
+		} else if (!budget_take(&ex->st->budget, rc, now)) {
 			upstream_release_retry_slot(ex->st);
 			reason = RR_BUDGET;
 		} else {
@@ -733,6 +811,7 @@ static void start_tunnel(struct exchange *ex, struct attempt *a, const struct ht
 	ex->att = NULL;
 	attempt_free(a);
 	ex->resp_status = 101;
+	ex->last_out = OUT_STATUS;
 	ex->log.ok_response = true;
 	ex->head_sent = true;
 	finish_tunnel(ex, ubev);
@@ -771,10 +850,14 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
 	access_set_status(&ex->log, h->status);
+	ex->last_out = OUT_STATUS;      /* the last attempt answered (a reset before is history) */
+	ex->last_att_status = h->status;
+	ex->reached = true;
 	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
 		decide(ex, OUT_STATUS, h, false);
 		return;
 	}
+	retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
 	relay_from(ex, a, h, RR_NONE);
 }
 
@@ -827,6 +910,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 		if (out == OUT_NONE) {
 			if (ex->resp_chunked)
 				http_chunk_last(ex->cout);
+			ex->resp_complete = true;
 			finish(ex, false);
 		} else {
 			slog(LOG_WARN, ex->ci.sid, "upstream %s: %s: response cut short", ex->up->name, detail);
@@ -836,6 +920,8 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	}
 	if (a != ex->att)
 		return;
+	if (out != OUT_CONNECT_FAILURE)
+		ex->reached = true;
 	STAT_INC(ex->us->outcomes[bad ? OUT_RESET : out]);
 	access_set_outcome(&ex->log, bad ? "bad-response" : outcome_name(out));
 	slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d to %s: %s (%s)", ex->up->name, ex->attempts,
@@ -860,8 +946,11 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 	if (!ex->body_done && ex->has_body)
 		ex->close_after = true;
 	if (ex->att) {
-		STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
-		access_set_outcome(&ex->log, "deadline");
+		/* SPEC §4: cut before any byte was written it is a connect-failure, else a timeout */
+		enum outcome o = attempt_wrote_any(ex->att) ? OUT_TIMEOUT : OUT_CONNECT_FAILURE;
+		STAT_INC(ex->us->outcomes[o]);
+		ex->last_out = o;
+		access_set_outcome(&ex->log, outcome_name(o));
 		attempt_free(ex->att);
 		ex->att = NULL;
 	}
@@ -883,6 +972,7 @@ struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_l
                               void *arg)
 {
 	struct exchange *ex = xcalloc(1, sizeof(*ex));
+	atomic_fetch_add(&g_exchanges, 1);
 	ex->magic = EXCHANGE_MAGIC;
 	ex->w = w;
 	ex->rt = runtime_ref(rt);
@@ -901,8 +991,18 @@ struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_l
 	ex->body = evbuffer_new();
 	ex->has_body = req->chunked || req->content_length > 0;
 	ex->body_done = !ex->has_body;
-	uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
-	snprintf(ex->reqid, sizeof(ex->reqid), "%016" PRIx64 "%016" PRIx64, r1, r2);
+	size_t idlen = 0;
+	const char *cid = http_head_get(req, "X-Request-Id", &idlen);
+	if (cid && idlen > 0) {
+		/* the log names the request by the id it carries upstream (SPEC §8 keeps it) */
+		if (idlen > sizeof(ex->reqid) - 1)
+			idlen = sizeof(ex->reqid) - 1;
+		memcpy(ex->reqid, cid, idlen);
+		ex->reqid[idlen] = 0;
+	} else {
+		uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
+		snprintf(ex->reqid, sizeof(ex->reqid), "%016" PRIx64 "%016" PRIx64, r1, r2);
+	}
 	access_begin(&ex->log, ci, req, ex->reqid);
 	return ex;
 }
@@ -976,9 +1076,22 @@ void exchange_start(struct exchange *ex)
 		finish_error(ex, 413, "body-too-large", true, NULL);
 		return;
 	}
+	const struct cfg_idempotency *ic = &ex->up->idem;
+	if (ic->enabled && idem_method(ic, r->method)) {
+		if (!ex->has_key && ic->require_key) {
+			finish_error(ex, 400, "idempotency-key-required", true, NULL);
+			return;
+		}
+		ex->idem = ex->has_key;
+		/* the fingerprint hashes the whole body: it is buffered, up to idempotency.max_body */
+		if (ex->idem && r->content_length > ic->max_body) {
+			finish_error(ex, 413, "body-too-large", true, NULL);
+			return;
+		}
+	}
 	if (!ex->has_body)
 		ex->bmode = B_NONE;
-	else if (r->chunked || r->content_length <= ex->up->retry.max_body)
+	else if (ex->idem || r->chunked || r->content_length <= ex->up->retry.max_body)
 		ex->bmode = B_BUFFER;
 	else
 		ex->bmode = B_STREAM;
@@ -993,7 +1106,96 @@ void exchange_start(struct exchange *ex)
 		ex->state = X_WAIT_BODY;
 		return;
 	}
-	start_attempt(ex, choose_endpoint(ex, ex->t0_us), false);
+	exchange_go(ex);
+}
+
+/* The claim's answer (from the event loop, never inside idem_claim()). */
+static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_response *stored)
+{
+	struct exchange *ex = arg;
+	ex->idem_op = NULL;
+	if (ex->state != X_CLAIM)
+		return;
+	switch (r) {
+	case IDEM_CLAIMED:
+		ex->idem_claimed = true;
+		ex->idem_hdrs = evbuffer_new();
+		ex->idem_body = evbuffer_new();
+		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+		return;
+	case IDEM_REPLAY: {
+		STAT_INC(ex->us->idem[IS_REPLAYED]);
+		bool close = !ex->req->keep_alive || ex->ci.draining || atomic_load(&g_draining);
+		bool bodyless = stored->status == 204 || stored->status == 304 || ex->req->method_head;
+		evbuffer_add_printf(ex->cout, "HTTP/1.1 %d %s\r\n", stored->status,
+		                    reply_status_text(stored->status));
+		evbuffer_add(ex->cout, stored->headers, stored->headers_len);
+		evbuffer_add_printf(ex->cout, "Idempotency-Replayed: true\r\nX-Retrygate-Attempts: 0\r\n");
+		if (stored->status != 204 && stored->status != 304)
+			evbuffer_add_printf(ex->cout, "Content-Length: %zu\r\n", stored->body_len);
+		if (close)
+			evbuffer_add(ex->cout, "Connection: close\r\n", 19);
+		else if (ex->req->version == 10)
+			evbuffer_add(ex->cout, "Connection: keep-alive\r\n", 24);
+		evbuffer_add(ex->cout, "\r\n", 2);
+		if (!bodyless)
+			evbuffer_add(ex->cout, stored->body, stored->body_len);
+		ex->resp_status = stored->status;
+		ex->log.reason = "idempotency-replayed";
+		finish(ex, close);
+		return;
+	}
+	case IDEM_MISMATCH:
+		STAT_INC(ex->us->idem[IS_MISMATCH]);
+		finish_error(ex, 422, "idempotency-key-mismatch", false, NULL);
+		return;
+	case IDEM_IN_PROGRESS:
+		STAT_INC(ex->us->idem[IS_CONFLICT]);
+		finish_error(ex, 409, "idempotency-in-progress", false, NULL);
+		return;
+	case IDEM_UNAVAILABLE:
+		finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
+		return;
+	}
+}
+
+/* The request may go: claim its key first when this hop enforces idempotency. */
+static void exchange_go(struct exchange *ex)
+{
+	if (!ex->idem) {
+		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+		return;
+	}
+	const struct http_head *r = ex->req;
+	const struct cfg_idempotency *ic = &ex->up->idem;
+	const char *vals[16];
+	size_t lens[16];
+	int nv = ic->nscope_headers < 16 ? ic->nscope_headers : 16;
+	for (int i = 0; i < nv; i++)
+		vals[i] = http_head_get(r, ic->scope_headers[i], &lens[i]);
+	size_t klen = 0, ctlen = 0;
+	const char *key = http_head_get(r, ic->header, &klen);
+	const char *ct = http_head_get(r, "Content-Type", &ctlen);
+	idem_scope(ex->ikey.scope, ex->up->name, vals, lens, nv, key, klen);
+	idem_fingerprint(ex->ikey.fp, r->method, strlen(r->method), r->path, r->path_len, ct, ctlen,
+	                 ex->body);
+	const char *err = NULL;
+	ex->store = idem_store_get(ic, ex->w->base, ex->w->dns, &err);
+	if (!ex->store) {
+		slog(LOG_ERROR, ex->ci.sid, "idempotency store %s: %s", ic->store, err ? err : "unavailable");
+		finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
+		return;
+	}
+	ex->state = X_CLAIM;
+	ex->idem_op = idem_claim(ex->store, &ex->ikey, ic->lock_timeout_us, idem_claimed_cb, ex);
+}
+
+static bool idem_method(const struct cfg_idempotency *ic, const char *method)
+{
+	for (int i = 0; i < ic->nmethods; i++)
+		if (strcmp(ic->methods[i], method) == 0)
+			return true;
+	return false;
 }
 
 void exchange_body(struct exchange *ex, struct evbuffer *data)
@@ -1021,10 +1223,15 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 	}
 	if (ex->bmode == B_BUFFER) {
 		evbuffer_add_buffer(ex->body, data);
+		if (ex->idem) {
+			if (ex->body_len > ex->up->idem.max_body)
+				finish_error(ex, 413, "body-too-large", true, NULL);
+			return;
+		}
 		if (ex->body_len > ex->up->retry.max_body) {
 			/* a chunked body outgrew retry.max_body: stream it, it will never be re-sent */
 			ex->bmode = B_STREAM;
-			start_attempt(ex, choose_endpoint(ex, clock_now_us()), false);
+			start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
 		}
 		return;
 	}
@@ -1042,7 +1249,7 @@ void exchange_body_end(struct exchange *ex)
 	if (ex->state == X_DONE)
 		return;
 	if (ex->bmode == B_BUFFER && ex->state == X_WAIT_BODY) {
-		start_attempt(ex, choose_endpoint(ex, clock_now_us()), false);
+		exchange_go(ex);
 		return;
 	}
 	if (ex->bmode == B_STREAM) {
@@ -1094,6 +1301,7 @@ void exchange_abort(struct exchange *ex)
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
+	idem_settle(ex);
 	ex->log.status = ex->resp_status;
 	ex->log.attempts = ex->attempts;
 	ex->log.duration_us = clock_now_us() - ex->t0_us;
@@ -1116,7 +1324,12 @@ void exchange_free(struct exchange *ex)
 	event_free(ex->deadline_ev);
 	event_free(ex->backoff_ev);
 	evbuffer_free(ex->body);
+	if (ex->idem_hdrs)
+		evbuffer_free(ex->idem_hdrs);
+	if (ex->idem_body)
+		evbuffer_free(ex->idem_body);
 	access_end(&ex->log);
 	runtime_unref(ex->rt);
+	atomic_fetch_sub(&g_exchanges, 1);
 	worker_defer_free(ex->w, exchange_free_cb, ex);
 }

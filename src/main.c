@@ -17,6 +17,7 @@
 #include "admin.h"
 #include "clock.h"
 #include "config.h"
+#include "idempotency.h"
 #include "listener.h"
 #include "log.h"
 #include "stats.h"
@@ -248,6 +249,7 @@ int main(int argc, char **argv)
 		free(workers[w].listen_fds);
 	}
 	admin_stop();
+	idem_store_release_all();
 	event_free(sig_term);
 	event_free(sig_int);
 	event_free(sig_hup);

@@ -35,7 +35,7 @@ enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 
 /* labelled per-upstream counters: field, metric, help, label, number of values */
 enum { REJ_OVERLOADED, REJ_DEADLINE, NREJ };
-enum { IDEM_STORED, IDEM_REPLAYED, IDEM_CONFLICT, IDEM_MISMATCH, NIDEM };
+enum { IS_STORED, IS_REPLAYED, IS_CONFLICT, IS_MISMATCH, NIDEM };   /* idempotency results */
 #define UPSTREAM_LABELLED(X) \
 	X(refused,   "retrygate_upstream_retries_refused_total", "Retries not made, by the rule that refused them.", "reason", RR_NREASONS) \
 	X(rejected,  "retrygate_upstream_rejected_total", "Requests refused before any attempt.", "reason", NREJ) \

@@ -11,6 +11,7 @@
 #include <event2/thread.h>
 
 #include "clock.h"
+#include "idempotency.h"
 #include "listener.h"
 #include "log.h"
 #include "pool.h"
@@ -20,6 +21,9 @@
 
 struct worker *g_workers[64];
 _Atomic bool g_draining;
+_Atomic int g_exchanges;
+
+#define DRAIN_POLL_US (20 * 1000)
 
 struct runtime *worker_runtime(struct worker *w)
 {
@@ -58,6 +62,16 @@ void worker_session_closed(struct worker *w)
 		event_base_loopexit(w->base, NULL);
 }
 
+/* SPEC §1: while in-flight requests finish, an open keep-alive connection stays open (a
+ * request arriving on it is served with "Connection: close"); once no request is in flight
+ * in any worker, idle connections close and the worker stops when it has none left. */
+static void drain_poll_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	session_drain_all(w, atomic_load(&g_exchanges) == 0);
+	worker_session_closed(w);
+}
+
 static void begin_drain(struct worker *w)
 {
 	if (w->draining)
@@ -65,8 +79,13 @@ static void begin_drain(struct worker *w)
 	w->draining = true;
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_stop(w->listeners[i]);
-	session_drain_all(w);
+	session_drain_all(w, atomic_load(&g_exchanges) == 0);
 	worker_session_closed(w);
+	if (w->nsessions > 0) {
+		w->drain_ev = event_new(w->base, -1, EV_PERSIST, drain_poll_cb, w);
+		struct timeval tv = clock_tv(DRAIN_POLL_US);
+		evtimer_add(w->drain_ev, &tv);
+	}
 }
 
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
@@ -98,12 +117,16 @@ static void *worker_main(void *arg)
 	free(w->listeners);
 	w->listeners = NULL;
 	dq_cb(-1, 0, w);
+	idem_store_release_base(w->base);   /* before the DNS base it may use */
 	evdns_base_free(w->dns, 1);
 	dq_cb(-1, 0, w);
 	pool_free_all(w);
 	dq_cb(-1, 0, w);
 	event_free(w->dq_ev);
 	event_free(w->notify_ev);
+	if (w->drain_ev)
+		event_free(w->drain_ev);
+	w->drain_ev = NULL;
 	free(w->dq);
 	runtime_unref(w->rt);
 	w->rt = NULL;
