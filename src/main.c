@@ -17,6 +17,7 @@
 #include "admin.h"
 #include "clock.h"
 #include "config.h"
+#include "health.h"
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
@@ -33,10 +34,11 @@ static struct event *workers_done_ev, *drain_timer, *flush_timer;
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: retrygate [-c FILE] [--check] [--version]\n"
+	fprintf(f, "usage: retrygate [-c FILE] [--check] [--version] [--health URL]\n"
 	           "  -c FILE     config file (default conf/retrygate.yaml)\n"
 	           "  --check     validate FILE, print the worst case each upstream allows, exit\n"
-	           "  --version   print the version and exit\n");
+	           "  --version   print the version and exit\n"
+	           "  --health URL  GET URL (e.g. http://127.0.0.1:9901/ready): exit 0 on 2xx, else 1\n");
 }
 
 static void worker_exited(struct worker *w)
@@ -145,6 +147,8 @@ int main(int argc, char **argv)
 			config_path = argv[++i];
 		} else if (strcmp(argv[i], "--check") == 0) {
 			check = true;
+		} else if (strcmp(argv[i], "--health") == 0 && i + 1 < argc) {
+			return health_check(argv[i + 1]);
 		} else if (strcmp(argv[i], "--version") == 0) {
 			printf("retrygate %s\n", RETRYGATE_VERSION);
 			return 0;
