@@ -448,6 +448,15 @@ static void attempt_process(struct attempt *a)
 		struct upconn *c = a->c;
 		if (!c)
 			return;
+		/* body bytes the owner left while it paused us go first */
+		if (a->state == A_BODY && !a->paused && evbuffer_get_length(a->decoded) > 0) {
+			a->cbs.on_body(a->arg, a, a->decoded);
+			if (a->freed || a->state == A_DONE)
+				return;
+			if (a->paused)
+				return;
+			continue;
+		}
 		if (!c->parser) {
 			struct http_limits lim = { 64 * 1024, 64 * 1024 };
 			c->parser = http_msg_new(HTTP_RESPONSE_KIND, &lim);
@@ -481,6 +490,14 @@ static void attempt_process(struct attempt *a)
 				http_msg_next(c->parser);
 				http_msg_expect(c->parser, a->is_head);
 				continue;
+			}
+			/* SPEC §8: a body on 204/304/HEAD is an invalid response. Bytes already
+			 * behind such a head can only be that body (one request per connection at a
+			 * time): 502, never relayed. Bytes that come later close the pooled conn. */
+			if (h->status != 101 && (a->is_head || h->status == 204 || h->status == 304) &&
+			    evbuffer_get_length(in) > 0) {
+				attempt_end(a, OUT_RESET, true, "a body on a response that has none");
+				return;
 			}
 			a->state = A_BODY;
 			evtimer_del(a->timer);

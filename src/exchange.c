@@ -320,8 +320,9 @@ static void finish_error(struct exchange *ex, int status, const char *reason, bo
 	        atomic_load(&g_draining);
 	ex->resp_status = status;
 	ex->log.reason = reason;
-	reply_error(ex->cout, status, reason, ex->up ? ex->up->name : "", ex->attempts, close,
-	            ex->req->version == 10 && ex->req->keep_alive, hdrs);
+	(ex->req->method_head ? reply_error_head : reply_error)(
+	        ex->cout, status, reason, ex->up ? ex->up->name : "", ex->attempts, close,
+	        ex->req->version == 10 && ex->req->keep_alive, hdrs);
 	finish(ex, close);
 }
 
@@ -424,10 +425,11 @@ static void relay_saved(struct exchange *ex, enum refusal reason)
 		finish(ex, false);
 		return;
 	}
-	/* its attempt is still collecting: from now on it streams to the client */
+	/* its attempt is still collecting (or paused, full): from now on it streams to the client */
 	ex->relay = s->a;
 	s->a = NULL;
 	s->valid = false;
+	attempt_resume(ex->relay);
 }
 
 static void deliver_last(struct exchange *ex)
@@ -865,10 +867,14 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 {
 	struct exchange *ex = arg;
 	if (ex->state != X_DONE && a == ex->saved.a) {
-		if (evbuffer_get_length(ex->saved.body) + evbuffer_get_length(data) >
-		    (size_t)ex->up->retry.max_body) {
-			/* too big to keep: if no later attempt answers, the client gets our error */
-			saved_clear(&ex->saved);
+		size_t have = evbuffer_get_length(ex->saved.body);
+		size_t cap = (size_t)ex->up->retry.max_body;
+		size_t n = evbuffer_get_length(data);
+		if (have + n > cap) {
+			/* Too big to keep in memory: keep what fits, leave the rest unread on its
+			 * paused connection. If no later attempt answers, it streams from there. */
+			evbuffer_remove_buffer(data, ex->saved.body, cap > have ? cap - have : 0);
+			attempt_pause(a);
 			return;
 		}
 		evbuffer_add_buffer(ex->saved.body, data);
