@@ -85,8 +85,9 @@ void access_end(struct access_rec *r)
 
 const char *access_outcome(const struct access_rec *r)
 {
+	/* the last attempt may have executed, whatever an earlier attempt answered (SPEC §6) */
 	if (r->non_idempotent && r->attempts > 0 &&
-	    (r->last_out == OUT_RESET || r->last_out == OUT_TIMEOUT) && !r->ok_response)
+	    (r->last_out == OUT_RESET || r->last_out == OUT_TIMEOUT))
 		return "unknown";
 	if (r->ok_response && r->status < 500)
 		return "ok";
@@ -147,6 +148,20 @@ static void flush_locked(void)
 	al_len = 0;
 }
 
+static void append_line(const char *line, size_t n)
+{
+	pthread_mutex_lock(&al_lock);
+	if (al_len + n > al_cap) {
+		al_cap = (al_len + n) * 2;
+		al_buf = xrealloc(al_buf, al_cap);
+	}
+	memcpy(al_buf + al_len, line, n);
+	al_len += n;
+	if (al_len >= ACCESS_FLUSH_BYTES)
+		flush_locked();
+	pthread_mutex_unlock(&al_lock);
+}
+
 void accesslog_write(struct worker *w, struct access_rec *r)
 {
 	if (!al_on)
@@ -158,16 +173,19 @@ void accesslog_write(struct worker *w, struct access_rec *r)
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
 	n = strftime(line, sizeof(line), "{\"time\":\"%Y-%m-%dT%H:%M:%S", &tm);
+	jesc(esc, sizeof(esc), r->reqid, r->reqid ? strlen(r->reqid) : 0);
 	append(line, &n, sizeof(line), ".%03dZ\",\"request_id\":\"%s\",\"session\":%" PRIu64,
-	       (int)(tv.tv_usec / 1000), r->reqid, r->sid);
+	       (int)(tv.tv_usec / 1000), esc, r->sid);
 	jesc(esc, sizeof(esc), r->peer, r->peer ? strlen(r->peer) : 0);
 	append(line, &n, sizeof(line), ",\"client\":\"%s\",\"method\":\"%s\"", esc, r->req->method);
 	jesc(esc, sizeof(esc), r->req->path, r->req->path_len);
 	append(line, &n, sizeof(line), ",\"path\":\"%s\"", esc);
 	if (r->upstream) {
+		char esc2[512];
 		jesc(esc, sizeof(esc), r->route_host ? r->route_host : "*", r->route_host ? strlen(r->route_host) : 1);
+		jesc(esc2, sizeof(esc2), r->route_prefix, r->route_prefix ? strlen(r->route_prefix) : 0);
 		append(line, &n, sizeof(line), ",\"route\":{\"host\":\"%s\",\"path_prefix\":\"%s\"},\"upstream\":\"%s\"",
-		       esc, r->route_prefix, r->upstream);
+		       esc, esc2, r->upstream);
 	} else {
 		append(line, &n, sizeof(line), ",\"route\":null,\"upstream\":null");
 	}
@@ -202,17 +220,36 @@ void accesslog_write(struct worker *w, struct access_rec *r)
 		n = sizeof(line) - 2;
 		line[n++] = '\n';
 	}
-	pthread_mutex_lock(&al_lock);
-	if (al_len + n > al_cap) {
-		al_cap = (al_len + n) * 2;
-		al_buf = xrealloc(al_buf, al_cap);
-	}
-	memcpy(al_buf + al_len, line, n);
-	al_len += n;
-	if (al_len >= ACCESS_FLUSH_BYTES)
-		flush_locked();
-	pthread_mutex_unlock(&al_lock);
+	append_line(line, n);
 	(void)w;
+}
+
+void accesslog_write_refusal(struct worker *w, uint64_t sid, const char *peer, int status,
+                             const char *reason)
+{
+	if (!al_on)
+		return;
+	char line[1024], esc[256];
+	size_t n;
+	struct timeval tv;
+	struct tm tm;
+	gettimeofday(&tv, NULL);
+	gmtime_r(&tv.tv_sec, &tm);
+	uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
+	n = strftime(line, sizeof(line), "{\"time\":\"%Y-%m-%dT%H:%M:%S", &tm);
+	append(line, &n, sizeof(line), ".%03dZ\",\"request_id\":\"%016" PRIx64 "%016" PRIx64
+	       "\",\"session\":%" PRIu64, (int)(tv.tv_usec / 1000), r1, r2, sid);
+	jesc(esc, sizeof(esc), peer, peer ? strlen(peer) : 0);
+	append(line, &n, sizeof(line), ",\"client\":\"%s\",\"method\":null,\"path\":null,"
+	       "\"route\":null,\"upstream\":null,\"status\":%d,\"attempts\":0,\"tries\":[],"
+	       "\"retry_refused\":null,\"reason\":\"%s\",\"deadline_ms\":0,\"deadline_left_ms\":0,"
+	       "\"duration_ms\":0.000,\"request_body_bytes\":0,\"idempotency_key\":null,"
+	       "\"client_aborted\":false,\"outcome\":\"failed\"}\n", esc, status, reason ? reason : "");
+	if (n >= sizeof(line) - 1) {
+		n = sizeof(line) - 2;
+		line[n++] = '\n';
+	}
+	append_line(line, n);
 }
 
 void accesslog_flush(void)

@@ -58,6 +58,10 @@ int accesslog_open(const char *spec);    /* 0 or -1 */
 void accesslog_reopen(void);
 void accesslog_close(void);
 void accesslog_write(struct worker *w, struct access_rec *r);
+/* A request refused by the session before it reached an exchange (malformed, oversized,
+ * header timeout): a line with no method, path or route, outcome "failed". */
+void accesslog_write_refusal(struct worker *w, uint64_t sid, const char *peer, int status,
+                             const char *reason);
 void accesslog_flush(void);
 
 #endif

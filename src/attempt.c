@@ -20,7 +20,6 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "attempt.h"
@@ -30,6 +29,7 @@
 #include "pool.h"
 #include "tls.h"
 #include "upstream.h"
+#include "stream.h"
 #include "util.h"
 #include "worker.h"
 
@@ -74,7 +74,7 @@ size_t attempt_send_pending(const struct attempt *a)
 {
 	size_t n = a->pending ? evbuffer_get_length(a->pending) : 0;
 	if (a->c && a->c->bev)
-		n += evbuffer_get_length(bufferevent_get_output(a->c->bev));
+		n += evbuffer_get_length(stream_output(a->c->bev));
 	return n;
 }
 
@@ -92,10 +92,10 @@ static void conn_detach(struct attempt *a, bool reuse)
 		return;
 	a->c = NULL;
 	if (a->out_cb) {
-		evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), a->out_cb);
+		evbuffer_remove_cb_entry(stream_output(c->bev), a->out_cb);
 		a->out_cb = NULL;
 	}
-	bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+	stream_setcb(c->bev, NULL, NULL, NULL, NULL);
 	if (reuse)
 		pool_put(c);
 	else
@@ -156,12 +156,12 @@ static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *
 	}
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_cb(struct stream *bev, void *arg)
 {
 	attempt_process(arg);
 }
 
-static void write_cb(struct bufferevent *bev, void *arg)
+static void write_cb(struct stream *bev, void *arg)
 {
 	struct attempt *a = arg;
 	if (a->streaming && !a->body_ended && a->state != A_DONE)
@@ -170,14 +170,14 @@ static void write_cb(struct bufferevent *bev, void *arg)
 
 static void replace_conn(struct attempt *a);
 
-static void event_cb(struct bufferevent *bev, short what, void *arg)
+static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct attempt *a = arg;
 	if (a->state == A_DONE)
 		return;
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
-		setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		setsockopt(stream_fd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		a->state = A_WAITING;
 		arm_head_timer(a);
 		return;
@@ -203,18 +203,18 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 
 static void conn_setup(struct attempt *a)
 {
-	struct bufferevent *bev = a->c->bev;
-	bufferevent_setcb(bev, read_cb, write_cb, event_cb, a);
+	struct stream *bev = a->c->bev;
+	stream_setcb(bev, read_cb, write_cb, event_cb, a);
 	if (a->c->parser)
 		http_msg_expect(a->c->parser, a->is_head);
-	a->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), out_drained_cb, a);
-	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	a->out_cb = evbuffer_add_cb(stream_output(bev), out_drained_cb, a);
+	stream_enable(bev, EV_READ | EV_WRITE);
 }
 
 /* Queue the head and whatever body we have. */
 static void conn_write_request(struct attempt *a)
 {
-	struct evbuffer *out = bufferevent_get_output(a->c->bev);
+	struct evbuffer *out = stream_output(a->c->bev);
 	evbuffer_add_buffer(out, a->head);
 	if (a->body)
 		evbuffer_add_buffer_reference(out, a->body);
@@ -240,18 +240,9 @@ static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const c
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen)
 {
 	a->state = A_CONNECTING;
-	struct bufferevent *bev;
-	if (a->tls) {
-		SSL *ssl = tls_client_ssl(a->tls, a->sni, a->verify);
-		bev = ssl ? bufferevent_openssl_socket_new(a->w->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
-		                                           BEV_OPT_CLOSE_ON_FREE) : NULL;
-		if (bev)
-			bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-		else if (ssl)
-			SSL_free(ssl);
-	} else {
-		bev = bufferevent_socket_new(a->w->base, -1, BEV_OPT_CLOSE_ON_FREE);
-	}
+	SSL *ssl = a->tls ? tls_client_ssl(a->tls, a->sni, a->verify) : NULL;
+	struct stream *bev = (!a->tls || ssl) ? stream_new(a->w->base, -1, ssl,
+	                                                   ssl ? STREAM_TLS_CONNECT : STREAM_PLAIN) : NULL;
 	if (!bev) {
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "out of sockets");
 		return;
@@ -264,7 +255,7 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 	a->reused = false;
 	conn_setup(a);
 	/* the request is queued now; it leaves once connected */
-	if (bufferevent_socket_connect(bev, (struct sockaddr *)sa, salen) < 0) {
+	if (stream_connect(bev, sa, salen) < 0) {
 		conn_detach(a, false);
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "connect failed");
 		return;
@@ -284,7 +275,7 @@ static void start_fresh(struct attempt *a)
  * (SPEC §4: discarded and replaced, with no outcome). The head is still ours: rebuild. */
 static void replace_conn(struct attempt *a)
 {
-	struct evbuffer *out = bufferevent_get_output(a->c->bev);
+	struct evbuffer *out = stream_output(a->c->bev);
 	struct evbuffer *again = evbuffer_new();
 	evbuffer_add_buffer(again, out);    /* nothing was drained: the whole request is here */
 	conn_detach(a, false);
@@ -373,7 +364,7 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 		return;
 	}
 	/* once a connection exists its output queues bytes until connected */
-	struct evbuffer *dst = a->c ? bufferevent_get_output(a->c->bev) : a->pending;
+	struct evbuffer *dst = a->c ? stream_output(a->c->bev) : a->pending;
 	if (n == 0)
 		return;
 	if (a->chunked)
@@ -389,14 +380,14 @@ void attempt_send_body_end(struct attempt *a)
 	a->body_ended = true;
 	if (a->state == A_DONE || !a->chunked)
 		return;
-	http_chunk_last(a->c ? bufferevent_get_output(a->c->bev) : a->pending);
+	http_chunk_last(a->c ? stream_output(a->c->bev) : a->pending);
 }
 
 void attempt_pause(struct attempt *a)
 {
 	a->paused = true;
 	if (a->c && a->c->bev)
-		bufferevent_disable(a->c->bev, EV_READ);
+		stream_disable(a->c->bev, EV_READ);
 }
 
 void attempt_resume(struct attempt *a)
@@ -405,22 +396,22 @@ void attempt_resume(struct attempt *a)
 		return;
 	a->paused = false;
 	if (a->c && a->c->bev) {
-		bufferevent_enable(a->c->bev, EV_READ);
+		stream_enable(a->c->bev, EV_READ);
 		/* bytes (or an EOF) already buffered would get no new read event */
-		bufferevent_trigger(a->c->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+		stream_trigger_read(a->c->bev);
 	}
 }
 
-struct bufferevent *attempt_take_bev(struct attempt *a)
+struct stream *attempt_take_bev(struct attempt *a)
 {
 	if (!a->c)
 		return NULL;
 	struct upconn *c = a->c;
-	struct bufferevent *bev = c->bev;
+	struct stream *bev = c->bev;
 	if (a->out_cb)
-		evbuffer_remove_cb_entry(bufferevent_get_output(bev), a->out_cb);
+		evbuffer_remove_cb_entry(stream_output(bev), a->out_cb);
 	a->out_cb = NULL;
-	bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
+	stream_setcb(bev, NULL, NULL, NULL, NULL);
 	c->bev = NULL;
 	a->c = NULL;
 	upconn_close(c);
@@ -434,7 +425,7 @@ static void attempt_complete(struct attempt *a, bool keep_alive)
 {
 	bool reuse = keep_alive && !a->eof && a->c &&
 	             (!a->streaming || a->body_ended) &&
-	             evbuffer_get_length(bufferevent_get_output(a->c->bev)) == 0 &&
+	             evbuffer_get_length(stream_output(a->c->bev)) == 0 &&
 	             (!a->pending || evbuffer_get_length(a->pending) == 0);
 	a->state = A_DONE;
 	evtimer_del(a->timer);
@@ -462,7 +453,7 @@ static void attempt_process(struct attempt *a)
 			c->parser = http_msg_new(HTTP_RESPONSE_KIND, &lim);
 			http_msg_expect(c->parser, a->is_head);
 		}
-		struct evbuffer *in = bufferevent_get_input(c->bev);
+		struct evbuffer *in = stream_input(c->bev);
 		enum http_event ev = http_msg_feed(c->parser, in, a->decoded, a->paused ? 0 : BODY_CHUNK);
 		switch (ev) {
 		case HTTP_NEED_MORE:

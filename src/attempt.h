@@ -68,6 +68,6 @@ struct ep_state *attempt_endpoint(const struct attempt *a);
 const char *attempt_peer(const struct attempt *a);
 
 /* Upgrade: after a 101 head, take the raw connection (and bytes already read) for a tunnel. */
-struct bufferevent *attempt_take_bev(struct attempt *a);
+struct stream *attempt_take_bev(struct attempt *a);
 
 #endif

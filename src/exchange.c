@@ -37,6 +37,7 @@
 #include "route.h"
 #include "stats.h"
 #include "upstream.h"
+#include "stream.h"
 #include "util.h"
 #include "worker.h"
 
@@ -67,7 +68,7 @@ struct exchange {
 	struct client_info ci;
 	char peer_ip[64];
 	const struct http_head *req;
-	struct bufferevent *cbev;
+	struct stream *cbev;
 	struct evbuffer *cout;
 	struct exchange_cbs cbs;
 	void *arg;
@@ -295,7 +296,7 @@ static void finish(struct exchange *ex, bool close)
 	ex->cbs.on_done(ex->arg, close || ex->close_after);
 }
 
-static void finish_tunnel(struct exchange *ex, struct bufferevent *ubev)
+static void finish_tunnel(struct exchange *ex, struct stream *ubev)
 {
 	void (*on_done)(void *, bool) = ex->cbs.on_done;
 	/* finish() reports on_done; a tunnel reports on_tunnel instead */
@@ -809,7 +810,7 @@ static void start_tunnel(struct exchange *ex, struct attempt *a, const struct ht
 	const char *up = http_head_get(h, "Upgrade", &n);
 	evbuffer_add_printf(o, "Connection: upgrade\r\nUpgrade: %.*s\r\nX-Retrygate-Attempts: %d\r\n\r\n",
 	                    (int)(up ? n : 0), up ? up : "", ex->attempts);
-	struct bufferevent *ubev = attempt_take_bev(a);
+	struct stream *ubev = attempt_take_bev(a);
 	ex->att = NULL;
 	attempt_free(a);
 	ex->resp_status = 101;
@@ -974,7 +975,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 
 struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_listener *l,
                               const struct client_info *ci, const struct http_head *req,
-                              struct bufferevent *client, const struct exchange_cbs *cbs,
+                              struct stream *client, const struct exchange_cbs *cbs,
                               void *arg)
 {
 	struct exchange *ex = xcalloc(1, sizeof(*ex));
@@ -988,7 +989,7 @@ struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_l
 	ex->ci.peer_ip = ex->peer_ip;
 	ex->req = req;
 	ex->cbev = client;
-	ex->cout = bufferevent_get_output(client);
+	ex->cout = stream_output(client);
 	ex->cbs = *cbs;
 	ex->arg = arg;
 	ex->t0_us = clock_now_us();

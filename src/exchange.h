@@ -14,7 +14,7 @@ struct worker;
 struct runtime;
 struct cfg_listener;
 struct http_head;
-struct bufferevent;
+struct stream;
 struct evbuffer;
 struct exchange;
 
@@ -26,7 +26,7 @@ struct exchange_cbs {
 	void (*on_want_body)(void *arg);
 	/* The upstream switched protocols (101): the 101 head is queued; from now on the client
 	 * connection is a tunnel to UPSTREAM (taken). The exchange is finished. */
-	void (*on_tunnel)(void *arg, struct bufferevent *upstream);
+	void (*on_tunnel)(void *arg, struct stream *upstream);
 };
 
 struct client_info {
@@ -38,7 +38,7 @@ struct client_info {
 
 struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_listener *l,
                               const struct client_info *ci, const struct http_head *req,
-                              struct bufferevent *client, const struct exchange_cbs *cbs,
+                              struct stream *client, const struct exchange_cbs *cbs,
                               void *arg);
 /* Start: route, checks, first attempt. May call on_done before returning. */
 void exchange_start(struct exchange *ex);

@@ -25,6 +25,7 @@
 
 #define PAUSE_POLL_US   (20 * 1000)
 #define EMFILE_PAUSE_US (100 * 1000)
+#define MAX_PARKED      16
 
 /* per listener name, shared by the workers */
 struct lcount {
@@ -62,6 +63,15 @@ struct listener {
 	struct lcount *count;
 	const struct config *cached_cfg;
 	struct cfg_listener *cached;
+	/* connections accepted past the cap (another worker took the last place at the same
+	 * moment): held, unread, until a place frees -- at the cap a connection waits, it is
+	 * never refused (SPEC §2) */
+	struct parked {
+		evutil_socket_t fd;
+		struct sockaddr_storage sa;
+		int salen;
+	} parked[MAX_PARKED];
+	int nparked;
 };
 
 int listener_bind(const char *addr, const char **err)
@@ -116,12 +126,29 @@ static void pause_for(struct listener *l, int64_t us)
 	evtimer_add(l->pause_ev, &tv);
 }
 
+/* Start sessions for parked connections while places are free, oldest first. */
+static void unpark(struct listener *l)
+{
+	while (l->nparked > 0) {
+		int64_t n = atomic_fetch_add(&l->count->conns, 1) + 1;
+		if (n > current_cap(l) || !listener_config(l, worker_runtime(l->w)->cfg)) {
+			atomic_fetch_sub(&l->count->conns, 1);
+			return;
+		}
+		struct parked p = l->parked[0];
+		l->nparked--;
+		memmove(&l->parked[0], &l->parked[1], sizeof(l->parked[0]) * (size_t)l->nparked);
+		session_new(l->w, l, p.fd, (struct sockaddr *)&p.sa, p.salen);
+	}
+}
+
 static void pause_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct listener *l = arg;
 	if (l->stopped)
 		return;
-	if (atomic_load(&l->count->conns) >= current_cap(l)) {
+	unpark(l);
+	if (l->nparked > 0 || atomic_load(&l->count->conns) >= current_cap(l)) {
 		pause_for(l, PAUSE_POLL_US);
 		return;
 	}
@@ -136,9 +163,16 @@ static void accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct soc
 	int64_t cap = current_cap(l);
 	int64_t n = atomic_fetch_add(&l->count->conns, 1) + 1;
 	if (n > cap) {
-		/* another worker took the last place at the same moment */
+		/* another worker took the last place at the same moment: park it */
 		atomic_fetch_sub(&l->count->conns, 1);
-		close(fd);
+		if (l->nparked < MAX_PARKED && salen > 0 && (size_t)salen <= sizeof(l->parked[0].sa)) {
+			struct parked *p = &l->parked[l->nparked++];
+			p->fd = fd;
+			memcpy(&p->sa, sa, (size_t)salen);
+			p->salen = salen;
+		} else {
+			close(fd);
+		}
 		pause_for(l, PAUSE_POLL_US);
 		return;
 	}
@@ -180,6 +214,8 @@ void listener_stop(struct listener *l)
 		return;
 	l->stopped = true;
 	evtimer_del(l->pause_ev);
+	while (l->nparked > 0)
+		close(l->parked[--l->nparked].fd);
 	evconnlistener_free(l->evl);    /* closes the socket: the kernel stops queueing to it */
 	l->evl = NULL;
 }

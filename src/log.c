@@ -37,9 +37,14 @@ void log_msg(enum log_level lvl, uint64_t sid, const char *fmt, ...)
 	va_end(ap);
 	if (k < 0)
 		k = 0;
+	size_t msg = n;
 	n += (size_t)k;
 	if (n > sizeof(line) - 2)
 		n = sizeof(line) - 2;
+	/* one line per event: a message never breaks the line */
+	for (size_t i = msg; i < n; i++)
+		if (line[i] == '\n' || line[i] == '\r')
+			line[i] = ' ';
 	line[n++] = '\n';
 	ssize_t w = write(STDERR_FILENO, line, n);
 	(void)w;

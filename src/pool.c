@@ -17,6 +17,7 @@
 #include "log.h"
 #include "pool.h"
 #include "upstream.h"
+#include "stream.h"
 #include "util.h"
 #include "worker.h"
 
@@ -72,19 +73,19 @@ void upconn_close(struct upconn *c)
 {
 	pool_unlink(c);
 	if (c->bev) {
-		bufferevent_free(c->bev);
+		stream_free(c->bev);
 		c->bev = NULL;
 	}
 	worker_defer_free(c->w, upconn_free_cb, c);
 }
 
 /* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
-static void idle_read_cb(struct bufferevent *bev, void *arg)
+static void idle_read_cb(struct stream *bev, void *arg)
 {
 	upconn_close(arg);
 }
 
-static void idle_event_cb(struct bufferevent *bev, short what, void *arg)
+static void idle_event_cb(struct stream *bev, short what, void *arg)
 {
 	upconn_close(arg);
 }
@@ -98,15 +99,14 @@ void pool_put(struct upconn *c)
 {
 	struct pool_ep *pe = pool_ep_get(c->w, c->ep);
 	if (pe->nidle >= POOL_MAX_IDLE || c->w->draining ||
-	    evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
+	    evbuffer_get_length(stream_input(c->bev)) > 0) {
 		upconn_close(c);
 		return;
 	}
 	c->idle = true;
 	c->idle_since_us = clock_now_us();
-	bufferevent_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
-	bufferevent_set_timeouts(c->bev, NULL, NULL);
-	bufferevent_enable(c->bev, EV_READ);
+	stream_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
+	stream_enable(c->bev, EV_READ);
 	c->idle_ev = evtimer_new(c->w->base, idle_timeout_cb, c);
 	struct timeval tv = clock_tv(POOL_IDLE_US);
 	evtimer_add(c->idle_ev, &tv);
@@ -118,7 +118,7 @@ void pool_put(struct upconn *c)
 static bool conn_alive(struct upconn *c)
 {
 	char b;
-	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	evutil_socket_t fd = stream_fd(c->bev);
 	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
 	if (n == 0 || n > 0)
 		return false;
@@ -135,8 +135,8 @@ struct upconn *pool_get(struct pool_ep *pe)
 			upconn_close(c);
 			continue;
 		}
-		bufferevent_disable(c->bev, EV_READ);
-		bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+		stream_disable(c->bev, EV_READ);
+		stream_setcb(c->bev, NULL, NULL, NULL, NULL);
 		c->uses++;
 		return c;
 	}
@@ -232,7 +232,7 @@ void pool_free_all(struct worker *w)
 			struct upconn *c;
 			while ((c = TAILQ_FIRST(&pe->idle))) {
 				pool_unlink(c);
-				bufferevent_free(c->bev);
+				stream_free(c->bev);
 				c->bev = NULL;
 				upconn_free_cb(c);
 			}

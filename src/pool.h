@@ -18,7 +18,7 @@
 
 struct worker;
 struct ep_state;
-struct bufferevent;
+struct stream;
 struct http_msg;
 
 #define POOL_IDLE_US        (30 * 1000000LL)
@@ -28,7 +28,7 @@ struct http_msg;
 struct upconn {
 	struct worker *w;
 	struct ep_state *ep;
-	struct bufferevent *bev;
+	struct stream *bev;
 	struct http_msg *parser;
 	int64_t idle_since_us;
 	struct event *idle_ev;

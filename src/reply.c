@@ -51,8 +51,9 @@ static void json_str(char *dst, size_t cap, const char *s)
 	dst[n] = 0;
 }
 
-void reply_error(struct evbuffer *out, int status, const char *reason, const char *upstream,
-                 int attempts, bool close, bool keep_alive_10, const char *extra)
+static void reply_error_impl(struct evbuffer *out, int status, const char *reason,
+                             const char *upstream, int attempts, bool close, bool keep_alive_10,
+                             const char *extra, bool content)
 {
 	char body[512], up[256];
 	json_str(up, sizeof(up), upstream ? upstream : "");
@@ -69,5 +70,18 @@ void reply_error(struct evbuffer *out, int status, const char *reason, const cha
 	                    extra ? extra : "",
 	                    close ? "Connection: close\r\n" : "",
 	                    (!close && keep_alive_10) ? "Connection: keep-alive\r\n" : "");
-	evbuffer_add(out, body, (size_t)blen);
+	if (content)
+		evbuffer_add(out, body, (size_t)blen);
+}
+
+void reply_error(struct evbuffer *out, int status, const char *reason, const char *upstream,
+                 int attempts, bool close, bool keep_alive_10, const char *extra)
+{
+	reply_error_impl(out, status, reason, upstream, attempts, close, keep_alive_10, extra, true);
+}
+
+void reply_error_head(struct evbuffer *out, int status, const char *reason, const char *upstream,
+                      int attempts, bool close, bool keep_alive_10, const char *extra)
+{
+	reply_error_impl(out, status, reason, upstream, attempts, close, keep_alive_10, extra, false);
 }

@@ -18,9 +18,9 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
+#include "accesslog.h"
 #include "clock.h"
 #include "config.h"
 #include "exchange.h"
@@ -32,11 +32,13 @@
 #include "stats.h"
 #include "tls.h"
 #include "tunnel.h"
+#include "stream.h"
 #include "util.h"
 #include "worker.h"
 
 #define SESSION_MAGIC 0x5e5510a1u
 #define CLIENT_LOW (64 * 1024)
+#define CLIENT_HIGH (256 * 1024)    /* responses queued for the client: take no new request */
 
 enum sstate { S_HEAD, S_BODY, S_WAIT, S_TUNNEL, S_CLOSING, S_CLOSED };
 
@@ -48,7 +50,7 @@ struct session {
 	struct listener *lst;
 	struct runtime *rt;             /* the config of the current request */
 	struct cfg_listener *lcfg;
-	struct bufferevent *bev;
+	struct stream *bev;
 	struct http_msg *req;
 	struct exchange *ex;
 	struct tunnel *tunnel;
@@ -87,7 +89,7 @@ void session_close(struct session *s, const char *why)
 		s->tunnel = NULL;
 	}
 	if (s->bev)
-		bufferevent_free(s->bev);
+		stream_free(s->bev);
 	s->bev = NULL;
 	event_free(s->timer);
 	event_free(s->resume_ev);
@@ -109,26 +111,34 @@ static void session_close_after_flush(struct session *s)
 	if (s->state == S_CLOSED)
 		return;
 	s->state = S_CLOSING;
-	bufferevent_disable(s->bev, EV_READ);
+	stream_disable(s->bev, EV_READ);
 	evtimer_del(s->timer);
-	if (evbuffer_get_length(bufferevent_get_output(s->bev)) == 0) {
+	if (evbuffer_get_length(stream_output(s->bev)) == 0) {
 		session_close(s, "done");
 		return;
 	}
-	bufferevent_setwatermark(s->bev, EV_WRITE, 0, 0);
+	stream_setwatermark(s->bev, EV_WRITE, 0, 0);
 	/* a client that never reads its last response must not hold us forever */
 	struct timeval tv = clock_tv(s->lcfg ? s->lcfg->limits.idle_timeout_us : 10000000);
 	evtimer_add(s->timer, &tv);
 }
 
-static void refuse(struct session *s, int status, const char *reason, const char *detail)
+static void refuse_ex(struct session *s, int status, const char *reason, const char *detail,
+                      bool log)
 {
 	slog(LOG_INFO, s->id, "refused %d %s: %s", status, reason, detail ? detail : "");
-	reply_error(bufferevent_get_output(s->bev), status, reason, "", 0, true, false, NULL);
+	if (log)        /* one access log line per request, even one refused here */
+		accesslog_write_refusal(s->w, s->id, s->peer_ip, status, reason);
+	reply_error(stream_output(s->bev), status, reason, "", 0, true, false, NULL);
 	int c = status / 100;
 	if (c >= 1 && c <= 5)
 		STAT_INC(g_gstats[s->w->id].requests[c]);
 	session_close_after_flush(s);
+}
+
+static void refuse(struct session *s, int status, const char *reason, const char *detail)
+{
+	refuse_ex(s, status, reason, detail, true);
 }
 
 static void arm_idle(struct session *s)
@@ -164,7 +174,7 @@ static void tunnel_closed_cb(void *arg)
 	session_close(arg, "tunnel closed");
 }
 
-static void ex_tunnel_cb(void *arg, struct bufferevent *upstream)
+static void ex_tunnel_cb(void *arg, struct stream *upstream)
 {
 	struct session *s = arg;
 	s->ex_done = true;
@@ -224,13 +234,17 @@ static void next_request(struct session *s)
 
 static void session_process(struct session *s)
 {
-	struct evbuffer *in = bufferevent_get_input(s->bev);
+	struct evbuffer *in = stream_input(s->bev);
 	for (;;) {
 		if (s->state == S_CLOSING || s->state == S_CLOSED || s->state == S_TUNNEL)
 			return;
 		if (s->state == S_WAIT) {
 			if (!s->ex_done)
 				return;     /* pipelined bytes wait in the input buffer */
+			/* a client that pipelines without reading: its responses pile up here, so
+			 * take the next request only once they drained (write_cb resumes us) */
+			if (evbuffer_get_length(stream_output(s->bev)) > CLIENT_HIGH)
+				return;
 			next_request(s);
 		}
 		if (s->state == S_HEAD) {
@@ -282,9 +296,9 @@ static void session_process(struct session *s)
 					session_close(s, "bad body");
 					return;
 				}
-				exchange_free(s->ex);
+				exchange_free(s->ex);    /* logs the request (as aborted) */
 				s->ex = NULL;
-				refuse(s, st, reason, detail);
+				refuse_ex(s, st, reason, detail, false);
 				return;
 			}
 			}
@@ -298,29 +312,31 @@ static void resume_cb(evutil_socket_t fd, short what, void *arg)
 	session_process(s);
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_cb(struct stream *bev, void *arg)
 {
 	session_process(arg);
 }
 
-static void write_cb(struct bufferevent *bev, void *arg)
+static void write_cb(struct stream *bev, void *arg)
 {
 	struct session *s = arg;
 	if (s->state == S_CLOSING) {
-		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+		if (evbuffer_get_length(stream_output(bev)) == 0)
 			session_close(s, "flushed");
 		return;
 	}
 	if (s->ex && !s->ex_done)
 		exchange_client_drained(s->ex);
+	else if (s->state == S_WAIT && s->ex_done)
+		event_active(s->resume_ev, EV_TIMEOUT, 0);     /* held back by CLIENT_HIGH */
 }
 
-static void event_cb(struct bufferevent *bev, short what, void *arg)
+static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct session *s = arg;
 	if (s->state == S_CLOSING && !(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF)) {
 		/* the client half-closed while we flush: keep flushing */
-		bufferevent_disable(bev, EV_READ);
+		stream_disable(bev, EV_READ);
 		return;
 	}
 	session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
@@ -359,15 +375,8 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	SSL_CTX *tls = s->rt->ltls[s->lcfg - s->rt->cfg->listeners];
-	if (tls) {
-		SSL *ssl = SSL_new(tls);
-		s->bev = bufferevent_openssl_socket_new(w->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
-		                                        BEV_OPT_CLOSE_ON_FREE);
-		bufferevent_openssl_set_allow_dirty_shutdown(s->bev, 1);
-		s->tls = true;
-	} else {
-		s->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
-	}
+	s->bev = stream_new(w->base, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
+	s->tls = tls != NULL;
 	struct http_limits lim = {
 		.max_header_bytes = (size_t)s->lcfg->limits.max_header_bytes,
 		.max_uri_bytes = (size_t)s->lcfg->limits.max_uri_bytes,
@@ -376,11 +385,11 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	s->body_tmp = evbuffer_new();
 	s->timer = evtimer_new(w->base, timer_cb, s);
 	s->resume_ev = event_new(w->base, -1, 0, resume_cb, s);
-	bufferevent_setcb(s->bev, read_cb, write_cb, event_cb, s);
+	stream_setcb(s->bev, read_cb, write_cb, event_cb, s);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
-	bufferevent_setwatermark(s->bev, EV_READ, 0, lim.max_header_bytes + 64 * 1024);
-	bufferevent_setwatermark(s->bev, EV_WRITE, CLIENT_LOW, 0);
-	bufferevent_enable(s->bev, EV_READ | EV_WRITE);
+	stream_setwatermark(s->bev, EV_READ, 0, lim.max_header_bytes + 64 * 1024);
+	stream_setwatermark(s->bev, EV_WRITE, CLIENT_LOW, 0);
+	stream_enable(s->bev, EV_READ | EV_WRITE);
 	TAILQ_INSERT_TAIL(&w->sessions, s, link);
 	w->nsessions++;
 	atomic_fetch_add(&g_gstats[w->id].conns_active, 1);
@@ -389,22 +398,22 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	return s;
 }
 
-void session_drain(struct session *s)
+void session_drain(struct session *s, bool close_idle)
 {
-	if (s->state == S_HEAD && http_msg_head_bytes(s->req) == 0 &&
-	    evbuffer_get_length(bufferevent_get_input(s->bev)) == 0) {
+	if (close_idle && s->state == S_HEAD && http_msg_head_bytes(s->req) == 0 &&
+	    evbuffer_get_length(stream_input(s->bev)) == 0) {
 		session_close(s, "draining");
 		return;
 	}
 	s->close_after = true;
 }
 
-void session_drain_all(struct worker *w)
+void session_drain_all(struct worker *w, bool close_idle)
 {
 	struct session *s, *next;
 	for (s = TAILQ_FIRST(&w->sessions); s; s = next) {
 		next = TAILQ_NEXT(s, link);
-		session_drain(s);
+		session_drain(s, close_idle);
 	}
 }
 

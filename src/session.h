@@ -17,11 +17,12 @@ struct session;
 /* Takes ownership of FD. */
 struct session *session_new(struct worker *w, struct listener *lst, int fd,
                             const struct sockaddr *peer, int peerlen);
-/* Drain: close if idle, else close after the current response. */
-void session_drain(struct session *s);
+/* Drain: every connection closes after its next response; with CLOSE_IDLE, a connection
+ * with no request in progress closes now. */
+void session_drain(struct session *s, bool close_idle);
 void session_close(struct session *s, const char *why);
 /* All sessions of W: drain each, or close each. */
-void session_drain_all(struct worker *w);
+void session_drain_all(struct worker *w, bool close_idle);
 void session_close_all(struct worker *w);
 
 #endif

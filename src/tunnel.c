@@ -9,6 +9,7 @@
 #include <event2/event.h>
 
 #include "tunnel.h"
+#include "stream.h"
 #include "util.h"
 #include "worker.h"
 
@@ -16,13 +17,13 @@
 
 struct tunnel {
 	struct worker *w;
-	struct bufferevent *c, *u;
+	struct stream *c, *u;
 	void (*on_close)(void *);
 	void *arg;
 	bool ending, freed;
 };
 
-static struct bufferevent *other(struct tunnel *t, struct bufferevent *bev)
+static struct stream *other(struct tunnel *t, struct stream *bev)
 {
 	return bev == t->c ? t->u : t->c;
 }
@@ -34,33 +35,33 @@ static void end(struct tunnel *t)
 	t->on_close(t->arg);
 }
 
-static void move(struct tunnel *t, struct bufferevent *from)
+static void move(struct tunnel *t, struct stream *from)
 {
-	struct bufferevent *to = other(t, from);
-	evbuffer_add_buffer(bufferevent_get_output(to), bufferevent_get_input(from));
-	if (evbuffer_get_length(bufferevent_get_output(to)) >= TUNNEL_HIGH) {
-		bufferevent_disable(from, EV_READ);
-		bufferevent_setwatermark(to, EV_WRITE, TUNNEL_HIGH / 2, 0);
+	struct stream *to = other(t, from);
+	evbuffer_add_buffer(stream_output(to), stream_input(from));
+	if (evbuffer_get_length(stream_output(to)) >= TUNNEL_HIGH) {
+		stream_disable(from, EV_READ);
+		stream_setwatermark(to, EV_WRITE, TUNNEL_HIGH / 2, 0);
 	}
 }
 
-static void read_cb(struct bufferevent *bev, void *arg)
+static void read_cb(struct stream *bev, void *arg)
 {
 	move(arg, bev);
 }
 
-static void write_cb(struct bufferevent *bev, void *arg)
+static void write_cb(struct stream *bev, void *arg)
 {
 	struct tunnel *t = arg;
 	if (t->ending) {
-		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+		if (evbuffer_get_length(stream_output(bev)) == 0)
 			end(t);
 		return;
 	}
-	bufferevent_enable(other(t, bev), EV_READ);
+	stream_enable(other(t, bev), EV_READ);
 }
 
-static void event_cb(struct bufferevent *bev, short what, void *arg)
+static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct tunnel *t = arg;
 	if (t->ending || (what & BEV_EVENT_ERROR)) {
@@ -68,19 +69,19 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	/* EOF: flush what this side sent to the other, then close both */
-	struct bufferevent *to = other(t, bev);
+	struct stream *to = other(t, bev);
 	move(t, bev);
 	t->ending = true;
-	bufferevent_disable(t->c, EV_READ);
-	bufferevent_disable(t->u, EV_READ);
-	if (evbuffer_get_length(bufferevent_get_output(to)) == 0) {
+	stream_disable(t->c, EV_READ);
+	stream_disable(t->u, EV_READ);
+	if (evbuffer_get_length(stream_output(to)) == 0) {
 		end(t);
 		return;
 	}
-	bufferevent_setwatermark(to, EV_WRITE, 0, 0);
+	stream_setwatermark(to, EV_WRITE, 0, 0);
 }
 
-struct tunnel *tunnel_new(struct worker *w, struct bufferevent *client, struct bufferevent *upstream,
+struct tunnel *tunnel_new(struct worker *w, struct stream *client, struct stream *upstream,
                           void (*on_close)(void *arg), void *arg)
 {
 	struct tunnel *t = xcalloc(1, sizeof(*t));
@@ -89,14 +90,14 @@ struct tunnel *tunnel_new(struct worker *w, struct bufferevent *client, struct b
 	t->u = upstream;
 	t->on_close = on_close;
 	t->arg = arg;
-	bufferevent_setcb(client, read_cb, write_cb, event_cb, t);
-	bufferevent_setcb(upstream, read_cb, write_cb, event_cb, t);
-	bufferevent_setwatermark(client, EV_READ, 0, 0);
-	bufferevent_setwatermark(upstream, EV_READ, 0, 0);
-	bufferevent_setwatermark(client, EV_WRITE, 0, 0);
-	bufferevent_setwatermark(upstream, EV_WRITE, 0, 0);
-	bufferevent_enable(client, EV_READ | EV_WRITE);
-	bufferevent_enable(upstream, EV_READ | EV_WRITE);
+	stream_setcb(client, read_cb, write_cb, event_cb, t);
+	stream_setcb(upstream, read_cb, write_cb, event_cb, t);
+	stream_setwatermark(client, EV_READ, 0, 0);
+	stream_setwatermark(upstream, EV_READ, 0, 0);
+	stream_setwatermark(client, EV_WRITE, 0, 0);
+	stream_setwatermark(upstream, EV_WRITE, 0, 0);
+	stream_enable(client, EV_READ | EV_WRITE);
+	stream_enable(upstream, EV_READ | EV_WRITE);
 	/* bytes that arrived with the heads */
 	move(t, client);
 	move(t, upstream);
@@ -108,8 +109,8 @@ void tunnel_free(struct tunnel *t)
 	if (!t || t->freed)
 		return;
 	t->freed = true;
-	bufferevent_setcb(t->c, NULL, NULL, NULL, NULL);
-	bufferevent_free(t->u);
+	stream_setcb(t->c, NULL, NULL, NULL, NULL);
+	stream_free(t->u);
 	t->u = NULL;
 	worker_defer_free(t->w, free, t);
 }

@@ -122,6 +122,9 @@ static void *worker_main(void *arg)
 	dq_cb(-1, 0, w);
 	pool_free_all(w);
 	dq_cb(-1, 0, w);
+	/* streams free their memory from the loop (event_base_once): let those run */
+	event_base_loop(w->base, EVLOOP_NONBLOCK);
+	dq_cb(-1, 0, w);
 	event_free(w->dq_ev);
 	event_free(w->notify_ev);
 	if (w->drain_ev)
@@ -141,11 +144,10 @@ int worker_start(struct worker *w)
 	if (!w->base)
 		return -1;
 	w->dns = evdns_base_new(w->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-	if (!w->dns) {
-		/* no usable resolv.conf: names still resolve from /etc/hosts */
+	if (!w->dns)
 		w->dns = evdns_base_new(w->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-		evdns_base_load_hosts(w->dns, NULL);
-	}
+	/* without a resolv.conf libevent skips /etc/hosts: names must still resolve from it */
+	evdns_base_load_hosts(w->dns, NULL);
 	w->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)w->id + 1;
 	TAILQ_INIT(&w->sessions);
 	w->dq_ev = event_new(w->base, -1, 0, dq_cb, w);

@@ -43,6 +43,8 @@ struct worker {
 	int ndq, capdq;
 	struct event *dq_ev;
 	struct event *notify_ev;
+	struct event *drain_ev;         /* while draining: closes idle connections once no
+	                                 * request is in flight anywhere */
 	bool draining;
 	uint64_t next_sid;
 	int *listen_fds;                /* bound by main, one per configured listener */
@@ -52,6 +54,8 @@ struct worker {
 
 extern struct worker *g_workers[64];
 extern _Atomic bool g_draining;
+/* Exchanges (requests being served, tunnels included) in all workers. */
+extern _Atomic int g_exchanges;
 
 int worker_start(struct worker *w);
 void worker_notify(struct worker *w);

@@ -1,0 +1,58 @@
+/*
+ * stream: a byte stream over one socket, plain or TLS, with an input and an output evbuffer,
+ * callbacks and watermarks in the manner of a libevent bufferevent.
+ *
+ * Why not a bufferevent for plain TCP: a socket bufferevent adds and removes its write event
+ * around every write and asks the kernel how many bytes are readable before every read: six
+ * system calls per proxied request that do no I/O. A plain stream registers its socket once,
+ * edge-triggered for reading and writing; it reads into reserved buffer space until a short
+ * read, and writes its output directly, once per callback round (after every callback that
+ * appended to it has run), asking for writability only when the kernel buffer was full.
+ * TLS streams are bufferevent_openssl underneath: the same API, the library's I/O.
+ *
+ * Callbacks may free the stream (stream_free): memory goes once the loop has unwound.
+ */
+#ifndef RG_STREAM_H
+#define RG_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/socket.h>
+
+#include <event2/bufferevent.h>     /* BEV_EVENT_* names the events below */
+#include <openssl/ssl.h>
+
+struct event_base;
+struct evbuffer;
+struct stream;
+
+typedef void (*stream_data_fn)(struct stream *s, void *arg);
+/* WHAT: BEV_EVENT_CONNECTED, or BEV_EVENT_EOF / BEV_EVENT_ERROR (| BEV_EVENT_READING/WRITING) */
+typedef void (*stream_event_fn)(struct stream *s, short what, void *arg);
+
+enum stream_tls { STREAM_PLAIN, STREAM_TLS_ACCEPT, STREAM_TLS_CONNECT };
+
+/* FD: an accepted socket, or -1 for stream_connect(). SSL (taken) with a TLS mode, or NULL. */
+struct stream *stream_new(struct event_base *base, int fd, SSL *ssl, enum stream_tls mode);
+int stream_connect(struct stream *s, const struct sockaddr *sa, int salen);
+void stream_free(struct stream *s);
+
+/* READ: input grew. WRITE: output drained to the write low-water mark or below (after a
+ * write). EVENT: connected, EOF, error. */
+void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream_event_fn ev,
+                  void *arg);
+struct evbuffer *stream_input(struct stream *s);
+struct evbuffer *stream_output(struct stream *s);
+
+/* EV_READ on or off (output is always written) */
+void stream_enable(struct stream *s, short what);
+void stream_disable(struct stream *s, short what);
+short stream_get_enabled(struct stream *s);
+/* EV_READ: stop reading when input holds HIGH bytes (0: no limit). EV_WRITE: call WRITE when
+ * output is at or below LOW. */
+void stream_setwatermark(struct stream *s, short what, size_t low, size_t high);
+/* Call READ soon, from the loop, even with no new bytes (input already holds some). */
+void stream_trigger_read(struct stream *s);
+int stream_fd(struct stream *s);
+
+#endif
