@@ -65,7 +65,7 @@ $(BUILD)/unit/%: tests/unit/%.c $(LIBOBJS)
 
 # ---------------------------------------------------------------- dependencies
 APT_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev \
-            libcmocka-dev python3 python3-pytest curl redis-server
+            libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang
 deps:
 	@missing=""; for p in $(APT_PKGS); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
