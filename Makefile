@@ -48,7 +48,8 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/unit/%)
 PYTEST    ?= /usr/bin/python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all deps test unit integration run clean fuzz bench demo check-deps
+.PHONY: all deps test unit integration run clean fuzz bench demo
+.SECONDARY:
 
 all: $(BUILD)/retrygate
 
@@ -137,4 +138,7 @@ build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
 fuzz: deps $(FUZZ_BINS)
 	@set -e; for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p build/fuzz/corpus/$$n; \
 	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus/$$n tests/fuzz/corpus/$$n 2>&1 | tail -n 12; done
+	  if ! $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=build/fuzz/$$n- \
+	       build/fuzz/corpus/$$n tests/fuzz/corpus/$$n > build/fuzz/$$n.log 2>&1; then \
+	    tail -n 40 build/fuzz/$$n.log; echo "fuzz: $$n FAILED (artifact under build/fuzz/)"; exit 1; fi; \
+	  grep -E "stat::number_of_executed_units|cov:" build/fuzz/$$n.log | tail -n 2; done

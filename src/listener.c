@@ -201,8 +201,10 @@ struct listener *listener_new(struct worker *w, const char *name, int fd)
 	l->w = w;
 	l->name = xstrdup(name);
 	l->count = lcount_get(name);
+	/* backlog 0: the socket listens already (listener_bind, 1024); -1 would listen() again
+	 * with libevent's default of 128, and a burst of connects would see SYNs dropped */
 	l->evl = evconnlistener_new(w->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
-	                            -1, fd);
+	                            0, fd);
 	evconnlistener_set_error_cb(l->evl, accept_error_cb);
 	l->pause_ev = evtimer_new(w->base, pause_cb, l);
 	return l;
