@@ -334,6 +334,8 @@ static void write_cb(struct stream *bev, void *arg)
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct session *s = arg;
+	if (what & BEV_EVENT_CONNECTED)
+		return;     /* a TLS handshake completed: nothing to do */
 	if (s->state == S_CLOSING && !(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF)) {
 		/* the client half-closed while we flush: keep flushing */
 		stream_disable(bev, EV_READ);

@@ -64,6 +64,8 @@ static void write_cb(struct stream *bev, void *arg)
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct tunnel *t = arg;
+	if (what & BEV_EVENT_CONNECTED)
+		return;
 	if (t->ending || (what & BEV_EVENT_ERROR)) {
 		end(t);
 		return;
