@@ -106,6 +106,18 @@ static void sum_upstream(const struct upstream_state *st, struct usum *u)
 	}
 }
 
+/* the process-wide downstream figures summed over workers */
+static void sum_downstream(int64_t *conns, uint64_t req[6])
+{
+	*conns = 0;
+	memset(req, 0, sizeof(uint64_t) * 6);
+	for (int w = 0; w < g_nworkers; w++) {
+		*conns += LOAD(g_gstats[w].conns_active);
+		for (int i = 1; i < 6; i++)
+			req[i] += LOAD(g_gstats[w].requests[i]);
+	}
+}
+
 static void prom_family(struct evbuffer *o, const char *name, const char *type, const char *help)
 {
 	evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -113,13 +125,9 @@ static void prom_family(struct evbuffer *o, const char *name, const char *type, 
 
 void stats_render_prometheus(struct evbuffer *o)
 {
-	int64_t conns = 0;
-	uint64_t req[6] = { 0 };
-	for (int w = 0; w < g_nworkers; w++) {
-		conns += LOAD(g_gstats[w].conns_active);
-		for (int i = 1; i < 6; i++)
-			req[i] += LOAD(g_gstats[w].requests[i]);
-	}
+	int64_t conns;
+	uint64_t req[6];
+	sum_downstream(&conns, req);
 	prom_family(o, "retrygate_downstream_connections_active", "gauge",
 	            "Client connections open on the proxy listeners.");
 	evbuffer_add_printf(o, "retrygate_downstream_connections_active %" PRId64 "\n", conns);
@@ -199,13 +207,9 @@ void stats_render_prometheus(struct evbuffer *o)
 
 void stats_render_json(struct evbuffer *o)
 {
-	int64_t conns = 0;
-	uint64_t req[6] = { 0 };
-	for (int w = 0; w < g_nworkers; w++) {
-		conns += LOAD(g_gstats[w].conns_active);
-		for (int i = 1; i < 6; i++)
-			req[i] += LOAD(g_gstats[w].requests[i]);
-	}
+	int64_t conns;
+	uint64_t req[6];
+	sum_downstream(&conns, req);
 	evbuffer_add_printf(o, "{\"downstream\":{\"connections_active\":%" PRId64 ",\"requests\":{", conns);
 	for (int i = 1; i < 6; i++)
 		evbuffer_add_printf(o, "%s\"%s\":%" PRIu64, i > 1 ? "," : "", code_label[i], req[i]);
