@@ -40,6 +40,12 @@ struct cfg_route *route_match(const struct cfg_listener *l, const char *host, si
 		if (r->host && (!host || !route_host_matches(r->host, host, hlen)))
 			continue;
 		size_t pl = strlen(r->path_prefix);
+		/* "OPTIONS *" asks about the server as a whole: the catch-all route "/" answers it */
+		if (plen == 1 && path[0] == '*') {
+			if (pl == 1 && r->path_prefix[0] == '/')
+				return r;
+			continue;
+		}
 		if (pl > plen || memcmp(path, r->path_prefix, pl) != 0)
 			continue;
 		return r;

@@ -600,6 +600,13 @@ def test_options_star_is_not_refused(open_gate):
         assert not c.wait_closed(0.3)
 
 
+def test_options_star_goes_to_the_catch_all_route(open_gate):
+    """`OPTIONS *` is about the server as a whole: the route with path_prefix "/" takes it,
+    and it is forwarded with its target unchanged."""
+    q = _served(open_gate, b"OPTIONS * HTTP/1.1\r\n" + H + b"\r\n")
+    assert q.method == "OPTIONS" and q.target == "*"
+
+
 def test_refusals_never_reach_the_upstream_in_total(refusing_gate):
     """After the whole table: the upstream behind the refusing gate never saw a connection,
     and retrygate is alive and ready."""
