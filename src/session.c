@@ -391,6 +391,8 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
 	stream_setwatermark(s->bev, EV_READ, 0, lim.max_header_bytes + 64 * 1024);
 	stream_setwatermark(s->bev, EV_WRITE, CLIENT_LOW, 0);
+	/* a client that stops reading its responses holds nothing for longer than idle_timeout */
+	stream_set_write_timeout(s->bev, s->lcfg->limits.idle_timeout_us);
 	stream_enable(s->bev, EV_READ | EV_WRITE);
 	TAILQ_INSERT_TAIL(&w->sessions, s, link);
 	w->nsessions++;

@@ -38,6 +38,8 @@ struct stream {
 	struct evbuffer *in, *out;
 	struct event *io;               /* plain: the socket, edge-triggered, registered once */
 	struct event *soon;             /* plain: flush the output, read, report */
+	struct event *wr_timer;         /* plain: output stuck with no progress */
+	struct timeval wr_timeout;
 	struct evbuffer_cb_entry *out_cb, *in_cb;
 	stream_data_fn rd, wr;
 	stream_event_fn ev;
@@ -84,21 +86,38 @@ static void do_write(struct stream *s)
 {
 	if (s->connecting || s->broken || s->freed)
 		return;
+	bool progress = false;
 	while (evbuffer_get_length(s->out) > 0) {
 		int n = evbuffer_write(s->out, s->fd);
+		if (n > 0)
+			progress = true;
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return;         /* the next writable edge continues */
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				/* the next writable edge continues; a peer that stops reading for the
+				 * write timeout is reported */
+				if (s->wr_timer && (progress || !evtimer_pending(s->wr_timer, NULL)))
+					evtimer_add(s->wr_timer, &s->wr_timeout);
+				return;
+			}
 			stream_report(s, BEV_EVENT_ERROR | BEV_EVENT_WRITING);
 			return;
 		}
 		if (n == 0)
 			return;
 	}
+	if (s->wr_timer)
+		evtimer_del(s->wr_timer);
 	if (s->wr && evbuffer_get_length(s->out) <= s->wr_low)
 		s->wr(s, s->arg);
+}
+
+static void wr_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct stream *s = arg;
+	if (!s->freed && evbuffer_get_length(s->out) > 0)
+		stream_report(s, BEV_EVENT_TIMEOUT | BEV_EVENT_WRITING);
 }
 
 static void do_read(struct stream *s)
@@ -353,6 +372,8 @@ void stream_free(struct stream *s)
 		if (s->io)
 			event_free(s->io);
 		event_free(s->soon);
+		if (s->wr_timer)
+			event_free(s->wr_timer);
 		evbuffer_remove_cb_entry(s->out, s->out_cb);
 		evbuffer_remove_cb_entry(s->in, s->in_cb);
 		if (s->fd >= 0)
@@ -435,4 +456,16 @@ void stream_trigger_read(struct stream *s)
 	}
 	s->trigger = true;
 	stream_schedule(s);
+}
+
+void stream_set_write_timeout(struct stream *s, int64_t us)
+{
+	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
+	if (s->bev) {
+		bufferevent_set_timeouts(s->bev, NULL, us > 0 ? &tv : NULL);
+		return;
+	}
+	s->wr_timeout = tv;
+	if (us > 0 && !s->wr_timer)
+		s->wr_timer = evtimer_new(s->base, wr_timeout_cb, s);
 }

@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 
 #include <event2/bufferevent.h>     /* BEV_EVENT_* names the events below */
@@ -51,6 +52,9 @@ short stream_get_enabled(struct stream *s);
 /* EV_READ: stop reading when input holds HIGH bytes (0: no limit). EV_WRITE: call WRITE when
  * output is at or below LOW. */
 void stream_setwatermark(struct stream *s, short what, size_t low, size_t high);
+/* Report BEV_EVENT_TIMEOUT|BEV_EVENT_WRITING when output waits US with no byte written (a
+ * peer that stopped reading); 0: never. */
+void stream_set_write_timeout(struct stream *s, int64_t us);
 /* Call READ soon, from the loop, even with no new bytes (input already holds some). */
 void stream_trigger_read(struct stream *s);
 int stream_fd(struct stream *s);

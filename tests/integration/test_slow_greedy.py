@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from harness import (RawConn, build_head, callback, default_binary, parse_response,
+from harness import (wait_for, RawConn, build_head, callback, default_binary, parse_response,
                      raw_request, respond)
 
 pytestmark = pytest.mark.timeout(60)
@@ -230,6 +230,41 @@ def test_client_that_never_reads_a_big_response_keeps_rss_bounded(rg_factory, up
             got += len(d)
         assert got >= 64 * MIB, "only %d bytes after reading resumed" % got
         assert progress["sent"] > sent2
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(60)
+def test_client_that_stops_reading_is_closed_after_idle_timeout(rg_factory, upstream):
+    """A client that stops reading holds its connection, the upstream connection and an
+    in-flight slot no longer than idle_timeout without progress: then all are released."""
+    rg = rg_factory(upstreams={"up": upstream}, listener_limits={"idle_timeout": "2s"})
+    total = 256 * MIB
+    block = b"x" * MIB
+
+    def big(conn, rq):
+        if not conn.send(build_head(200, [("Content-Length", str(total))])):
+            return False
+        sent = 0
+        while sent < total:
+            if not conn.send(block):
+                return False
+            sent += len(block)
+        return False
+    upstream.push(callback(big))
+    c = RawConn(rg.port)
+    try:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        c.send(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n")
+        t0 = time.monotonic()
+        time.sleep(1.0)
+        assert rg.metric("retrygate_upstream_in_flight", upstream="up") == 1
+        wait_for(lambda: rg.metric("retrygate_upstream_in_flight", upstream="up") == 0, 15,
+                 what="in-flight slot released")
+        took = time.monotonic() - t0
+        assert 1.5 < took < 12, took
+        assert rg.metric("retrygate_downstream_connections_active") == 0
+        assert rg.metric("retrygate_upstream_client_aborts_total", upstream="up") == 1
     finally:
         c.close()
 
