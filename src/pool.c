@@ -131,7 +131,11 @@ struct upconn *pool_get(struct pool_ep *pe)
 	struct upconn *c;
 	while ((c = TAILQ_FIRST(&pe->idle))) {
 		pool_unlink(c);
-		if (now - c->idle_since_us > POOL_REUSE_MAX_US || !conn_alive(c)) {
+		/* A close that came in while we were not looking shows on a peek. A connection
+		 * parked within the last POOL_PEEK_AFTER_US was just used: servers close idle
+		 * connections after seconds, so the peek (a system call) is skipped for it. */
+		int64_t idle = now - c->idle_since_us;
+		if (idle > POOL_REUSE_MAX_US || (idle > POOL_PEEK_AFTER_US && !conn_alive(c))) {
 			upconn_close(c);
 			continue;
 		}

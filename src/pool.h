@@ -24,6 +24,7 @@ struct http_msg;
 #define POOL_IDLE_US        (30 * 1000000LL)
 #define POOL_REUSE_MAX_US   (4 * 1000000LL)
 #define POOL_MAX_IDLE       256
+#define POOL_PEEK_AFTER_US  (20 * 1000LL)
 
 struct upconn {
 	struct worker *w;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <event2/dns.h>
@@ -88,21 +89,33 @@ static void begin_drain(struct worker *w)
 	}
 }
 
+/* The main thread's word, through the eventfd: worker loops take no locks, so no other
+ * thread ever calls into them. */
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
+	uint64_t n;
+	while (read(w->wake_fd, &n, sizeof(n)) > 0)
+		;
+	if (atomic_load(&w->stop_requested)) {
+		event_base_loopbreak(w->base);
+		return;
+	}
 	if (atomic_load(&g_draining))
 		begin_drain(w);
 }
 
 void worker_notify(struct worker *w)
 {
-	event_active(w->notify_ev, EV_READ, 0);
+	uint64_t one = 1;
+	ssize_t r = write(w->wake_fd, &one, sizeof(one));
+	(void)r;
 }
 
 void worker_stop(struct worker *w)
 {
-	event_base_loopbreak(w->base);
+	atomic_store(&w->stop_requested, true);
+	worker_notify(w);
 }
 
 static void *worker_main(void *arg)
@@ -127,6 +140,7 @@ static void *worker_main(void *arg)
 	dq_cb(-1, 0, w);
 	event_free(w->dq_ev);
 	event_free(w->notify_ev);
+	close(w->wake_fd);
 	if (w->drain_ev)
 		event_free(w->drain_ev);
 	w->drain_ev = NULL;
@@ -140,7 +154,11 @@ static void *worker_main(void *arg)
 
 int worker_start(struct worker *w)
 {
-	w->base = event_base_new();
+	/* one thread per loop: no locks (cross-thread news comes through wake_fd) */
+	struct event_config *ec = event_config_new();
+	event_config_set_flag(ec, EVENT_BASE_FLAG_NOLOCK);
+	w->base = event_base_new_with_config(ec);
+	event_config_free(ec);
 	if (!w->base)
 		return -1;
 	w->dns = evdns_base_new(w->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
@@ -151,7 +169,11 @@ int worker_start(struct worker *w)
 	w->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)w->id + 1;
 	TAILQ_INIT(&w->sessions);
 	w->dq_ev = event_new(w->base, -1, 0, dq_cb, w);
-	w->notify_ev = event_new(w->base, -1, EV_PERSIST, notify_cb, w);
+	w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (w->wake_fd < 0)
+		return -1;
+	w->notify_ev = event_new(w->base, w->wake_fd, EV_READ | EV_PERSIST, notify_cb, w);
+	event_add(w->notify_ev, NULL);
 	w->rt = runtime_current();
 	w->listeners = xcalloc((size_t)w->nlisteners, sizeof(*w->listeners));
 	for (int i = 0; i < w->nlisteners; i++)

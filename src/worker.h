@@ -1,7 +1,8 @@
 /*
  * worker: one thread, one event loop. Owns its listener sockets (SO_REUSEPORT), client
  * sessions, upstream connection pools and DNS base. Nothing here is touched by another thread
- * except through worker_notify(), which wakes the loop to look at the shared flags.
+ * except through worker_notify(), which wakes the loop (an eventfd) to look at the shared
+ * flags; the loop itself takes no locks.
  *
  * Objects are freed late: worker_defer_free() queues a free that runs once the current
  * callback stack has unwound, so a callback may close an object its caller still holds.
@@ -10,6 +11,7 @@
 #define RG_WORKER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
@@ -43,6 +45,8 @@ struct worker {
 	int ndq, capdq;
 	struct event *dq_ev;
 	struct event *notify_ev;
+	int wake_fd;                    /* eventfd: the main thread's wake-up call */
+	_Atomic bool stop_requested;
 	struct event *drain_ev;         /* while draining: closes idle connections once no
 	                                 * request is in flight anywhere */
 	bool draining;
