@@ -10,13 +10,18 @@ Fixtures
   refusing            a Refusing port (connect refused)
   blackhole           a Blackhole port (connect hangs); skips the test where the kernel does
                       not make connect() block
+  fast_upstream       "127.0.0.1:PORT" of tests/bench/upstream.c, compiled once per session
+                      (fast_upstream_bin); skips the test without a C compiler
 
 Time limits: every test phase (setup, call, teardown) is bounded by SIGALRM: default 120 s
 (env RETRYGATE_TEST_TIMEOUT), per test @pytest.mark.timeout(SECONDS).
 """
 
+import contextlib
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,8 +32,8 @@ for p in (HERE, HERE.parent / "tools"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from harness import (Blackhole, Refusing, Retrygate, RetrygateError, Upstream,  # noqa: E402
-                     make_config)
+from harness import (REPO_ROOT, Blackhole, Refusing, Retrygate, RetrygateError,  # noqa: E402
+                     Upstream, free_port, make_config, port_open, wait_for)
 
 DEFAULT_TIMEOUT = float(os.environ.get("RETRYGATE_TEST_TIMEOUT", "120"))
 _RETRYGATE_KWARGS = ("binary", "env", "args", "wait_ready", "ready_timeout", "start")
@@ -69,31 +74,31 @@ def _unbound(old):
         signal.signal(signal.SIGALRM, old)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    old = _bounded(item, "setup")
+@contextlib.contextmanager
+def _time_limit(item, phase):
+    old = _bounded(item, phase)
     try:
         yield
     finally:
         _unbound(old)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _time_limit(item, "setup"):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    old = _bounded(item, "call")
-    try:
+    with _time_limit(item, "call"):
         yield
-    finally:
-        _unbound(old)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item):
-    old = _bounded(item, "teardown")
-    try:
+    with _time_limit(item, "teardown"):
         yield
-    finally:
-        _unbound(old)
 
 
 # ------------------------------------------------------------------------------- fixtures
@@ -173,6 +178,31 @@ def blackhole():
         pytest.skip("connect() to a full accept queue does not block on this kernel")
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def fast_upstream_bin(tmp_path_factory):
+    """tests/bench/upstream.c compiled (cc -O2); skips the test without it or a C compiler."""
+    src = REPO_ROOT / "tests" / "bench" / "upstream.c"
+    if not src.exists() or not shutil.which("cc"):
+        pytest.skip("no tests/bench/upstream.c or no C compiler")
+    out = tmp_path_factory.mktemp("fastup") / "upstream"
+    subprocess.run(["cc", "-O2", "-o", str(out), str(src)], check=True, timeout=60)
+    return out
+
+
+@pytest.fixture
+def fast_upstream(fast_upstream_bin):
+    """The compiled fast upstream on a free port: its endpoint "127.0.0.1:PORT"."""
+    port = free_port()
+    p = subprocess.Popen([str(fast_upstream_bin), str(port)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: port_open(port, 0.5), 5, what="fast upstream")
+        yield "127.0.0.1:%d" % port
+    finally:
+        p.terminate()
+        p.wait(5)
 
 
 __all__ = ["RetrygateError"]

@@ -40,6 +40,12 @@ Retrygate (rg_factory(config=None, **make_config kwargs) or Retrygate(dict | yam
     rg.send_signal(sig)  rg.stop(sig=SIGTERM, timeout=15) -> rc  rg.kill()  rg.wait_exit()
     rg.stderr_text()  rg.stdout_text()  rg.wait_stderr(regex)
     check_config(cfg) -> CompletedProcess (--check)   run_binary("--version")
+    upstream_block(eps, retry=None, base_retry=FAST_RETRY, **keys) -> one upstream's block,
+          fast backoff (1-2 ms) updated with retry
+
+Helpers
+    wait_for(pred, timeout, what=)  free_port()  port_open(port, timeout)  rss_bytes(pid)
+    InThread(fn, *a, **kw): fn runs in a thread at once; call it (timeout=20) for its result
 
 Raw HTTP (tests/tools/rawclient.py)
     raw_request(port, bytes, read_timeout=2) -> (bytes, closed)
@@ -61,6 +67,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,8 +77,8 @@ if str(TOOLS) not in sys.path:
     sys.path.insert(0, str(TOOLS))
 
 from rawclient import (ConnectionClosed, HeaderMap, HTTPParseError, RawConn,  # noqa: E402
-                       RawResponse, normalize_headers, parse_response, parse_responses,
-                       raw_request)
+                       RawResponse, ResponseMixin, normalize_headers, parse_response,
+                       parse_responses, raw_request)
 from upstream import (ACTIONS, Action, Blackhole, Refusing, Request, Upstream,  # noqa: E402,F401
                       build_head, callback, close, close_before_read, dynamic, echo, interim,
                       make_action, partial, raw, register_action, reset, reset_before_read,
@@ -82,7 +89,7 @@ __all__ = [
     "REPO_ROOT", "Retrygate", "RetrygateError", "Response", "Client", "Metrics",
     "make_config", "render_yaml", "yaml_scalar", "ports_from_yaml", "free_port", "wait_for",
     "http_request", "parse_metrics", "sanitizer_reports", "check_config", "run_binary",
-    "default_binary",
+    "default_binary", "port_open", "rss_bytes", "InThread", "FAST_RETRY", "upstream_block",
     # rawclient
     "ConnectionClosed", "HeaderMap", "HTTPParseError", "RawConn", "RawResponse",
     "normalize_headers", "parse_response", "parse_responses", "raw_request",
@@ -129,6 +136,46 @@ def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
         if time.monotonic() >= end:
             raise AssertionError("timed out after %.1fs waiting for %s" % (timeout, what))
         time.sleep(interval)
+
+
+def port_open(port, timeout=1.0, host=LOOPBACK):
+    """True when a TCP connect to host:port succeeds within timeout seconds."""
+    with socket.socket() as s:
+        s.settimeout(timeout)
+        return s.connect_ex((host, port)) == 0
+
+
+def rss_bytes(pid):
+    """VmRSS of process pid, in bytes (from /proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for pid %d" % pid)
+
+
+class InThread:
+    """fn(*a, **kw), started at once in a daemon thread. Calling the object joins it: returns
+    fn's value or raises what fn raised; AssertionError if it still runs after timeout seconds.
+    .thread is the Thread (thread.join() waits without looking at the outcome)."""
+
+    def __init__(self, fn, *a, **kw):
+        self._box = {}
+        self.thread = threading.Thread(target=self._run, args=(fn, a, kw), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, a, kw):
+        try:
+            self._box["r"] = fn(*a, **kw)
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            self._box["e"] = e
+
+    def __call__(self, timeout=20):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "background request still running"
+        if "e" in self._box:
+            raise self._box["e"]
+        return self._box["r"]
 
 
 # ------------------------------------------------------------------------------- YAML
@@ -241,6 +288,20 @@ def _upstream_spec(spec):
     raise TypeError("upstream spec must be an Upstream, endpoint, list or dict: %r" % (spec,))
 
 
+FAST_RETRY = {"backoff": {"base": "1ms", "max": "2ms"}}
+
+
+def upstream_block(endpoints, retry=None, base_retry=FAST_RETRY, **more):
+    """One upstream's config block: endpoints (one or a list); "retry" is a copy of base_retry
+    (default FAST_RETRY: backoff 1-2 ms) updated with the keys of retry; the other keys
+    (concurrency=, idempotency=, host_rewrite=, ...) are set as given."""
+    r = dict(base_retry)
+    r.update(retry or {})
+    d = {"endpoints": endpoints if isinstance(endpoints, list) else [endpoints], "retry": r}
+    d.update(more)
+    return d
+
+
 def make_config(upstreams, routes=None, listener_limits=None, admin_token=None, workers=1,
                 access_log=None, drain_timeout="2s", port=None, admin_port=None,
                 listener_name="main", listener_tls=None, extra_listeners=(), **extra):
@@ -322,7 +383,7 @@ def _fill_placeholders(text, port=None, admin_port=None):
 
 # ------------------------------------------------------------------------------- HTTP client
 
-class Response:
+class Response(ResponseMixin):
     """status (int), reason, headers (HeaderMap: case-insensitive, multi-value), body (bytes);
     .text, .json(); unpacks as ``status, headers, body``."""
 
@@ -332,16 +393,6 @@ class Response:
         self.headers = headers if isinstance(headers, HeaderMap) else HeaderMap(headers)
         self.body = body
         self.version = version
-
-    @property
-    def text(self):
-        return self.body.decode("utf-8", "replace")
-
-    def json(self):
-        return json.loads(self.body)
-
-    def __iter__(self):
-        return iter((self.status, self.headers, self.body))
 
     def __repr__(self):
         return "<Response %d %r %r body=%r>" % (self.status, self.reason, self.headers.items(),

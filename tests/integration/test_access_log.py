@@ -12,24 +12,13 @@ import time
 
 import pytest
 
-from harness import make_config, reset, respond, stall, wait_for
+from harness import make_config, reset, respond, stall, upstream_block, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
-FAST = {"backoff": {"base": "1ms", "max": "2ms"}}
 REQUIRED = ("time", "request_id", "method", "path", "route", "upstream", "status", "attempts",
             "tries", "retry_refused", "deadline_ms", "deadline_left_ms", "duration_ms",
             "idempotency_key", "outcome")
-
-
-def cfg_one(up, **kw):
-    d = {"endpoints": [up], "retry": dict(FAST)}
-    for k, v in kw.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            d[k].update(v)
-        else:
-            d[k] = v
-    return d
 
 
 def read_lines(path):
@@ -51,7 +40,7 @@ def wait_lines(path, n, timeout=5):
 def logged(rg_factory, upstream, tmp_path):
     """(rg, log path) with one upstream "api" and fast retries."""
     path = tmp_path / "access.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"per_try_timeout": "300ms"})},
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "300ms"})},
                     access_log=path)
     return rg, path
 
@@ -94,7 +83,7 @@ def test_one_json_line_per_request_with_every_field(logged, upstream):
 
 def test_route_in_log(rg_factory, upstream, tmp_path):
     path = tmp_path / "a.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, access_log=path,
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log=path,
                     routes=[{"host": "*.svc", "path_prefix": "/v1", "upstream": "api"}])
     rg.get("/v1/x", {"Host": "a.svc"})
     rg.get("/v2/x", {"Host": "a.svc"})
@@ -189,8 +178,8 @@ def test_malformed_request_is_logged(logged, upstream):
 ])
 def test_outcome_values(rg_factory, upstream, tmp_path, method, action, want_status, want):
     path = tmp_path / "o.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"per_try_timeout": "300ms",
-                                                               "max_attempts": 2})},
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "300ms",
+                                                                    "max_attempts": 2})},
                     access_log=path)
     upstream.set_default({"reset": reset(), "stall": stall(), "ok": respond(200),
                           "404": respond(404), "503": respond(503)}[action])
@@ -203,7 +192,7 @@ def test_outcome_values(rg_factory, upstream, tmp_path, method, action, want_sta
 def test_outcome_unknown_for_post_connect_failure_is_failed(rg_factory, refusing, tmp_path):
     # a connect-failure provably never reached the upstream: not unknown
     path = tmp_path / "c.log"
-    rg = rg_factory(upstreams={"api": cfg_one(refusing)}, access_log=path)
+    rg = rg_factory(upstreams={"api": upstream_block(refusing)}, access_log=path)
     assert rg.post("/x", b"b").status == 502
     (rec,) = wait_lines(path, 1)
     assert rec["outcome"] == "failed" and rec["attempts"] == 3
@@ -214,7 +203,7 @@ def test_outcome_unknown_when_last_attempt_reset_after_earlier_response(rg_facto
     # POST with a key: 503 (retried), then reset: the 503 is relayed, but the last attempt may
     # have executed -> unknown (SPEC §6 "even if an earlier response is relayed")
     path = tmp_path / "u.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"max_attempts": 2})},
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"max_attempts": 2})},
                     access_log=path)
     upstream.push(503, reset())
     r = rg.post("/k", b"b", {"Idempotency-Key": "k1"})
@@ -226,7 +215,7 @@ def test_outcome_unknown_when_last_attempt_reset_after_earlier_response(rg_facto
 
 def test_outcome_unknown_when_deadline_cuts_a_sent_post(rg_factory, upstream, tmp_path):
     path = tmp_path / "d.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"per_try_timeout": "5s"})},
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "5s"})},
                     access_log=path)
     upstream.set_default(stall())
     r = rg.post("/d", b"b", {"X-Timeout-Ms": "300"})
@@ -237,7 +226,7 @@ def test_outcome_unknown_when_deadline_cuts_a_sent_post(rg_factory, upstream, tm
 
 def test_outcome_known_when_post_with_key_retried_to_success(rg_factory, upstream, tmp_path):
     path = tmp_path / "k.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, access_log=path)
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log=path)
     upstream.push(reset(), 200)
     r = rg.post("/k", b"b", {"Idempotency-Key": "k2"})
     assert r.status == 200 and r.headers["X-Retrygate-Attempts"] == "2"
@@ -278,7 +267,7 @@ def test_sigusr1_without_rotation_keeps_appending(logged, upstream):
 
 
 def test_access_log_stdout(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, access_log="stdout")
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log="stdout")
     rg.get("/s1")
     rg.get("/s2")
 
@@ -291,7 +280,7 @@ def test_access_log_stdout(rg_factory, upstream):
 
 
 def test_access_log_off_writes_nothing(rg_factory, upstream, tmp_path):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, access_log="off")
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log="off")
     rg.get("/x")
     time.sleep(0.4)
     assert rg.stdout_text() == ""
@@ -300,7 +289,7 @@ def test_access_log_off_writes_nothing(rg_factory, upstream, tmp_path):
 
 def test_access_log_flushed_at_exit(rg_factory, upstream, tmp_path):
     path = tmp_path / "exit.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, access_log=path)
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log=path)
     for i in range(5):
         rg.get("/%d" % i)
     assert rg.stop() == 0
@@ -309,7 +298,7 @@ def test_access_log_flushed_at_exit(rg_factory, upstream, tmp_path):
 
 def test_access_log_many_workers_whole_lines(rg_factory, upstream, tmp_path):
     path = tmp_path / "many.log"
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, access_log=path, workers=2)
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log=path, workers=2)
 
     def client(n):
         c = rg.client()
@@ -327,7 +316,7 @@ def test_access_log_many_workers_whole_lines(rg_factory, upstream, tmp_path):
 
 def test_reload_changes_access_log_path(rg_factory, upstream, tmp_path):
     p1, p2 = tmp_path / "one.log", tmp_path / "two.log"
-    cfg = make_config(upstreams={"api": cfg_one(upstream)}, access_log=p1)
+    cfg = make_config(upstreams={"api": upstream_block(upstream)}, access_log=p1)
     rg = rg_factory(cfg)
     rg.get("/1")
     wait_lines(p1, 1)
@@ -342,5 +331,5 @@ def test_reload_changes_access_log_path(rg_factory, upstream, tmp_path):
 def test_unwritable_access_log_is_a_startup_error(rg_factory, upstream, tmp_path):
     from harness import RetrygateError
     with pytest.raises(RetrygateError):
-        rg_factory(upstreams={"api": cfg_one(upstream)},
+        rg_factory(upstreams={"api": upstream_block(upstream)},
                    access_log=tmp_path / "no" / "such" / "dir" / "x.log", ready_timeout=5)

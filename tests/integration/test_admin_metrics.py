@@ -13,12 +13,10 @@ import time
 
 import pytest
 
-from harness import (RawConn, REPO_ROOT, free_port, http_request, make_config, parse_metrics,
-                     reset, respond, retry_after, stall, wait_for)
+from harness import (RawConn, http_request, make_config, parse_metrics, reset, respond,
+                     retry_after, stall, upstream_block, wait_for)
 
 pytestmark = pytest.mark.timeout(90)
-
-FAST = {"backoff": {"base": "1ms", "max": "2ms"}}
 
 # SPEC §7: name -> (type, label besides "upstream", allowed values of that label)
 SPEC_METRICS = {
@@ -45,16 +43,6 @@ NO_UPSTREAM_LABEL = {"retrygate_downstream_connections_active",
                      "retrygate_downstream_requests_total"}
 
 
-def cfg_one(up, **kw):
-    d = {"endpoints": [up], "retry": dict(FAST)}
-    for k, v in kw.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            d[k].update(v)
-        else:
-            d[k] = v
-    return d
-
-
 def m(rg, name, **labels):
     return rg.metric(name, **labels)
 
@@ -67,37 +55,6 @@ def families(text):
         if mm:
             out.setdefault(mm.group(2), {})[mm.group(1).lower()] = mm.group(3)
     return out
-
-
-# ------------------------------------------------------------------------------- fast upstream
-
-@pytest.fixture(scope="module")
-def fast_upstream_bin(tmp_path_factory):
-    src = REPO_ROOT / "tests" / "bench" / "upstream.c"
-    if not src.exists() or not shutil.which("cc"):
-        pytest.skip("no tests/bench/upstream.c or no C compiler")
-    out = tmp_path_factory.mktemp("fastup") / "upstream"
-    subprocess.run(["cc", "-O2", "-o", str(out), str(src)], check=True, timeout=60)
-    return out
-
-
-@pytest.fixture
-def fast_upstream(fast_upstream_bin):
-    port = free_port()
-    p = subprocess.Popen([str(fast_upstream_bin), str(port)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: _connectable(port), 5, what="fast upstream")
-        yield "127.0.0.1:%d" % port
-    finally:
-        p.terminate()
-        p.wait(5)
-
-
-def _connectable(port):
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 # ------------------------------------------------------------------------------- promtool
@@ -136,8 +93,8 @@ def test_promtool_check_metrics_after_all_traffic(rg_factory, upstream, refusing
     promtool = shutil.which("promtool")
     if not promtool:
         pytest.skip("promtool not installed (Debian package prometheus)")
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"per_try_timeout": "150ms"}),
-                               "down": cfg_one(refusing)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "150ms"}),
+                               "down": upstream_block(refusing)})
     text0 = rg.metrics_text()
     cp = subprocess.run([promtool, "check", "metrics"], input=text0, capture_output=True,
                         text=True, timeout=30)
@@ -163,7 +120,7 @@ def test_metrics_content_type_and_format(rg):
 # ------------------------------------------------------------------------------- names
 
 def test_every_spec_metric_has_help_type_and_labels(rg_factory, upstream, refusing):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream), "down": cfg_one(refusing)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream), "down": upstream_block(refusing)})
     rg.get("/", {"Host": "api"})
     text = rg.metrics_text()
     fam = families(text)
@@ -196,7 +153,7 @@ def test_every_spec_metric_has_help_type_and_labels(rg_factory, upstream, refusi
 
 def test_histogram_is_well_formed(rg_factory, upstream):
     upstream.on_path("/d300", default=respond(200, delay=0.3))
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     rg.get("/fast")
     rg.get("/d300")
     mx = rg.metrics()
@@ -224,7 +181,7 @@ def test_histogram_is_well_formed(rg_factory, upstream):
 def test_duration_histogram_includes_waits_between_attempts(rg_factory, upstream):
     # client-visible duration: the Retry-After wait before the retry is part of it
     upstream.push(retry_after(1), 200)
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     t0 = time.monotonic()
     r = rg.get("/ra")
     took = time.monotonic() - t0
@@ -240,7 +197,7 @@ def test_duration_histogram_includes_waits_between_attempts(rg_factory, upstream
 
 def test_requests_attempts_retries_responses(rg_factory, upstream):
     upstream.push(503, 200, 502, 503, 200, 200)
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     assert rg.get("/a").status == 200        # 503, 200   -> 2 attempts
     assert rg.get("/b").status == 200        # 502,503,200 -> 3 attempts
     assert rg.get("/c").status == 200        # 200        -> 1 attempt
@@ -260,8 +217,8 @@ def test_outcomes_by_kind(rg_factory, upstream, refusing):
     upstream.on_path("/reset", default=reset())
     upstream.on_path("/stall", default=stall())
     rg = rg_factory(upstreams={
-        "api": cfg_one(upstream, retry={"max_attempts": 2, "per_try_timeout": "200ms"}),
-        "down": cfg_one(refusing, retry={"max_attempts": 2})})
+        "api": upstream_block(upstream, retry={"max_attempts": 2, "per_try_timeout": "200ms"}),
+        "down": upstream_block(refusing, retry={"max_attempts": 2})})
     assert rg.get("/reset", {"Host": "api"}).status == 502
     assert rg.get("/stall", {"Host": "api"}).status == 504
     assert rg.get("/x", {"Host": "down"}).status == 502
@@ -283,8 +240,8 @@ def test_outcomes_by_kind(rg_factory, upstream, refusing):
 def test_rejected_overloaded_and_deadline_exceeded(rg_factory, upstream):
     gate = threading.Event()
     upstream.on_path("/hold", default=respond(200, body=b"held", hold=gate, hold_timeout=20))
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, concurrency={"max_in_flight": 1},
-                                              retry={"per_try_timeout": "10s"})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, concurrency={"max_in_flight": 1},
+                                                   retry={"per_try_timeout": "10s"})})
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("r", rg.get("/hold", timeout=20)))
     t.start()
@@ -320,9 +277,9 @@ def test_rejected_overloaded_and_deadline_exceeded(rg_factory, upstream):
 def test_downstream_requests_by_code_include_own_responses(rg_factory, upstream):
     upstream.on_path("/302", default=respond(302, {"Location": "/"}))
     upstream.on_path("/418", default=418)
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, routes=[{"path_prefix": "/",
-                                                                   "host": "api",
-                                                                   "upstream": "api"}])
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, routes=[{"path_prefix": "/",
+                                                                        "host": "api",
+                                                                        "upstream": "api"}])
     rg.get("/ok", {"Host": "api"})
     rg.get("/302", {"Host": "api"})
     rg.get("/418", {"Host": "api"})
@@ -338,7 +295,7 @@ def test_downstream_requests_by_code_include_own_responses(rg_factory, upstream)
 
 
 def test_downstream_connections_active(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     assert m(rg, "retrygate_downstream_connections_active") == 0
     conns = [RawConn(rg.port) for _ in range(3)]
     try:
@@ -358,7 +315,7 @@ def test_downstream_connections_active(rg_factory, upstream):
 def test_in_flight_gauge_rises_and_returns_to_zero(rg_factory, upstream):
     gate = threading.Event()
     upstream.on_path("/hold", default=respond(200, hold=gate, hold_timeout=20))
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"per_try_timeout": "10s"})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "10s"})})
     ts = [threading.Thread(target=rg.get, args=("/hold",), kwargs={"timeout": 20})
           for _ in range(3)]
     for t in ts:
@@ -381,7 +338,7 @@ def test_in_flight_gauge_rises_and_returns_to_zero(rg_factory, upstream):
 
 def test_in_flight_returns_to_zero_after_client_abort(rg_factory, upstream):
     upstream.on_path("/stall", default=stall())
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"per_try_timeout": "10s"})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "10s"})})
     c = RawConn(rg.port)
     c.send(b"GET /stall HTTP/1.1\r\nHost: h\r\n\r\n")
     upstream.wait_requests(1)
@@ -392,7 +349,7 @@ def test_in_flight_returns_to_zero_after_client_abort(rg_factory, upstream):
 
 def test_retry_budget_tokens_decrease_by_one_per_retry(rg_factory, upstream):
     budget = {"ratio": 0.0, "min_per_second": 0, "max_tokens": 10}
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"budget": budget})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"budget": budget})})
     assert m(rg, "retrygate_upstream_retry_budget_tokens", upstream="api") == 10
     upstream.push(503, 200)                                        # 1 retry
     rg.get("/1")
@@ -410,7 +367,7 @@ def test_retry_budget_tokens_decrease_by_one_per_retry(rg_factory, upstream):
 
 def test_retry_budget_tokens_ratio_deposit_and_refusal(rg_factory, upstream):
     budget = {"ratio": 0.5, "min_per_second": 0, "max_tokens": 2}
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"budget": budget})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"budget": budget})})
     upstream.push(503, 503, 200)                       # 2 retries: first attempt +0.5 (capped)
     assert rg.get("/a").status == 200
     tok = m(rg, "retrygate_upstream_retry_budget_tokens", upstream="api")
@@ -437,8 +394,8 @@ def test_retry_budget_tokens_ratio_deposit_and_refusal(rg_factory, upstream):
 
 def test_retry_budget_refills_with_time(rg_factory, upstream):
     budget = {"ratio": 0.0, "min_per_second": 10, "max_tokens": 3}
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"budget": budget,
-                                                                "max_attempts": 4})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"budget": budget,
+                                                                     "max_attempts": 4})})
     upstream.push(503, 503, 503, 200)
     rg.get("/spend")
     assert m(rg, "retrygate_upstream_retry_budget_tokens", upstream="api") < 1
@@ -452,7 +409,7 @@ def test_retry_budget_refills_with_time(rg_factory, upstream):
 
 
 def test_retries_refused_reasons_counted(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"max_attempts": 2})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"max_attempts": 2})})
     upstream.push(503, 503)
     r = rg.get("/max")
     assert r.headers.get("X-Retrygate-Retry-Refused") == "max-attempts"
@@ -478,7 +435,7 @@ def test_retries_refused_reasons_counted(rg_factory, upstream):
 
 
 def test_idempotency_counters(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, idempotency={"enabled": True})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, idempotency={"enabled": True})})
     h = {"Idempotency-Key": "k-1", "Content-Type": "text/plain"}
     assert rg.post("/pay", b"one", h).status == 200
     r = rg.post("/pay", b"one", h)
@@ -494,8 +451,8 @@ def test_idempotency_counters(rg_factory, upstream):
 def test_idempotency_conflict_counter(rg_factory, upstream):
     gate = threading.Event()
     upstream.on_path("/slow", default=respond(200, hold=gate, hold_timeout=20))
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, idempotency={"enabled": True},
-                                              retry={"per_try_timeout": "10s"})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, idempotency={"enabled": True},
+                                                   retry={"per_try_timeout": "10s"})})
     h = {"Idempotency-Key": "k-2"}
     t = threading.Thread(target=rg.post, args=("/slow", b"b", h), kwargs={"timeout": 20})
     t.start()
@@ -513,8 +470,8 @@ def test_idempotency_conflict_counter(rg_factory, upstream):
 def test_stats_has_the_same_figures_as_metrics(rg_factory, upstream, refusing):
     upstream.push(503, 200, respond(200, delay=0.05), reset(), 200, 404)
     still = {"budget": {"min_per_second": 0}}          # tokens do not move between scrapes
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry=still),
-                               "down": cfg_one(refusing, retry=still)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry=still),
+                               "down": upstream_block(refusing, retry=still)})
     rg.get("/a", {"Host": "api"})
     rg.get("/b", {"Host": "api"})
     rg.get("/c", {"Host": "api"})
@@ -522,6 +479,9 @@ def test_stats_has_the_same_figures_as_metrics(rg_factory, upstream, refusing):
     rg.get("/e", {"Host": "down"})
     rg.get("/f", {"Host": "nowhere"})
     rg.get("/g", {"Host": "api", "X-Timeout-Ms": "0"})
+    # the clients' connections close asynchronously: compare once the gauge has settled
+    wait_for(lambda: rg.metric("retrygate_downstream_connections_active") == 0, 10,
+             what="client connections closed")
     mx = rg.metrics()
     st = rg.stats()
     ds = st["downstream"]
@@ -551,7 +511,7 @@ def test_stats_has_the_same_figures_as_metrics(rg_factory, upstream, refusing):
 
 
 def test_stats_amplification_last_minute(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     upstream.push(503, 200, 503, 503, 200, 200, 200)
     for p in ("/1", "/2", "/3", "/4"):
         assert rg.get(p).status == 200
@@ -563,7 +523,7 @@ def test_stats_amplification_last_minute(rg_factory, upstream):
 
 def test_stats_held_endpoints_with_hold_time(rg_factory, upstream_factory):
     a, b = upstream_factory(name="A"), upstream_factory(name="B")
-    rg = rg_factory(upstreams={"api": {"endpoints": [a, b], "retry": dict(FAST)}})
+    rg = rg_factory(upstreams={"api": upstream_block([a, b])})
     st = rg.stats()["upstreams"]["api"]
     assert st["held_endpoints"] == {}
     a.push(retry_after(5))
@@ -579,9 +539,8 @@ def test_stats_held_endpoints_with_hold_time(rg_factory, upstream_factory):
 
 
 def test_stats_per_upstream_budget_and_in_flight(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"budget": {"max_tokens": 7,
-                                                                           "ratio": 0,
-                                                                           "min_per_second": 0}})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={
+        "budget": {"max_tokens": 7, "ratio": 0, "min_per_second": 0}})})
     u = rg.stats()["upstreams"]["api"]
     assert u["retry_budget_tokens"] == 7 and u["in_flight"] == 0
     upstream.push(503)
@@ -595,10 +554,10 @@ def test_config_redacts_admin_token_and_store_password(rg_factory, upstream):
     token = "tok-9f8e7d6c5b4a"
     password = "hunter2-pw-xyz"
     rg = rg_factory(upstreams={
-        "api": cfg_one(upstream),
-        "pay": cfg_one(upstream, idempotency={"enabled": True,
-                                              "store": "redis://app:%s@127.0.0.1:6390/2"
-                                              % password})},
+        "api": upstream_block(upstream),
+        "pay": upstream_block(upstream, idempotency={"enabled": True,
+                                                   "store": "redis://app:%s@127.0.0.1:6390/2"
+                                                   % password})},
         admin_token=token)
     r = rg.admin("GET", "/config")
     assert r.status == 200 and "json" in r.headers.get("Content-Type", "")
@@ -621,7 +580,7 @@ def test_config_without_token_shows_it_empty(rg):
 
 
 def test_config_password_only_url_redacted(rg_factory, upstream):
-    rg = rg_factory(upstreams={"pay": cfg_one(upstream, idempotency={
+    rg = rg_factory(upstreams={"pay": upstream_block(upstream, idempotency={
         "enabled": True, "store": "redis://:sekr1t-only@127.0.0.1:6391/0"})})
     body = rg.admin("GET", "/config").body
     assert b"sekr1t-only" not in body
@@ -631,7 +590,7 @@ def test_config_password_only_url_redacted(rg_factory, upstream):
 
 def test_retries_get_and_post_per_upstream(rg_factory, upstream_factory):
     a, b = upstream_factory(name="A"), upstream_factory(name="B")
-    rg = rg_factory(upstreams={"a": cfg_one(a), "b": cfg_one(b)})
+    rg = rg_factory(upstreams={"a": upstream_block(a), "b": upstream_block(b)})
     r = rg.admin("GET", "/retries")
     assert r.status == 200 and "json" in r.headers.get("Content-Type", "")
     assert r.json() == {"a": True, "b": True}
@@ -653,7 +612,7 @@ def test_retries_get_and_post_per_upstream(rg_factory, upstream_factory):
 
 def test_retries_post_without_upstream_switches_all(rg_factory, upstream_factory):
     a, b = upstream_factory(name="A"), upstream_factory(name="B")
-    rg = rg_factory(upstreams={"a": cfg_one(a), "b": cfg_one(b)})
+    rg = rg_factory(upstreams={"a": upstream_block(a), "b": upstream_block(b)})
     r = rg.set_retries(False)
     assert r.status == 200 and r.json() == {"a": False, "b": False}
     assert rg.stats()["upstreams"]["a"]["retries_enabled"] is False
@@ -674,7 +633,7 @@ def test_retries_bad_enabled_value_not_applied(rg):
 
 
 def test_retries_token_required_when_set(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": cfg_one(upstream)}, admin_token="t0ken")
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, admin_token="t0ken")
     assert rg.set_retries(False, "api").status == 403                 # no bearer
     assert rg.set_retries(False, "api", token="wrong").status == 403
     assert rg.set_retries(False, "api", token="t0ken-and-more").status == 403
@@ -690,7 +649,7 @@ def test_retries_token_required_when_set(rg_factory, upstream):
 
 
 def test_admin_token_follows_reload(rg_factory, upstream):
-    cfg = make_config(upstreams={"api": cfg_one(upstream)}, admin_token="old-token")
+    cfg = make_config(upstreams={"api": upstream_block(upstream)}, admin_token="old-token")
     rg = rg_factory(cfg)
     new = copy.deepcopy(cfg)
     new["admin"]["token"] = "new-token"
@@ -706,12 +665,12 @@ def test_retries_loopback_without_token(rg):
 
 def test_retries_switch_survives_sighup(rg_factory, upstream_factory):
     a, b = upstream_factory(name="A"), upstream_factory(name="B")
-    cfg = make_config(upstreams={"a": cfg_one(a), "b": cfg_one(b)})
+    cfg = make_config(upstreams={"a": upstream_block(a), "b": upstream_block(b)})
     rg = rg_factory(cfg)
     rg.set_retries(False, "a")
     new = copy.deepcopy(cfg)
     new["upstreams"]["a"]["retry"]["max_attempts"] = 4
-    new["upstreams"]["c"] = cfg_one(b.endpoint)
+    new["upstreams"]["c"] = upstream_block(b.endpoint)
     rg.reload(new)
     assert rg.config_json()["upstreams"]["a"]["retry"]["max_attempts"] == 4
     assert rg.retries() == {"a": False, "b": True, "c": True}
@@ -722,7 +681,7 @@ def test_retries_switch_survives_sighup(rg_factory, upstream_factory):
 
 def test_retry_enabled_false_in_config_shows_runtime_switch(rg_factory, upstream):
     # the runtime switch is independent of retry.enabled; retries need both
-    rg = rg_factory(upstreams={"api": cfg_one(upstream, retry={"enabled": False})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"enabled": False})})
     assert rg.retries() == {"api": True}
     upstream.push(503)
     r = rg.get("/")

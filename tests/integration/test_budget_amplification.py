@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness import echo, http_request, reset, respond, retry_after, stall
+from harness import echo, http_request, reset, respond, retry_after, stall, upstream_block
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,11 +29,7 @@ REFUSED = "retrygate_upstream_retries_refused_total"
 
 
 def api(up, retry=None, **more):
-    r = dict(FAST)
-    r.update(retry or {})
-    d = {"endpoints": [up], "retry": r}
-    d.update(more)
-    return {"api": d}
+    return {"api": upstream_block(up, retry, base_retry=FAST, **more)}
 
 
 def dead_budget(max_tokens=5, ratio=0.1, min_per_second=0):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from harness import RawConn, echo, respond, slow_body, stall
+from harness import RawConn, echo, respond, slow_body, stall, upstream_block
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -24,13 +24,9 @@ GRPC_UNITS_MS = {"H": 3600000.0, "M": 60000.0, "S": 1000.0, "m": 1.0, "u": 0.001
 
 def api(up, retry=None, deadline=None, **more):
     """Upstream "api" config: the given endpoint(s), fast backoff unless retry says otherwise."""
-    r = dict(FAST)
-    r.update(retry or {})
-    d = {"endpoints": up if isinstance(up, list) else [up], "retry": r}
-    if deadline:
-        d["deadline"] = deadline
-    d.update(more)
-    return {"api": d}
+    extra = {"deadline": deadline} if deadline else {}
+    extra.update(more)
+    return {"api": upstream_block(up, retry, base_retry=FAST, **extra)}
 
 
 def grpc_ms(v):

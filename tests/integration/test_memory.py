@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness import REPO_ROOT, callback, free_port, wait_for
+from harness import callback, rss_bytes
 
 STREAM_BYTES = int(os.environ.get("RETRYGATE_STREAM_BYTES", str(1 << 30)))
 MEM_REQUESTS = int(os.environ.get("RETRYGATE_MEMORY_REQUESTS", "100000"))
@@ -23,14 +23,6 @@ CHUNK = 1 << 20
 # small ASan quarantine: freed buffers must not look like a leak of the streaming path
 SAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:quarantine_size_mb=16:"
                            "malloc_context_size=5"}
-
-
-def rss_bytes(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1]) * 1024
-    raise AssertionError("no VmRSS for %d" % pid)
 
 
 class RssSampler:
@@ -310,33 +302,6 @@ def test_slow_reader_download_does_not_buffer(rg_factory, upstream):
 
 
 # ------------------------------------------------------------------------------- flat RSS
-
-@pytest.fixture(scope="module")
-def fast_upstream_bin(tmp_path_factory):
-    src = REPO_ROOT / "tests" / "bench" / "upstream.c"
-    if not src.exists() or not shutil.which("cc"):
-        pytest.skip("no tests/bench/upstream.c or no C compiler")
-    out = tmp_path_factory.mktemp("fastup") / "upstream"
-    subprocess.run(["cc", "-O2", "-o", str(out), str(src)], check=True, timeout=60)
-    return out
-
-
-@pytest.fixture
-def fast_upstream(fast_upstream_bin):
-    port = free_port()
-    p = subprocess.Popen([str(fast_upstream_bin), str(port)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        def up():
-            with socket.socket() as s:
-                s.settimeout(0.5)
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_for(up, 5, what="fast upstream")
-        yield "127.0.0.1:%d" % port
-    finally:
-        p.terminate()
-        p.wait(5)
-
 
 WRK_SCRIPT = r"""
 local n = 0

@@ -4,13 +4,12 @@ drain, several workers, and the stderr log."""
 import copy
 import re
 import signal
-import socket
 import threading
 import time
 
 import pytest
 
-from harness import RawConn, make_config, respond, stall, wait_for
+from harness import InThread, RawConn, make_config, port_open, respond, stall, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,34 +20,6 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z? +[A-Z]+ ")
 def SLOW_OK(up):
     """An upstream block whose attempts may take a few seconds (per_try_timeout 5s)."""
     return {"endpoints": [up], "retry": {"per_try_timeout": "5s"}}
-
-
-def bg(fn, *a, **kw):
-    """Run fn in a thread; returns (thread, box) where box["r"] / box["e"] get the result."""
-    box = {}
-
-    def run():
-        try:
-            box["r"] = fn(*a, **kw)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            box["e"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
-
-
-def result(t, box, timeout=20):
-    t.join(timeout)
-    assert not t.is_alive(), "background request still running"
-    if "e" in box:
-        raise box["e"]
-    return box["r"]
-
-
-def port_open(port):
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 # ------------------------------------------------------------------------------- health
@@ -131,14 +102,14 @@ def test_sighup_in_flight_request_finishes_on_old_config(rg_factory, upstream_fa
     a.on_path("/slow", default=respond(200, {"X-Upstream": "A"}, b"old-config", delay=1.0))
     cfg = make_config(upstreams={"a": SLOW_OK(a), "b": b}, routes=[{"upstream": "a"}])
     rg = rg_factory(cfg)
-    t, box = bg(rg.get, "/slow", timeout=15)
+    t = InThread(rg.get, "/slow", timeout=15)
     a.wait_requests(1)
     new = copy.deepcopy(cfg)
     new["listeners"][0]["routes"] = [{"upstream": "b"}]
     del new["upstreams"]["a"]
     rg.reload(new)
     assert rg.get("/slow").headers["X-Upstream"] == "B"      # new requests: new config
-    r = result(t, box)
+    r = t()
     assert r.status == 200 and r.body == b"old-config"
     assert r.headers["X-Upstream"] == "A"
     assert rg.running
@@ -150,12 +121,12 @@ def test_sighup_in_flight_retries_keep_old_upstream_settings(rg_factory, upstrea
     cfg = make_config(upstreams={"api": {"endpoints": [upstream],
                                          "retry": dict(FAST, max_attempts=3)}})
     rg = rg_factory(cfg)
-    t, box = bg(rg.get, "/r", timeout=15)
+    t = InThread(rg.get, "/r", timeout=15)
     upstream.wait_requests(1)
     new = copy.deepcopy(cfg)
     new["upstreams"]["api"]["retry"]["max_attempts"] = 1
     rg.reload(new)
-    r = result(t, box)
+    r = t()
     assert r.status == 200 and r.headers["X-Retrygate-Attempts"] == "3"
     upstream.push(503)
     r = rg.get("/after")
@@ -230,7 +201,7 @@ def test_sighup_keeps_hold_by_upstream_name(rg_factory, upstream):
 def test_sigterm_drain_in_flight_finishes_ready_503_exit_0(rg_factory, upstream):
     upstream.on_path("/slow", default=respond(200, body=b"finished", delay=1.5))
     rg = rg_factory(upstreams={"api": SLOW_OK(upstream)}, drain_timeout="10s")
-    t, box = bg(rg.get, "/slow", timeout=15)
+    t = InThread(rg.get, "/slow", timeout=15)
     upstream.wait_requests(1)
     rg.send_signal(signal.SIGTERM)
     wait_for(lambda: rg.ready() == 503, 3, what="/ready 503 while draining")
@@ -239,7 +210,7 @@ def test_sigterm_drain_in_flight_finishes_ready_503_exit_0(rg_factory, upstream)
     assert rg.admin("GET", "/healthz").status == 200
     # the listener is closed: a new connection is refused
     wait_for(lambda: not port_open(rg.port), 2, what="the listener to close")
-    r = result(t, box)
+    r = t()
     assert r.status == 200 and r.body == b"finished"
     assert rg.wait_exit(10) == 0
 
@@ -247,11 +218,11 @@ def test_sigterm_drain_in_flight_finishes_ready_503_exit_0(rg_factory, upstream)
 def test_sigint_drains_like_sigterm(rg_factory, upstream):
     upstream.on_path("/slow", default=respond(200, body=b"done", delay=1.0))
     rg = rg_factory(upstreams={"api": SLOW_OK(upstream)}, drain_timeout="10s")
-    t, box = bg(rg.get, "/slow", timeout=15)
+    t = InThread(rg.get, "/slow", timeout=15)
     upstream.wait_requests(1)
     rg.send_signal(signal.SIGINT)
     wait_for(lambda: rg.ready() == 503, 3, what="/ready 503 while draining")
-    assert result(t, box).body == b"done"
+    assert t().body == b"done"
     assert rg.wait_exit(10) == 0
 
 
@@ -262,7 +233,7 @@ def test_drain_request_on_open_keepalive_connection_gets_connection_close(rg_fac
         ka.send(b"GET /first HTTP/1.1\r\nHost: h\r\n\r\n")
         r = ka.read_response()
         assert r.status == 200 and "close" not in r.headers.get("Connection", "").lower()
-        t, box = bg(rg.get, "/slow", timeout=15)        # keeps the drain going
+        t = InThread(rg.get, "/slow", timeout=15)        # keeps the drain going
         upstream.wait_requests(2)
         rg.send_signal(signal.SIGTERM)
         wait_for(lambda: rg.ready() == 503, 3, what="draining")
@@ -271,7 +242,7 @@ def test_drain_request_on_open_keepalive_connection_gets_connection_close(rg_fac
         assert r.status == 200
         assert r.headers.get("Connection", "").lower() == "close"
         assert ka.wait_closed(5)
-        assert result(t, box).body == b"slow"
+        assert t().body == b"slow"
     assert rg.wait_exit(10) == 0
     assert [q.path for q in upstream.requests] == ["/first", "/slow", "/during"]
 
@@ -330,23 +301,23 @@ def test_drain_timeout_zero_does_not_wait(rg_factory, upstream):
     if cp.returncode != 0:
         pytest.skip("drain_timeout 0 refused by --check: %s" % cp.stderr.strip())
     rg = rg_factory(cfg)
-    t, box = bg(lambda: rg.get("/slow", timeout=10))
+    t = InThread(lambda: rg.get("/slow", timeout=10))
     upstream.wait_requests(1)
     t0 = time.monotonic()
     rg.send_signal(signal.SIGTERM)
     assert rg.wait_exit(5) == 0
     assert time.monotonic() - t0 < 2
-    t.join(10)
+    t.thread.join(10)
 
 
 def test_drain_with_two_workers(rg_factory, upstream):
     upstream.on_path("/slow", default=respond(200, body=b"x", delay=1.0))
     rg = rg_factory(upstreams={"api": SLOW_OK(upstream)}, workers=2, drain_timeout="10s")
-    ts = [bg(rg.get, "/slow", timeout=15) for _ in range(6)]
+    ts = [InThread(rg.get, "/slow", timeout=15) for _ in range(6)]
     upstream.wait_requests(6)
     rg.send_signal(signal.SIGTERM)
-    for t, box in ts:
-        assert result(t, box).status == 200
+    for t in ts:
+        assert t().status == 200
     assert rg.wait_exit(10) == 0
 
 
@@ -357,7 +328,7 @@ def test_sighup_keeps_in_flight_counts(rg_factory, upstream):
                                          "retry": {"per_try_timeout": "10s"},
                                          "concurrency": {"max_in_flight": 1}}})
     rg = rg_factory(cfg)
-    t, box = bg(rg.get, "/hold", timeout=20)
+    t = InThread(rg.get, "/hold", timeout=20)
     try:
         upstream.wait_requests(1)
         new = copy.deepcopy(cfg)
@@ -368,7 +339,7 @@ def test_sighup_keeps_in_flight_counts(rg_factory, upstream):
         assert r.status == 503 and r.headers["X-Retrygate-Reason"] == "overloaded"
     finally:
         gate.set()
-    assert result(t, box).body == b"held"
+    assert t().body == b"held"
     assert rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api") == 0
 
 
@@ -402,15 +373,15 @@ def test_workers_share_the_in_flight_cap(rg_factory, upstream):
     rg = rg_factory(upstreams={"api": {"endpoints": [upstream],
                                        "retry": {"per_try_timeout": "10s"},
                                        "concurrency": {"max_in_flight": 2}}}, workers=2)
-    held = [bg(rg.get, "/hold", timeout=20) for _ in range(2)]
+    held = [InThread(rg.get, "/hold", timeout=20) for _ in range(2)]
     try:
         upstream.wait_requests(2)
         statuses = [rg.get("/hold").status for _ in range(8)]    # 8 more connections
         assert statuses == [503] * 8, statuses
     finally:
         gate.set()
-    for t, box in held:
-        assert result(t, box).status == 200
+    for t in held:
+        assert t().status == 200
     assert rg.metric("retrygate_upstream_rejected_total", upstream="api",
                      reason="overloaded") == 8
 

@@ -15,23 +15,9 @@ import time
 import pytest
 
 from harness import (RawConn, callback, close, parse_response, parse_responses, reset, respond,
-                     slow_body, stall, wait_for)
+                     slow_body, stall, upstream_block, wait_for)
 
 pytestmark = pytest.mark.timeout(60)
-
-FAST_RETRY = {"backoff": {"base": "1ms", "max": "2ms"}}
-
-
-def one(upstream, **kw):
-    """The upstream block of a single upstream "api" with fast retries."""
-    d = {"endpoints": [upstream], "retry": dict(FAST_RETRY)}
-    for k, v in kw.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            d[k].update(v)
-        else:
-            d[k] = v
-    return d
-
 
 def get(path="/", host="svc", extra=b""):
     return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\n" + extra + \
@@ -212,7 +198,7 @@ def test_startup_does_not_wait_for_name_resolution(rg_factory, upstream):
 # ------------------------------------------------------------------------------- pooling
 
 def test_upstream_connections_are_pooled_and_reused(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     for i in range(5):
         assert rg.get("/p%d" % i).status == 200       # a new client connection each time
     reqs = upstream.wait_requests(5)
@@ -223,7 +209,7 @@ def test_upstream_connections_are_pooled_and_reused(rg_factory, upstream):
 
 def test_no_reuse_after_connection_close_response(rg_factory, upstream):
     upstream.push(respond(200, body=b"one", keep_alive=False), 200, 200)
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     assert rg.get("/1").body == b"one"
     assert rg.get("/2").status == 200
     assert rg.get("/3").status == 200
@@ -236,7 +222,7 @@ def test_no_reuse_after_connection_close_response(rg_factory, upstream):
 def test_no_reuse_after_http10_response_without_keepalive(rg_factory, upstream):
     upstream.push(respond(200, body=b"ten", version="HTTP/1.0", headers={"Connection": "x"}),
                   200)
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     r = rg.get("/1")
     assert r.status == 200 and r.body == b"ten"
     assert rg.get("/2").status == 200
@@ -246,7 +232,7 @@ def test_no_reuse_after_http10_response_without_keepalive(rg_factory, upstream):
 
 def test_no_reuse_after_close_delimited_body(rg_factory, upstream):
     upstream.push(respond(200, body=b"until-close", content_length=False), 200)
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     r = rg.get("/1")
     assert r.status == 200 and r.body == b"until-close"
     assert rg.get("/2").status == 200
@@ -255,7 +241,7 @@ def test_no_reuse_after_close_delimited_body(rg_factory, upstream):
 
 
 def test_pooled_connection_closed_by_upstream_is_replaced(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream, retry={"max_attempts": 1})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"max_attempts": 1})})
     assert rg.get("/1").status == 200
     upstream.wait_requests(1)
     wait_for(lambda: upstream.idle_connections(), 5, what="the pooled connection to be idle")
@@ -269,7 +255,7 @@ def test_pooled_connection_closed_by_upstream_is_replaced(rg_factory, upstream):
 
 
 def test_curl_keepalive_sequence_reuses_the_client_connection(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     cp = subprocess.run(["curl", "-sv", "--max-time", "10", rg.url("/one"), rg.url("/two"),
                          rg.url("/three")], capture_output=True, text=True, timeout=20)
     assert cp.returncode == 0, cp.stderr
@@ -282,7 +268,7 @@ def test_curl_keepalive_sequence_reuses_the_client_connection(rg_factory, upstre
 # ------------------------------------------------------------------------------- bodies
 
 def test_content_length_request_body(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     body = os.urandom(10000)
     r = rg.request("PUT", "/cl", body=body)
     assert r.status == 200
@@ -294,7 +280,7 @@ def test_content_length_request_body(rg_factory, upstream):
 
 
 def test_chunked_request_body_small_and_large(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     small = [b"abc", b"defgh", b"i" * 100]
     r = rg.request("POST", "/chunked-small", body=small, chunked=True)
     assert r.status == 200
@@ -310,7 +296,7 @@ def test_chunked_request_body_small_and_large(rg_factory, upstream):
 
 
 def test_chunked_request_extensions_and_trailers_dropped(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     data, _ = rg.raw(b"POST /t HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
                      b"3;name=val\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n")
     assert parse_response(data).status == 200
@@ -323,7 +309,7 @@ def test_chunked_request_extensions_and_trailers_dropped(rg_factory, upstream):
 def test_content_length_response(rg_factory, upstream):
     body = os.urandom(50000)
     upstream.push(respond(200, {"Content-Type": "application/octet-stream"}, body))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(get("/"))
         r = c.read_response()
@@ -334,7 +320,7 @@ def test_content_length_response(rg_factory, upstream):
 def test_chunked_response_relayed_chunked(rg_factory, upstream):
     pieces = [b"first-", os.urandom(20000), b"-last"]
     upstream.push(respond(200, body=pieces, chunked=True, trailers={"X-T": "1"}))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(get("/"))
         r = c.read_response()
@@ -347,7 +333,7 @@ def test_chunked_response_relayed_chunked(rg_factory, upstream):
 def test_chunked_response_to_http10_client(rg_factory, upstream):
     pieces = [b"abc", b"def"]
     upstream.push(respond(200, body=pieces, chunked=True))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     data, closed = rg.raw(b"GET / HTTP/1.0\r\nHost: h\r\n\r\n", read_timeout=5)
     r = parse_response(data)
     # an HTTP/1.0 client cannot read chunked: the body ends with the connection
@@ -358,7 +344,7 @@ def test_chunked_response_to_http10_client(rg_factory, upstream):
 
 def test_close_delimited_response_to_http11_client(rg_factory, upstream):
     upstream.push(respond(200, body=[b"no-", b"length"], content_length=False))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(get("/"))
         r = c.read_response()
@@ -367,7 +353,7 @@ def test_close_delimited_response_to_http11_client(rg_factory, upstream):
 
 
 def test_http10_client_keepalive(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(b"GET /a HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n")
         r = c.read_response()
@@ -380,7 +366,7 @@ def test_http10_client_keepalive(rg_factory, upstream):
 
 def test_head_response_has_no_body(rg_factory, upstream):
     upstream.push(respond(200, {"Content-Length": "1234"}))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(b"HEAD /h HTTP/1.1\r\nHost: h\r\n\r\n" + get("/after"))
         r = c.read_response("HEAD")
@@ -395,7 +381,7 @@ def test_head_response_has_no_body(rg_factory, upstream):
 @pytest.mark.parametrize("status", [204, 304])
 def test_204_304_have_no_body(rg_factory, upstream, status):
     upstream.push(respond(status, {"ETag": '"x"'}))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(get("/n") + get("/after"))
         r = c.read_response()
@@ -413,7 +399,7 @@ def test_pipelined_requests_answered_in_order(rg_factory, upstream):
     upstream.on_path("/2", respond(201, body=b"two", delay=0.1))
     upstream.on_path("/3", respond(202, body=b"three"))
     upstream.on_path("/4", respond(200, body=b"four", chunked=True))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(get("/1") + get("/2") + b"HEAD /3 HTTP/1.1\r\nHost: h\r\n\r\n" + get("/4"))
         rs = [c.read_response(m) for m in ("GET", "GET", "HEAD", "GET")]
@@ -422,7 +408,7 @@ def test_pipelined_requests_answered_in_order(rg_factory, upstream):
 
 
 def test_pipelined_raw_single_write_with_bodies(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     reqs = b"".join(b"POST /p%d HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nab%d" % (i, i)
                     for i in range(5))
     data, _ = rg.raw(reqs, read_timeout=3)
@@ -435,7 +421,7 @@ def test_pipelined_raw_single_write_with_bodies(rg_factory, upstream):
 # ------------------------------------------------------------------------------- Expect
 
 def test_expect_100_continue_small_body(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(b"POST /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
         i = c.read_interim(timeout=3)
@@ -448,7 +434,7 @@ def test_expect_100_continue_small_body(rg_factory, upstream):
 
 
 def test_expect_100_continue_large_streamed_body(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     body = os.urandom(200000)                             # > retry.max_body: streamed
     with RawConn(rg.port) as c:
         c.send(b"PUT /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
@@ -466,7 +452,7 @@ def test_expect_100_continue_large_streamed_body(rg_factory, upstream):
 def test_expect_100_continue_refused_without_reading_body(rg_factory, upstream):
     # the upstream answers a final status at once: the client gets it without a 100
     upstream.push(respond(417, body=b"no", expect_continue=False, read_body=False))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     body = os.urandom(200000)
     with RawConn(rg.port) as c:
         c.send(b"PUT /e HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\n"
@@ -500,7 +486,7 @@ def _ws_upstream(banner=b"server-first:"):
 
 def test_upgrade_tunnel_bytes_both_ways(rg_factory, upstream):
     upstream.push(_ws_upstream())
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                b"Sec-WebSocket-Key: abc\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -538,7 +524,7 @@ def test_upgrade_upstream_closes_tunnel(rg_factory, upstream):
                   b"Connection: Upgrade\r\n\r\nbye")
         return False
     upstream.push(callback(fn))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
         r = c.read_response()
@@ -550,7 +536,7 @@ def test_upgrade_upstream_closes_tunnel(rg_factory, upstream):
 
 def test_upgrade_refused_by_upstream_is_a_plain_response(rg_factory, upstream):
     upstream.push(respond(200, body=b"no upgrade here"))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
         r = c.read_response()
@@ -560,7 +546,7 @@ def test_upgrade_refused_by_upstream_is_a_plain_response(rg_factory, upstream):
 # ------------------------------------------------------------------------------- headers
 
 def test_hop_by_hop_request_headers_not_forwarded(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     data, _ = rg.raw(b"GET /hop HTTP/1.1\r\nHost: h\r\n"
                      b"Connection: keep-alive, X-Listed, x-other-listed\r\n"
                      b"X-Listed: secret\r\nX-Other-Listed: 2\r\n"
@@ -585,7 +571,7 @@ def test_hop_by_hop_response_headers_not_forwarded(rg_factory, upstream):
                                 ("Keep-Alive", "timeout=9"), ("Proxy-Connection", "x"),
                                 ("Trailer", "X-T"), ("Upgrade", "h2c"), ("TE", "trailers"),
                                 ("X-Resp-Kept", "ok")], b"body"))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     with RawConn(rg.port) as c:
         c.send(get("/"))
         r = c.read_response()
@@ -596,7 +582,7 @@ def test_hop_by_hop_response_headers_not_forwarded(rg_factory, upstream):
 
 
 def test_request_reserialized_with_one_host(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     rg.raw(b"GET /r HTTP/1.1\r\nhost: MixedCase.Example:81\r\nX-A: 1\r\nx-a: 2\r\n\r\n")
     (q,) = upstream.wait_requests(1)
     assert q.header_all("Host") == ["MixedCase.Example:81"]
@@ -605,7 +591,7 @@ def test_request_reserialized_with_one_host(rg_factory, upstream):
 
 
 def test_x_forwarded_for_and_proto_appended(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     rg.get("/none")
     rg.get("/some", {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"})
     rg.get("/chain", {"X-Forwarded-For": "198.51.100.1, 203.0.113.7"})
@@ -618,7 +604,7 @@ def test_x_forwarded_for_and_proto_appended(rg_factory, upstream):
 
 
 def test_x_forwarded_for_several_lines(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     rg.raw(b"GET / HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 10.0.0.1\r\n"
            b"X-Forwarded-For: 10.0.0.2\r\n\r\n")
     (q,) = upstream.wait_requests(1)
@@ -627,7 +613,7 @@ def test_x_forwarded_for_several_lines(rg_factory, upstream):
 
 
 def test_x_request_id_added_when_absent_kept_when_present(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     for _ in range(3):
         rg.get("/gen")
     rg.get("/keep", {"X-Request-Id": "my-id-123"})
@@ -642,7 +628,7 @@ def test_x_request_id_added_when_absent_kept_when_present(rg_factory, upstream):
 
 def test_x_request_id_same_on_every_attempt(rg_factory, upstream):
     upstream.push(503, 503)
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     r = rg.get("/retry")
     assert r.status == 200 and r.headers["X-Retrygate-Attempts"] == "3"
     ids = [q.header("X-Request-Id") for q in upstream.wait_requests(3)]
@@ -650,21 +636,22 @@ def test_x_request_id_same_on_every_attempt(rg_factory, upstream):
 
 
 def test_host_rewrite(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream, host_rewrite="backend.internal:8080")})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream,
+                                                     host_rewrite="backend.internal:8080")})
     rg.get("/", {"Host": "public.example"})
     (q,) = upstream.wait_requests(1)
     assert q.header_all("Host") == ["backend.internal:8080"]
 
 
 def test_empty_host_rewrite_keeps_client_host(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream, host_rewrite="")})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, host_rewrite="")})
     rg.get("/", {"Host": "Public.Example:1234"})
     (q,) = upstream.wait_requests(1)
     assert q.header_all("Host") == ["Public.Example:1234"]
 
 
 def test_absolute_form_target_sent_as_origin_form(rg_factory, upstream):
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     data, _ = rg.raw(b"GET http://svc/abs?q=1 HTTP/1.1\r\nHost: svc\r\n\r\n")
     assert parse_response(data).status == 200
     (q,) = upstream.wait_requests(1)
@@ -673,7 +660,7 @@ def test_absolute_form_target_sent_as_origin_form(rg_factory, upstream):
 
 def test_x_retrygate_attempts_on_proxied_response(rg_factory, upstream):
     upstream.push(respond(200, {"X-Retrygate-Attempts": "7"}, b"x"))
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     r = rg.get("/")
     assert r.headers.get_all("X-Retrygate-Attempts") == ["1"]
     (q,) = upstream.wait_requests(1)
@@ -683,20 +670,20 @@ def test_x_retrygate_attempts_on_proxied_response(rg_factory, upstream):
 # ------------------------------------------------------------------------------- failures
 
 def test_unreachable_upstream_502_connect_failure(rg_factory, refusing):
-    rg = rg_factory(upstreams={"api": one(refusing)})
+    rg = rg_factory(upstreams={"api": upstream_block(refusing)})
     r = rg.get("/down")
     check_own_response(r, 502, "connect-failure", "api", 3)
 
 
 def test_unreachable_upstream_without_retry(rg_factory, refusing):
-    rg = rg_factory(upstreams={"api": one(refusing, retry={"max_attempts": 1})})
+    rg = rg_factory(upstreams={"api": upstream_block(refusing, retry={"max_attempts": 1})})
     r = rg.post("/down", body=b"x")
     check_own_response(r, 502, "connect-failure", "api", 1)
 
 
 def test_drop_before_head_502_reset(rg_factory, upstream):
     upstream.set_default(reset())
-    rg = rg_factory(upstreams={"api": one(upstream)})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)})
     r = rg.get("/drop")
     check_own_response(r, 502, "reset", "api", 3)
     assert len(upstream.wait_requests(3)) == 3
@@ -704,7 +691,7 @@ def test_drop_before_head_502_reset(rg_factory, upstream):
 
 def test_close_before_head_502_reset(rg_factory, upstream):
     upstream.set_default(close())
-    rg = rg_factory(upstreams={"api": one(upstream, retry={"max_attempts": 2})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"max_attempts": 2})})
     r = rg.get("/fin")
     check_own_response(r, 502, "reset", "api", 2)
 
@@ -712,7 +699,7 @@ def test_close_before_head_502_reset(rg_factory, upstream):
 def test_partial_head_then_close_502(rg_factory, upstream):
     from harness import raw
     upstream.set_default(raw(b"HTTP/1.1 200 OK\r\nContent-Le"))
-    rg = rg_factory(upstreams={"api": one(upstream, retry={"max_attempts": 1})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"max_attempts": 1})})
     r = rg.get("/half")
     assert r.status == 502
     assert r.headers["X-Retrygate-Reason"] in ("reset", "bad-response")
@@ -720,8 +707,8 @@ def test_partial_head_then_close_502(rg_factory, upstream):
 
 def test_no_head_within_per_try_timeout_504_timeout(rg_factory, upstream):
     upstream.set_default(stall())
-    rg = rg_factory(upstreams={"api": one(upstream, retry={"per_try_timeout": "200ms",
-                                                           "max_attempts": 2})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "200ms",
+                                                                    "max_attempts": 2})})
     t0 = time.monotonic()
     r = rg.get("/stall")
     took = time.monotonic() - t0
@@ -733,14 +720,14 @@ def test_no_head_within_per_try_timeout_504_timeout(rg_factory, upstream):
 def test_timeout_applies_to_head_not_body(rg_factory, upstream):
     # the head arrives in time, the body is slow: not cut off by per_try_timeout
     upstream.push(slow_body([b"a", b"b", b"c", b"d"], 0.2))
-    rg = rg_factory(upstreams={"api": one(upstream, retry={"per_try_timeout": "200ms"})})
+    rg = rg_factory(upstreams={"api": upstream_block(upstream, retry={"per_try_timeout": "200ms"})})
     r = rg.get("/slowbody")
     assert r.status == 200 and r.body == b"abcd"
     assert r.headers["X-Retrygate-Attempts"] == "1"
 
 
 def test_retrygate_errors_keep_the_connection(rg_factory, refusing):
-    rg = rg_factory(upstreams={"api": one(refusing, retry={"max_attempts": 1})})
+    rg = rg_factory(upstreams={"api": upstream_block(refusing, retry={"max_attempts": 1})})
     with RawConn(rg.port) as c:
         for _ in range(2):
             c.send(get("/"))
@@ -753,7 +740,7 @@ def test_retrygate_errors_keep_the_connection(rg_factory, refusing):
 
 def test_two_workers_serve_concurrent_clients(rg_factory, upstream):
     upstream.set_default(respond(200, body=b"ok", delay=0.05))
-    rg = rg_factory(upstreams={"api": one(upstream)}, workers=2)
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, workers=2)
     # two worker threads at least (plus the main thread)
     tasks = os.listdir("/proc/%d/task" % rg.pid)
     assert len(tasks) >= 3, tasks
@@ -780,7 +767,7 @@ def test_two_workers_serve_concurrent_clients(rg_factory, upstream):
 def test_two_workers_connections_spread(rg_factory, upstream):
     """With SO_REUSEPORT both workers accept: over many fresh connections, the pooled upstream
     connections come from both (each worker has its own pool)."""
-    rg = rg_factory(upstreams={"api": one(upstream)}, workers=2)
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, workers=2)
     for i in range(40):
         assert rg.get("/s%d" % i).status == 200
     reqs = upstream.wait_requests(40)

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from harness import (Refusing, close, echo, raw, reset, respond, retry_after, stall,
-                     wait_for)
+from harness import (InThread, Refusing, close, echo, raw, reset, respond, retry_after, stall,
+                     upstream_block, wait_for)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,11 +27,7 @@ REFUSED = "retrygate_upstream_retries_refused_total"
 
 def api(up, retry=None, **more):
     """Upstream "api": endpoint(s) up, fast backoff unless retry overrides it."""
-    r = dict(FAST)
-    r.update(retry or {})
-    d = {"endpoints": up if isinstance(up, list) else [up], "retry": r}
-    d.update(more)
-    return {"api": d}
+    return {"api": upstream_block(up, retry, base_retry=FAST, **more)}
 
 
 def refusals(rg, upstream="api"):
@@ -426,37 +422,17 @@ def test_no_token_is_taken_when_another_rule_refuses(upstream, rg_factory):
     ref.expect(non_idempotent=1, max_attempts=1)
 
 
-def _in_thread(fn, *a, **kw):
-    out = {}
-
-    def run():
-        try:
-            out["r"] = fn(*a, **kw)
-        except BaseException as e:  # noqa: B902 - reported by the caller
-            out["e"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def join(timeout=15):
-        t.join(timeout)
-        assert not t.is_alive(), "request thread still running"
-        if "e" in out:
-            raise out["e"]
-        return out["r"]
-    return join
-
-
 def test_retries_in_flight_slot_is_held_through_the_wait(upstream, rg_factory):
     upstream.push(retry_after(1), respond(503, body=b"no slot"))
     rg = rg_factory(upstreams=api(upstream, concurrency={"max_retries_in_flight": 1}))
     ref = Refusals(rg)
-    a = _in_thread(rg.request, "GET", "/a")
+    a = InThread(rg.request, "GET", "/a")
     upstream.wait_requests(1)
     rg.wait_metric("retrygate_upstream_retries_in_flight", 1, op="==", upstream="api")
     r = rg.request("GET", "/b")
     check(r, 503, 1, "retries-in-flight")
     assert r.body == b"no slot"
-    check(a(), 200, 2)
+    check(a(timeout=15), 200, 2)
     reqs = attempts_seen(upstream, 3)
     assert [(q.path, q.header("X-Retrygate-Attempt")) for q in reqs] == \
         [("/a", "1"), ("/b", "1"), ("/a", "2")]
@@ -471,11 +447,11 @@ def test_budget_is_named_before_retries_in_flight(upstream, rg_factory):
         "budget": {"ratio": 0, "min_per_second": 0, "max_tokens": 1}},
         concurrency={"max_retries_in_flight": 1}))
     ref = Refusals(rg)
-    a = _in_thread(rg.request, "GET", "/a")
+    a = InThread(rg.request, "GET", "/a")
     upstream.wait_requests(1)
     rg.wait_metric("retrygate_upstream_retries_in_flight", 1, op="==", upstream="api")
     check(rg.request("GET", "/b"), 503, 1, "budget")
-    check(a(), 200, 2)
+    check(a(timeout=15), 200, 2)
     ref.expect(budget=1)
 
 
@@ -489,16 +465,16 @@ def test_retry_without_max_in_flight_slot_at_send_time(upstream, rg_factory):
     rg = rg_factory(upstreams=api(upstream, {"per_try_timeout": "5s"},
                                   concurrency={"max_in_flight": 1}))
     ref = Refusals(rg)
-    a = _in_thread(rg.request, "GET", "/a")
+    a = InThread(rg.request, "GET", "/a")
     upstream.wait_requests(1)
     rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api")
-    b = _in_thread(rg.request, "GET", "/b")
+    b = InThread(rg.request, "GET", "/b")
     upstream.wait_requests(2)
-    ra = a()
+    ra = a(timeout=15)
     check(ra, 503, 1, "retries-in-flight")
     assert ra.body == b"first" and ra.headers["Retry-After"] == "1"
     gate.set()
-    check(b(), 200, 1)
+    check(b(timeout=15), 200, 1)
     attempts_seen(upstream, 2)
     ref.expect(retries_in_flight=1)
     rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api")
@@ -916,16 +892,16 @@ def test_hold_set_during_a_wait_delays_or_refuses_the_retry(upstream, rg_factory
     upstream.on_path("/post", retry_after(2, body=b"post"))
     rg = rg_factory(upstreams=api(upstream))
     ref = Refusals(rg)
-    short = _in_thread(rg.request, "GET", "/short", {"X-Timeout-Ms": "1700"})
-    long_ = _in_thread(rg.request, "GET", "/long", {"X-Timeout-Ms": "5000"})
+    short = InThread(rg.request, "GET", "/short", {"X-Timeout-Ms": "1700"})
+    long_ = InThread(rg.request, "GET", "/long", {"X-Timeout-Ms": "5000"})
     upstream.wait_requests(2)
     check(rg.request("POST", "/post", body=b"x"), 503, 1, "non-idempotent")
     t_post = upstream.wait_for(lambda: [q.time for q in upstream.requests if q.path == "/post"],
                                what="the POST")[0]
-    rs = short()
+    rs = short(timeout=15)
     check(rs, 503, 1, "deadline")
     assert rs.body == b"short"
-    check(long_(), 200, 2)
+    check(long_(timeout=15), 200, 2)
     retry = [q for q in upstream.requests if q.path == "/long" and
              q.header("X-Retrygate-Attempt") == "2"]
     assert len(retry) == 1 and retry[0].time - t_post >= 1.999, \
@@ -1028,14 +1004,14 @@ def test_max_retries_in_flight_above_max_in_flight_is_capped_by_it(upstream, rg_
     upstream.push(retry_after(1), respond(503, body=b"second"))
     rg = rg_factory(upstreams=api(upstream, concurrency={"max_in_flight": 1,
                                                          "max_retries_in_flight": 32}))
-    a = _in_thread(rg.request, "GET", "/a")
+    a = InThread(rg.request, "GET", "/a")
     upstream.wait_requests(1)
     rg.wait_metric("retrygate_upstream_retries_in_flight", 1, op="==", upstream="api")
     t = time.monotonic()
     r = rg.request("GET", "/b")
     check(r, 503, 1, "retries-in-flight")
     assert time.monotonic() - t < 0.5, "refused only after waiting"
-    check(a(), 200, 2)
+    check(a(timeout=15), 200, 2)
 
 
 def test_last_response_with_a_large_body_wins_over_later_failures(upstream, rg_factory):

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from harness import (wait_for, RawConn, build_head, callback, default_binary, parse_response,
-                     raw_request, respond)
+                     raw_request, respond, rss_bytes)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,14 +38,6 @@ def _is_sanitized():
 
 
 SANITIZED = _is_sanitized()
-
-
-def rss_bytes(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS for pid %d" % pid)
 
 
 def report(name, **figures):

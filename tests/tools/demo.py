@@ -49,6 +49,8 @@ import threading
 import time
 from pathlib import Path
 
+from flaky import Timeline      # the dependency's own clock of phases (tests/tools/flaky.py)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LOOPBACK = "127.0.0.1"
@@ -276,26 +278,6 @@ def metric(ms, name, **want):
 
 
 # ----------------------------------------------------------------------------- load
-
-class Timeline:
-    def __init__(self, phases, start):
-        self.phases, self.start = phases, start
-
-    def phase_at(self, t):
-        rel = t - self.start
-        for name, secs in self.phases:
-            if rel < secs:
-                return name
-            rel -= secs
-        return self.phases[-1][0]
-
-    @property
-    def total(self):
-        return sum(s for _, s in self.phases)
-
-    def duration(self, name):
-        return sum(s for n, s in self.phases if n == name)
-
 
 def plan(rate, total):
     """The load: the same sequence of (index, kind, send offset) for both runs. Fixed rate on

@@ -89,6 +89,15 @@ class Timeline:
             rel -= secs
         return self.phases[-1][0]
 
+    @property
+    def total(self):
+        """Seconds of all the phases."""
+        return sum(s for _, s in self.phases)
+
+    def duration(self, name):
+        """Seconds of the phases called name."""
+        return sum(s for n, s in self.phases if n == name)
+
     def bounds(self):
         """[(name, start_offset, end_offset)], offsets from the timeline start."""
         out, t = [], 0.0

@@ -25,7 +25,7 @@ import struct
 import time
 
 __all__ = [
-    "HeaderMap", "HTTPParseError", "RawResponse", "RawConn",
+    "HeaderMap", "HTTPParseError", "ResponseMixin", "RawResponse", "RawConn",
     "raw_request", "parse_response", "parse_responses", "try_parse_response",
     "find_head_end", "parse_head_lines", "parse_chunked", "normalize_headers",
 ]
@@ -214,7 +214,22 @@ def parse_chunked(buf, start=0):
         pos += size + 2
 
 
-class RawResponse:
+class ResponseMixin:
+    """What every response class of the tests has, given .status, .headers and .body (bytes):
+    .text, .json(), and unpacking as ``status, headers, body``."""
+
+    @property
+    def text(self):
+        return self.body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __iter__(self):
+        return iter((self.status, self.headers, self.body))
+
+
+class RawResponse(ResponseMixin):
     """One parsed response.
 
     Attributes: version, status (int), reason, headers (HeaderMap), body (bytes, de-chunked),
@@ -237,16 +252,6 @@ class RawResponse:
         self.chunk_extensions = []
         self.framing = "none"
         self.complete = True
-
-    @property
-    def text(self):
-        return self.body.decode("utf-8", "replace")
-
-    def json(self):
-        return json.loads(self.body)
-
-    def __iter__(self):
-        return iter((self.status, self.headers, self.body))
 
     def __repr__(self):
         return "<RawResponse %s %d %r body=%d bytes%s>" % (
