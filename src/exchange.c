@@ -151,6 +151,76 @@ static int64_t hdr_int(const struct http_head *h, const char *name)
 	return x;
 }
 
+/* Header lines are written with memcpy into one stack buffer and one evbuffer_add: this is
+ * the per-request path, and printf-style formatting was a visible share of its CPU. */
+static size_t fmt_i64(char *p, int64_t v)
+{
+	char tmp[24];
+	size_t n = 0;
+	uint64_t u = v < 0 ? (uint64_t)-v : (uint64_t)v;
+	do {
+		tmp[n++] = (char)('0' + u % 10);
+		u /= 10;
+	} while (u);
+	size_t o = 0;
+	if (v < 0)
+		p[o++] = '-';
+	while (n)
+		p[o++] = tmp[--n];
+	return o;
+}
+
+static void add_hdr(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen)
+{
+	char tmp[512];
+	if (nlen + vlen + 4 > sizeof(tmp)) {
+		evbuffer_add(b, name, nlen);
+		evbuffer_add(b, ": ", 2);
+		evbuffer_add(b, v, vlen);
+		evbuffer_add(b, "\r\n", 2);
+		return;
+	}
+	memcpy(tmp, name, nlen);
+	tmp[nlen] = ':';
+	tmp[nlen + 1] = ' ';
+	memcpy(tmp + nlen + 2, v, vlen);
+	tmp[nlen + 2 + vlen] = '\r';
+	tmp[nlen + 3 + vlen] = '\n';
+	evbuffer_add(b, tmp, nlen + vlen + 4);
+}
+
+#define ADD_HDR_STR(b, lit, v, vlen) add_hdr((b), lit, sizeof(lit) - 1, (v), (vlen))
+
+static void add_hdr_int(struct evbuffer *b, const char *name, size_t nlen, int64_t v)
+{
+	char num[24];
+	add_hdr(b, name, nlen, num, fmt_i64(num, v));
+}
+
+#define ADD_HDR_INT(b, lit, v) add_hdr_int((b), lit, sizeof(lit) - 1, (v))
+
+/* "<a>, <b>": a forwarded header with our hop appended */
+static void add_hdr_appended(struct evbuffer *b, const char *name, size_t nlen, const char *v,
+                             size_t vlen, const char *ours)
+{
+	char tmp[512];
+	size_t ol = strlen(ours);
+	if (vlen + ol + 2 > sizeof(tmp)) {
+		evbuffer_add(b, name, nlen);
+		evbuffer_add(b, ": ", 2);
+		evbuffer_add(b, v, vlen);
+		evbuffer_add(b, ", ", 2);
+		evbuffer_add(b, ours, ol);
+		evbuffer_add(b, "\r\n", 2);
+		return;
+	}
+	memcpy(tmp, v, vlen);
+	tmp[vlen] = ',';
+	tmp[vlen + 1] = ' ';
+	memcpy(tmp + vlen + 2, ours, ol);
+	add_hdr(b, name, nlen, tmp, vlen + 2 + ol);
+}
+
 static void release_slots(struct exchange *ex)
 {
 	if (ex->slot_in_flight) {
@@ -333,7 +403,17 @@ static void write_head(struct exchange *ex, const struct http_head *h, enum refu
 {
 	struct evbuffer *o = ex->cout;
 	bool bodyless = bodyless_response(ex, h->status);
-	evbuffer_add_printf(o, "HTTP/1.1 %d %.*s\r\n", h->status, (int)h->reason_len, h->reason);
+	char line[320];
+	size_t ln = 9;
+	memcpy(line, "HTTP/1.1 ", 9);
+	ln += fmt_i64(line + ln, h->status);
+	line[ln++] = ' ';
+	size_t rl = h->reason_len < 256 ? h->reason_len : 256;
+	memcpy(line + ln, h->reason, rl);
+	ln += rl;
+	line[ln++] = '\r';
+	line[ln++] = '\n';
+	evbuffer_add(o, line, ln);
 	bool own_refusal = reason != RR_NONE && reason != RR_NOT_LISTED;
 	for (int i = 0; i < h->nhdrs; i++) {
 		const struct http_hdr *x = &h->hdrs[i];
@@ -341,10 +421,7 @@ static void write_head(struct exchange *ex, const struct http_head *h, enum refu
 			continue;
 		if (own_refusal && hdr_is(x, "X-Retrygate-Retry-Refused"))
 			continue;
-		evbuffer_add(o, x->name, x->nlen);
-		evbuffer_add(o, ": ", 2);
-		evbuffer_add(o, x->value, x->vlen);
-		evbuffer_add(o, "\r\n", 2);
+		add_hdr(o, x->name, x->nlen, x->value, x->vlen);
 		if (ex->idem_claimed && !hdr_is(x, "X-Retrygate-Retry-Refused")) {
 			evbuffer_add(ex->idem_hdrs, x->name, x->nlen);
 			evbuffer_add(ex->idem_hdrs, ": ", 2);
@@ -352,15 +429,15 @@ static void write_head(struct exchange *ex, const struct http_head *h, enum refu
 			evbuffer_add(ex->idem_hdrs, "\r\n", 2);
 		}
 	}
-	evbuffer_add_printf(o, "X-Retrygate-Attempts: %d\r\n", ex->attempts);
+	ADD_HDR_INT(o, "X-Retrygate-Attempts", ex->attempts);
 	if (own_refusal)
 		evbuffer_add_printf(o, "X-Retrygate-Retry-Refused: %s\r\n", refusal_name(reason));
 	ex->resp_chunked = false;
 	if (h->status >= 200 && h->status != 204 && h->content_length >= 0 &&
 	    (h->status != 304 || ex->req->method_head))
-		evbuffer_add_printf(o, "Content-Length: %" PRId64 "\r\n", h->content_length);
+		ADD_HDR_INT(o, "Content-Length", h->content_length);
 	else if (h->status == 304 && h->content_length >= 0)
-		evbuffer_add_printf(o, "Content-Length: %" PRId64 "\r\n", h->content_length);
+		ADD_HDR_INT(o, "Content-Length", h->content_length);
 	else if (!bodyless) {
 		if (ex->req->version == 11) {
 			evbuffer_add(o, "Transfer-Encoding: chunked\r\n", 28);
@@ -469,13 +546,16 @@ static struct evbuffer *build_request(struct exchange *ex, int64_t wait_us)
 	const struct http_head *r = ex->req;
 	struct evbuffer *b = evbuffer_new();
 	evbuffer_expand(b, 1024);
-	evbuffer_add_printf(b, "%s %.*s HTTP/1.1\r\n", r->method, (int)r->path_len, r->path);
+	evbuffer_add(b, r->method, strlen(r->method));
+	evbuffer_add(b, " ", 1);
+	evbuffer_add(b, r->path, r->path_len);
+	evbuffer_add(b, " HTTP/1.1\r\n", 11);
 	if (ex->up->host_rewrite && ex->up->host_rewrite[0])
-		evbuffer_add_printf(b, "Host: %s\r\n", ex->up->host_rewrite);
+		ADD_HDR_STR(b, "Host", ex->up->host_rewrite, strlen(ex->up->host_rewrite));
 	else if (r->host_len > 0)
-		evbuffer_add_printf(b, "Host: %.*s\r\n", (int)r->host_len, r->host);
+		ADD_HDR_STR(b, "Host", r->host, r->host_len);
 	else
-		evbuffer_add_printf(b, "Host: %s\r\n", ex->att_ep->name);
+		ADD_HDR_STR(b, "Host", ex->att_ep->name, strlen(ex->att_ep->name));
 
 	const struct http_hdr *xff = NULL, *xfp = NULL;
 	bool have_reqid = false;
@@ -493,47 +573,44 @@ static struct evbuffer *build_request(struct exchange *ex, int64_t wait_us)
 				xff = h;
 			else {
 				/* several lines: keep them, the last gets our hop appended */
-				evbuffer_add_printf(b, "X-Forwarded-For: %.*s\r\n", (int)xff->vlen, xff->value);
+				ADD_HDR_STR(b, "X-Forwarded-For", xff->value, xff->vlen);
 				xff = h;
 			}
 			continue;
 		}
 		if (hdr_is(h, "X-Forwarded-Proto")) {
 			if (xfp)
-				evbuffer_add_printf(b, "X-Forwarded-Proto: %.*s\r\n", (int)xfp->vlen, xfp->value);
+				ADD_HDR_STR(b, "X-Forwarded-Proto", xfp->value, xfp->vlen);
 			xfp = h;
 			continue;
 		}
 		if (hdr_is(h, "X-Request-Id"))
 			have_reqid = true;
-		evbuffer_add(b, h->name, h->nlen);
-		evbuffer_add(b, ": ", 2);
-		evbuffer_add(b, h->value, h->vlen);
-		evbuffer_add(b, "\r\n", 2);
+		add_hdr(b, h->name, h->nlen, h->value, h->vlen);
 	}
 	if (xff)
-		evbuffer_add_printf(b, "X-Forwarded-For: %.*s, %s\r\n", (int)xff->vlen, xff->value, ex->peer_ip);
+		add_hdr_appended(b, "X-Forwarded-For", 15, xff->value, xff->vlen, ex->peer_ip);
 	else
-		evbuffer_add_printf(b, "X-Forwarded-For: %s\r\n", ex->peer_ip);
+		ADD_HDR_STR(b, "X-Forwarded-For", ex->peer_ip, strlen(ex->peer_ip));
 	const char *proto = ex->ci.tls ? "https" : "http";
 	if (xfp)
-		evbuffer_add_printf(b, "X-Forwarded-Proto: %.*s, %s\r\n", (int)xfp->vlen, xfp->value, proto);
+		add_hdr_appended(b, "X-Forwarded-Proto", 17, xfp->value, xfp->vlen, proto);
 	else
-		evbuffer_add_printf(b, "X-Forwarded-Proto: %s\r\n", proto);
+		ADD_HDR_STR(b, "X-Forwarded-Proto", proto, strlen(proto));
 	if (!have_reqid)
-		evbuffer_add_printf(b, "X-Request-Id: %s\r\n", ex->reqid);
+		ADD_HDR_STR(b, "X-Request-Id", ex->reqid, strlen(ex->reqid));
 
 	char v[32];
 	deadline_format(DL_X_TIMEOUT_MS, wait_us, v, sizeof(v));
-	evbuffer_add_printf(b, "X-Timeout-Ms: %s\r\n", v);
+	ADD_HDR_STR(b, "X-Timeout-Ms", v, strlen(v));
 	for (int k = 1; k < DL_NKINDS; k++) {
 		if (!ex->dl_present[k])
 			continue;
 		deadline_format((enum dl_kind)k, wait_us, v, sizeof(v));
-		evbuffer_add_printf(b, "%s: %s\r\n", deadline_header_name[k], v);
+		add_hdr(b, deadline_header_name[k], strlen(deadline_header_name[k]), v, strlen(v));
 	}
 	if (!ex->req_nested)
-		evbuffer_add_printf(b, "X-Retrygate-Attempt: %d\r\n", ex->attempts);
+		ADD_HDR_INT(b, "X-Retrygate-Attempt", ex->attempts);
 	if (ex->bmode == B_STREAM && r->expect_continue)
 		evbuffer_add(b, "Expect: 100-continue\r\n", 22);
 	if (r->upgrade) {
@@ -543,11 +620,11 @@ static struct evbuffer *build_request(struct exchange *ex, int64_t wait_us)
 	}
 	if (ex->bmode == B_STREAM) {
 		if (r->content_length >= 0)
-			evbuffer_add_printf(b, "Content-Length: %" PRId64 "\r\n", r->content_length);
+			ADD_HDR_INT(b, "Content-Length", r->content_length);
 		else
 			evbuffer_add(b, "Transfer-Encoding: chunked\r\n", 28);
 	} else if (ex->body_len > 0 || r->content_length >= 0 || r->chunked) {
-		evbuffer_add_printf(b, "Content-Length: %" PRId64 "\r\n", ex->body_len);
+		ADD_HDR_INT(b, "Content-Length", ex->body_len);
 	}
 	evbuffer_add(b, "\r\n", 2);
 	return b;
@@ -1008,7 +1085,12 @@ struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_l
 		ex->reqid[idlen] = 0;
 	} else {
 		uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
-		snprintf(ex->reqid, sizeof(ex->reqid), "%016" PRIx64 "%016" PRIx64, r1, r2);
+		static const char hex[] = "0123456789abcdef";
+		for (int i = 0; i < 16; i++) {
+			ex->reqid[i] = hex[(r1 >> (60 - 4 * i)) & 15];
+			ex->reqid[16 + i] = hex[(r2 >> (60 - 4 * i)) & 15];
+		}
+		ex->reqid[32] = 0;
 	}
 	access_begin(&ex->log, ci, req, ex->reqid);
 	return ex;
