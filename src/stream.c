@@ -82,13 +82,35 @@ static void stream_report(struct stream *s, short what)
 		s->ev(s, what, s->arg);
 }
 
+/* One sendmsg of what the first chains of the output hold (at most WRITE_MAX bytes in
+ * WRITE_IOV pieces), drained by what the kernel took. */
+#define WRITE_IOV 16
+#define WRITE_MAX (1024 * 1024)
+static int send_some(struct stream *s)
+{
+	struct evbuffer_iovec v[WRITE_IOV];
+	int nv = evbuffer_peek(s->out, WRITE_MAX, NULL, v, WRITE_IOV);
+	if (nv > WRITE_IOV)
+		nv = WRITE_IOV;
+	struct iovec iov[WRITE_IOV];
+	for (int i = 0; i < nv; i++) {
+		iov[i].iov_base = v[i].iov_base;
+		iov[i].iov_len = v[i].iov_len;
+	}
+	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)nv };
+	ssize_t n = sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (n > 0)
+		evbuffer_drain(s->out, (size_t)n);
+	return (int)n;
+}
+
 static void do_write(struct stream *s)
 {
 	if (s->connecting || s->broken || s->freed)
 		return;
 	bool progress = false;
 	while (evbuffer_get_length(s->out) > 0) {
-		int n = evbuffer_write(s->out, s->fd);
+		int n = send_some(s);
 		if (n > 0)
 			progress = true;
 		if (n < 0) {
@@ -142,7 +164,9 @@ static void do_read(struct stream *s)
 			iov[i].iov_len = v[i].iov_len < left ? v[i].iov_len : left;
 			left -= iov[i].iov_len;
 		}
-		ssize_t n = readv(s->fd, iov, nv);
+		/* recvmsg, not readv: the socket call skips the file-position lock readv takes */
+		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)nv };
+		ssize_t n = recvmsg(s->fd, &msg, MSG_DONTWAIT);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
