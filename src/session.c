@@ -250,6 +250,13 @@ static void session_process(struct session *s)
 		if (s->state == S_HEAD) {
 			if (evbuffer_get_length(in) == 0)
 				return;
+			if (!s->req) {
+				struct http_limits lim = {
+					.max_header_bytes = (size_t)s->lcfg->limits.max_header_bytes,
+					.max_uri_bytes = (size_t)s->lcfg->limits.max_uri_bytes,
+				};
+				s->req = http_msg_new(HTTP_REQUEST_KIND, &lim);
+			}
 			enum http_event ev = http_msg_feed(s->req, in, s->body_tmp, 0);
 			switch (ev) {
 			case HTTP_NEED_MORE:
@@ -353,7 +360,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	}
 	if (s->state != S_HEAD)
 		return;
-	if (s->head_timer && http_msg_head_bytes(s->req) > 0) {
+	if (s->head_timer && s->req && http_msg_head_bytes(s->req) > 0) {
 		refuse(s, 408, "header-timeout", "request head not complete in time");
 		return;
 	}
@@ -379,17 +386,14 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	SSL_CTX *tls = s->rt->ltls[s->lcfg - s->rt->cfg->listeners];
 	s->bev = stream_new(w->base, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
 	s->tls = tls != NULL;
-	struct http_limits lim = {
-		.max_header_bytes = (size_t)s->lcfg->limits.max_header_bytes,
-		.max_uri_bytes = (size_t)s->lcfg->limits.max_uri_bytes,
-	};
-	s->req = http_msg_new(HTTP_REQUEST_KIND, &lim);
+	/* the request parser (its head arrays are most of a connection's memory) comes with the
+	 * first byte: an idle connection costs a few hundred bytes of ours */
 	s->body_tmp = evbuffer_new();
 	s->timer = evtimer_new(w->base, timer_cb, s);
 	s->resume_ev = event_new(w->base, -1, 0, resume_cb, s);
 	stream_setcb(s->bev, read_cb, write_cb, event_cb, s);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
-	stream_setwatermark(s->bev, EV_READ, 0, lim.max_header_bytes + 64 * 1024);
+	stream_setwatermark(s->bev, EV_READ, 0, (size_t)s->lcfg->limits.max_header_bytes + 64 * 1024);
 	stream_setwatermark(s->bev, EV_WRITE, CLIENT_LOW, 0);
 	/* a client that stops reading its responses holds nothing for longer than idle_timeout */
 	stream_set_write_timeout(s->bev, s->lcfg->limits.idle_timeout_us);
@@ -404,7 +408,7 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 
 void session_drain(struct session *s, bool close_idle)
 {
-	if (close_idle && s->state == S_HEAD && http_msg_head_bytes(s->req) == 0 &&
+	if (close_idle && s->state == S_HEAD && (!s->req || http_msg_head_bytes(s->req) == 0) &&
 	    evbuffer_get_length(stream_input(s->bev)) == 0) {
 		session_close(s, "draining");
 		return;
