@@ -78,11 +78,6 @@ void access_set_status(struct access_rec *r, int status)
 		r->att[r->natt - 1].status = status;
 }
 
-void access_end(struct access_rec *r)
-{
-	(void)r;
-}
-
 const char *access_outcome(const struct access_rec *r)
 {
 	/* the last attempt may have executed, whatever an earlier attempt answered (SPEC §6) */

@@ -48,7 +48,6 @@ void access_set_key(struct access_rec *r, const char *key, size_t len);
 void access_add_attempt(struct access_rec *r, const char *ep);
 void access_set_outcome(struct access_rec *r, const char *outcome);
 void access_set_status(struct access_rec *r, int status);
-void access_end(struct access_rec *r);
 
 /* "ok", "failed" or "unknown" (a non-idempotent request whose last attempt ended in reset or
  * timeout: it may have been executed). */

@@ -68,7 +68,6 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 static void attempt_process(struct attempt *a);
 
 bool attempt_wrote_any(const struct attempt *a) { return a->wrote_any; }
-struct ep_state *attempt_endpoint(const struct attempt *a) { return a->ep; }
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
 size_t attempt_send_pending(const struct attempt *a)
 {

@@ -64,7 +64,6 @@ void attempt_pause(struct attempt *a);
 void attempt_resume(struct attempt *a);
 
 bool attempt_wrote_any(const struct attempt *a);
-struct ep_state *attempt_endpoint(const struct attempt *a);
 const char *attempt_peer(const struct attempt *a);
 
 /* Upgrade: after a 101 head, take the raw connection (and bytes already read) for a tunnel. */

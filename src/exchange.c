@@ -170,23 +170,32 @@ static size_t fmt_i64(char *p, int64_t v)
 	return o;
 }
 
-static void add_hdr(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen)
+/* "name: v1v2v3\r\n" in one evbuffer_add when it fits the stack buffer */
+static void add_hdr3(struct evbuffer *b, const char *name, size_t nlen, const char *v1, size_t l1,
+                     const char *v2, size_t l2, const char *v3, size_t l3)
 {
 	char tmp[512];
-	if (nlen + vlen + 4 > sizeof(tmp)) {
-		evbuffer_add(b, name, nlen);
-		evbuffer_add(b, ": ", 2);
-		evbuffer_add(b, v, vlen);
+	const char *part[5] = { name, ": ", v1, v2, v3 };
+	size_t len[5] = { nlen, 2, l1, l2, l3 };
+	if (nlen + l1 + l2 + l3 + 4 > sizeof(tmp)) {
+		for (int i = 0; i < 5; i++)
+			evbuffer_add(b, part[i], len[i]);
 		evbuffer_add(b, "\r\n", 2);
 		return;
 	}
-	memcpy(tmp, name, nlen);
-	tmp[nlen] = ':';
-	tmp[nlen + 1] = ' ';
-	memcpy(tmp + nlen + 2, v, vlen);
-	tmp[nlen + 2 + vlen] = '\r';
-	tmp[nlen + 3 + vlen] = '\n';
-	evbuffer_add(b, tmp, nlen + vlen + 4);
+	size_t n = 0;
+	for (int i = 0; i < 5; i++) {
+		memcpy(tmp + n, part[i], len[i]);
+		n += len[i];
+	}
+	tmp[n++] = '\r';
+	tmp[n++] = '\n';
+	evbuffer_add(b, tmp, n);
+}
+
+static void add_hdr(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen)
+{
+	add_hdr3(b, name, nlen, v, vlen, NULL, 0, NULL, 0);
 }
 
 #define ADD_HDR_STR(b, lit, v, vlen) add_hdr((b), lit, sizeof(lit) - 1, (v), (vlen))
@@ -203,22 +212,7 @@ static void add_hdr_int(struct evbuffer *b, const char *name, size_t nlen, int64
 static void add_hdr_appended(struct evbuffer *b, const char *name, size_t nlen, const char *v,
                              size_t vlen, const char *ours)
 {
-	char tmp[512];
-	size_t ol = strlen(ours);
-	if (vlen + ol + 2 > sizeof(tmp)) {
-		evbuffer_add(b, name, nlen);
-		evbuffer_add(b, ": ", 2);
-		evbuffer_add(b, v, vlen);
-		evbuffer_add(b, ", ", 2);
-		evbuffer_add(b, ours, ol);
-		evbuffer_add(b, "\r\n", 2);
-		return;
-	}
-	memcpy(tmp, v, vlen);
-	tmp[vlen] = ',';
-	tmp[vlen + 1] = ' ';
-	memcpy(tmp + vlen + 2, ours, ol);
-	add_hdr(b, name, nlen, tmp, vlen + 2 + ol);
+	add_hdr3(b, name, nlen, v, vlen, ", ", 2, ours, strlen(ours));
 }
 
 static void release_slots(struct exchange *ex)
@@ -326,35 +320,24 @@ static void idem_settle(struct exchange *ex)
 	}
 }
 
-static void noop_done(void *arg, bool close)
+/* Stop everything the exchange runs: timers, attempts, slots, the kept response, the claim.
+ * Used once, by finish() or exchange_abort(). */
+static void exchange_end(struct exchange *ex)
 {
-}
-
-static void finish(struct exchange *ex, bool close)
-{
-	if (ex->state == X_DONE)
-		return;
 	ex->state = X_DONE;
 	release_slots(ex);
 	evtimer_del(ex->deadline_ev);
 	evtimer_del(ex->backoff_ev);
-	if (ex->att) {
-		attempt_free(ex->att);
-		ex->att = NULL;
-	}
-	if (ex->relay) {
-		attempt_free(ex->relay);
-		ex->relay = NULL;
-	}
+	attempt_free(ex->att);
+	attempt_free(ex->relay);
+	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
 	idem_settle(ex);
-	count_status(ex, ex->resp_status);
-	int64_t now = clock_now_us();
-	if (ex->us && ex->attempts > 0)
-		stats_observe_duration(ex->us, now - ex->t0_us);
-	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
-	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT))
-		STAT_INC(ex->us->unknown_outcomes);
+}
+
+/* The access-log line: once per request, however it ended. */
+static void log_request(struct exchange *ex, int64_t now)
+{
 	ex->log.status = ex->resp_status;
 	ex->log.attempts = ex->attempts;
 	ex->log.refused = ex->refused;
@@ -363,6 +346,25 @@ static void finish(struct exchange *ex, bool close)
 	ex->log.duration_us = now - ex->t0_us;
 	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
 	accesslog_write(ex->w, &ex->log);
+}
+
+static void noop_done(void *arg, bool close)
+{
+}
+
+static void finish(struct exchange *ex, bool close)
+{
+	if (ex->state == X_DONE)
+		return;
+	exchange_end(ex);
+	count_status(ex, ex->resp_status);
+	int64_t now = clock_now_us();
+	if (ex->us && ex->attempts > 0)
+		stats_observe_duration(ex->us, now - ex->t0_us);
+	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
+	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT))
+		STAT_INC(ex->us->unknown_outcomes);
+	log_request(ex, now);
 	ex->cbs.on_done(ex->arg, close || ex->close_after);
 }
 
@@ -1362,11 +1364,6 @@ size_t exchange_body_room(const struct exchange *ex)
 	return pending < STREAM_HIGH ? STREAM_HIGH - pending : 0;
 }
 
-bool exchange_wants_body(const struct exchange *ex)
-{
-	return ex->state != X_DONE;
-}
-
 void exchange_client_drained(struct exchange *ex)
 {
 	if (ex->state == X_RELAY && ex->relay)
@@ -1382,19 +1379,8 @@ void exchange_abort(struct exchange *ex)
 	ex->log.client_abort = true;
 	if (!ex->head_sent)
 		ex->resp_status = 499;  /* nginx's "client closed request", for the log only */
-	ex->state = X_DONE;
-	release_slots(ex);
-	evtimer_del(ex->deadline_ev);
-	evtimer_del(ex->backoff_ev);
-	attempt_free(ex->att);
-	attempt_free(ex->relay);
-	ex->att = ex->relay = NULL;
-	saved_clear(&ex->saved);
-	idem_settle(ex);
-	ex->log.status = ex->resp_status;
-	ex->log.attempts = ex->attempts;
-	ex->log.duration_us = clock_now_us() - ex->t0_us;
-	accesslog_write(ex->w, &ex->log);
+	exchange_end(ex);
+	log_request(ex, clock_now_us());
 }
 
 static void exchange_free_cb(void *p)
@@ -1417,7 +1403,6 @@ void exchange_free(struct exchange *ex)
 		evbuffer_free(ex->idem_hdrs);
 	if (ex->idem_body)
 		evbuffer_free(ex->idem_body);
-	access_end(&ex->log);
 	runtime_unref(ex->rt);
 	atomic_fetch_sub(&g_exchanges, 1);
 	worker_defer_free(ex->w, exchange_free_cb, ex);

@@ -48,9 +48,6 @@ void exchange_body(struct exchange *ex, struct evbuffer *data);
 void exchange_body_end(struct exchange *ex);
 /* How many body bytes the exchange takes now (0: stop reading the client). */
 size_t exchange_body_room(const struct exchange *ex);
-/* The exchange no longer needs the request body (it answered early): the connection must
- * close after the response unless the body was fully read. */
-bool exchange_wants_body(const struct exchange *ex);
 
 /* The client output drained below the low-water mark. */
 void exchange_client_drained(struct exchange *ex);

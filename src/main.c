@@ -231,7 +231,6 @@ int main(int argc, char **argv)
 
 	atomic_store(&workers_running, g_nworkers);
 	for (int w = 0; w < g_nworkers; w++) {
-		g_workers[w] = &workers[w];
 		if (worker_start(&workers[w]) != 0) {
 			fprintf(stderr, "retrygate: cannot start worker %d\n", w);
 			return 1;

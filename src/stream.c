@@ -450,13 +450,6 @@ void stream_disable(struct stream *s, short what)
 		s->reading = false;
 }
 
-short stream_get_enabled(struct stream *s)
-{
-	if (s->bev)
-		return bufferevent_get_enabled(s->bev);
-	return (short)((s->reading ? EV_READ : 0) | EV_WRITE);
-}
-
 void stream_setwatermark(struct stream *s, short what, size_t low, size_t high)
 {
 	if (s->bev) {

@@ -48,7 +48,6 @@ struct evbuffer *stream_output(struct stream *s);
 /* EV_READ on or off (output is always written) */
 void stream_enable(struct stream *s, short what);
 void stream_disable(struct stream *s, short what);
-short stream_get_enabled(struct stream *s);
 /* EV_READ: stop reading when input holds HIGH bytes (0: no limit). EV_WRITE: call WRITE when
  * output is at or below LOW. */
 void stream_setwatermark(struct stream *s, short what, size_t low, size_t high);

@@ -20,7 +20,6 @@
 #include "util.h"
 #include "worker.h"
 
-struct worker *g_workers[64];
 _Atomic bool g_draining;
 _Atomic int g_exchanges;
 

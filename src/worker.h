@@ -56,7 +56,6 @@ struct worker {
 	void (*on_exit)(struct worker *w);  /* called from the worker thread as it ends */
 };
 
-extern struct worker *g_workers[64];
 extern _Atomic bool g_draining;
 /* Exchanges (requests being served, tunnels included) in all workers. */
 extern _Atomic int g_exchanges;
