@@ -179,12 +179,15 @@ static void add_hdr3(struct evbuffer *b, const char *name, size_t nlen, const ch
 	size_t len[5] = { nlen, 2, l1, l2, l3 };
 	if (nlen + l1 + l2 + l3 + 4 > sizeof(tmp)) {
 		for (int i = 0; i < 5; i++)
-			evbuffer_add(b, part[i], len[i]);
+			if (len[i] > 0)
+				evbuffer_add(b, part[i], len[i]);
 		evbuffer_add(b, "\r\n", 2);
 		return;
 	}
 	size_t n = 0;
 	for (int i = 0; i < 5; i++) {
+		if (len[i] == 0)
+			continue;       /* an absent piece is NULL: memcpy must not see it */
 		memcpy(tmp + n, part[i], len[i]);
 		n += len[i];
 	}
