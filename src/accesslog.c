@@ -18,10 +18,8 @@
 
 #include "accesslog.h"
 #include "config.h"
-#include "exchange.h"
 #include "http.h"
 #include "util.h"
-#include "worker.h"
 
 #define ACCESS_FLUSH_BYTES (64 * 1024)
 
@@ -32,14 +30,14 @@ static char *al_buf;
 static size_t al_len, al_cap;
 static bool al_on;
 
-void access_begin(struct access_rec *r, const struct client_info *ci, const struct http_head *req,
+void access_begin(struct access_rec *r, uint64_t sid, const char *peer, const struct http_head *req,
                   const char *reqid)
 {
 	memset(r, 0, sizeof(*r));
 	r->req = req;
 	r->reqid = reqid;
-	r->sid = ci->sid;
-	r->peer = ci->peer_ip;
+	r->sid = sid;
+	r->peer = peer;
 	r->last_out = OUT_NONE;
 }
 
@@ -157,7 +155,7 @@ static void append_line(const char *line, size_t n)
 	pthread_mutex_unlock(&al_lock);
 }
 
-void accesslog_write(struct worker *w, struct access_rec *r)
+void accesslog_write(const struct access_rec *r)
 {
 	if (!al_on)
 		return;
@@ -172,9 +170,15 @@ void accesslog_write(struct worker *w, struct access_rec *r)
 	append(line, &n, sizeof(line), ".%03dZ\",\"request_id\":\"%s\",\"session\":%" PRIu64,
 	       (int)(tv.tv_usec / 1000), esc, r->sid);
 	jesc(esc, sizeof(esc), r->peer, r->peer ? strlen(r->peer) : 0);
-	append(line, &n, sizeof(line), ",\"client\":\"%s\",\"method\":\"%s\"", esc, r->req->method);
-	jesc(esc, sizeof(esc), r->req->path, r->req->path_len);
-	append(line, &n, sizeof(line), ",\"path\":\"%s\"", esc);
+	append(line, &n, sizeof(line), ",\"client\":\"%s\"", esc);
+	if (r->req) {
+		append(line, &n, sizeof(line), ",\"method\":\"%s\"", r->req->method);
+		jesc(esc, sizeof(esc), r->req->path, r->req->path_len);
+		append(line, &n, sizeof(line), ",\"path\":\"%s\"", esc);
+	} else {
+		/* refused before the head was understood (malformed, oversized, header timeout) */
+		append(line, &n, sizeof(line), ",\"method\":null,\"path\":null");
+	}
 	if (r->upstream) {
 		char esc2[512];
 		jesc(esc, sizeof(esc), r->route_host ? r->route_host : "*", r->route_host ? strlen(r->route_host) : 1);
@@ -211,35 +215,6 @@ void accesslog_write(struct worker *w, struct access_rec *r)
 	}
 	append(line, &n, sizeof(line), ",\"client_aborted\":%s,\"outcome\":\"%s\"}\n",
 	       r->client_abort ? "true" : "false", access_outcome(r));
-	if (n >= sizeof(line) - 1) {
-		n = sizeof(line) - 2;
-		line[n++] = '\n';
-	}
-	append_line(line, n);
-	(void)w;
-}
-
-void accesslog_write_refusal(struct worker *w, uint64_t sid, const char *peer, int status,
-                             const char *reason)
-{
-	if (!al_on)
-		return;
-	char line[1024], esc[256];
-	size_t n;
-	struct timeval tv;
-	struct tm tm;
-	gettimeofday(&tv, NULL);
-	gmtime_r(&tv.tv_sec, &tm);
-	uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
-	n = strftime(line, sizeof(line), "{\"time\":\"%Y-%m-%dT%H:%M:%S", &tm);
-	append(line, &n, sizeof(line), ".%03dZ\",\"request_id\":\"%016" PRIx64 "%016" PRIx64
-	       "\",\"session\":%" PRIu64, (int)(tv.tv_usec / 1000), r1, r2, sid);
-	jesc(esc, sizeof(esc), peer, peer ? strlen(peer) : 0);
-	append(line, &n, sizeof(line), ",\"client\":\"%s\",\"method\":null,\"path\":null,"
-	       "\"route\":null,\"upstream\":null,\"status\":%d,\"attempts\":0,\"tries\":[],"
-	       "\"retry_refused\":null,\"reason\":\"%s\",\"deadline_ms\":0,\"deadline_left_ms\":0,"
-	       "\"duration_ms\":0.000,\"request_body_bytes\":0,\"idempotency_key\":null,"
-	       "\"client_aborted\":false,\"outcome\":\"failed\"}\n", esc, status, reason ? reason : "");
 	if (n >= sizeof(line) - 1) {
 		n = sizeof(line) - 2;
 		line[n++] = '\n';

@@ -14,8 +14,6 @@
 
 #include "retry.h"
 
-struct worker;
-struct client_info;
 struct http_head;
 struct cfg_route;
 
@@ -41,7 +39,9 @@ struct access_rec {
 	enum outcome last_out;
 };
 
-void access_begin(struct access_rec *r, const struct client_info *ci, const struct http_head *req,
+/* REQ may be NULL: a request refused before its head was understood (malformed, oversized,
+ * header timeout) gets a line with no method, path or route, outcome "failed". */
+void access_begin(struct access_rec *r, uint64_t sid, const char *peer, const struct http_head *req,
                   const char *reqid);
 void access_set_route(struct access_rec *r, const struct cfg_route *route, const char *upstream);
 void access_set_key(struct access_rec *r, const char *key, size_t len);
@@ -56,11 +56,7 @@ const char *access_outcome(const struct access_rec *r);
 int accesslog_open(const char *spec);    /* 0 or -1 */
 void accesslog_reopen(void);
 void accesslog_close(void);
-void accesslog_write(struct worker *w, struct access_rec *r);
-/* A request refused by the session before it reached an exchange (malformed, oversized,
- * header timeout): a line with no method, path or route, outcome "failed". */
-void accesslog_write_refusal(struct worker *w, uint64_t sid, const char *peer, int status,
-                             const char *reason);
+void accesslog_write(const struct access_rec *r);
 void accesslog_flush(void);
 
 #endif

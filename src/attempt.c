@@ -31,7 +31,7 @@
 #include "upstream.h"
 #include "stream.h"
 #include "util.h"
-#include "worker.h"
+#include "loop.h"
 
 #define ATTEMPT_MAGIC 0xa77e3b71u
 #define BODY_CHUNK (64 * 1024)
@@ -41,7 +41,7 @@ enum astate { A_RESOLVING, A_CONNECTING, A_WAITING, A_BODY, A_DONE };
 struct attempt {
 	uint32_t magic;
 	enum astate state;
-	struct worker *w;
+	struct loop *loop;
 	struct ep_state *ep;
 	struct pool_ep *pe;
 	struct upconn *c;
@@ -240,14 +240,14 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 {
 	a->state = A_CONNECTING;
 	SSL *ssl = a->tls ? tls_client_ssl(a->tls, a->sni, a->verify) : NULL;
-	struct stream *bev = (!a->tls || ssl) ? stream_new(a->w->base, -1, ssl,
+	struct stream *bev = (!a->tls || ssl) ? stream_new(a->loop, -1, ssl,
 	                                                   ssl ? STREAM_TLS_CONNECT : STREAM_PLAIN) : NULL;
 	if (!bev) {
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "out of sockets");
 		return;
 	}
 	struct upconn *c = xcalloc(1, sizeof(*c));
-	c->w = a->w;
+	c->loop = a->loop;
 	c->ep = a->ep;
 	c->bev = bev;
 	a->c = c;
@@ -285,14 +285,14 @@ static void replace_conn(struct attempt *a)
 	start_fresh(a);
 }
 
-struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct attempt_req *req,
+struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,
                               const struct attempt_cbs *cbs, void *arg)
 {
 	struct attempt *a = xcalloc(1, sizeof(*a));
 	a->magic = ATTEMPT_MAGIC;
-	a->w = w;
+	a->loop = loop;
 	a->ep = ep;
-	a->pe = pool_ep_get(w, ep);
+	a->pe = pool_ep_get(loop, ep);
 	a->cbs = *cbs;
 	a->arg = arg;
 	a->head = req->head;
@@ -309,7 +309,7 @@ struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct atte
 	a->decoded = evbuffer_new();
 	if (a->streaming)
 		a->pending = evbuffer_new();
-	a->timer = evtimer_new(w->base, timer_cb, a);
+	a->timer = evtimer_new(loop->base, timer_cb, a);
 
 	int64_t t = a->connect_timeout_us;
 	if (a->head_timeout_us > 0 && a->head_timeout_us < t)
@@ -352,7 +352,7 @@ void attempt_free(struct attempt *a)
 	if (a->decoded)
 		evbuffer_free(a->decoded);
 	a->head = a->pending = a->decoded = NULL;
-	worker_defer_free(a->w, attempt_free_cb, a);
+	loop_defer_free(a->loop, attempt_free_cb, a);
 }
 
 void attempt_send_body(struct attempt *a, struct evbuffer *data)

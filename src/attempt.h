@@ -16,7 +16,7 @@
 
 #include "retry.h"
 
-struct worker;
+struct loop;
 struct ep_state;
 struct evbuffer;
 struct http_head;
@@ -50,7 +50,7 @@ struct attempt_req {
 	bool verify;
 };
 
-struct attempt *attempt_start(struct worker *w, struct ep_state *ep, struct attempt_req *req,
+struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,
                               const struct attempt_cbs *cbs, void *arg);
 void attempt_free(struct attempt *a);
 

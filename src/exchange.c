@@ -39,7 +39,7 @@
 #include "upstream.h"
 #include "stream.h"
 #include "util.h"
-#include "worker.h"
+#include "loop.h"
 
 #define EXCHANGE_MAGIC 0xe8c4a46eu
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
@@ -62,7 +62,7 @@ struct saved {
 struct exchange {
 	uint32_t magic;
 	enum xstate state;
-	struct worker *w;
+	struct loop *loop;
 	struct runtime *rt;
 	struct cfg_listener *l;
 	struct client_info ci;
@@ -281,7 +281,7 @@ static void count_status(struct exchange *ex, int status)
 {
 	int c = status / 100;
 	if (c >= 1 && c <= 5)
-		STAT_INC(g_gstats[ex->w->id].requests[c]);
+		STAT_INC(g_gstats[ex->loop->id].requests[c]);
 }
 
 /* ------------------------------------------------------------------ finishing */
@@ -348,7 +348,7 @@ static void log_request(struct exchange *ex, int64_t now)
 	ex->log.last_out = ex->last_out;
 	ex->log.duration_us = now - ex->t0_us;
 	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
-	accesslog_write(ex->w, &ex->log);
+	accesslog_write(&ex->log);
 }
 
 static void noop_done(void *arg, bool close)
@@ -392,8 +392,7 @@ static void finish_error(struct exchange *ex, int status, const char *reason, bo
 		snprintf(hdrs, sizeof(hdrs), "%s", extra);
 	if (ex->has_body && !ex->body_done)
 		close = true;       /* the rest of the request body was not read */
-	close = close || ex->close_after || !ex->req->keep_alive || ex->ci.draining ||
-	        atomic_load(&g_draining);
+	close = close || ex->close_after || !ex->req->keep_alive || *ex->ci.draining;
 	ex->resp_status = status;
 	ex->log.reason = reason;
 	(ex->req->method_head ? reply_error_head : reply_error)(
@@ -453,7 +452,7 @@ static void write_head(struct exchange *ex, const struct http_head *h, enum refu
 	}
 	if (ex->has_body && !ex->body_done && ex->bmode != B_STREAM)
 		ex->close_after = true;
-	if (!ex->req->keep_alive || ex->ci.draining || atomic_load(&g_draining))
+	if (!ex->req->keep_alive || *ex->ci.draining)
 		ex->close_after = true;
 	if (ex->close_after)
 		evbuffer_add(o, "Connection: close\r\n", 19);
@@ -745,7 +744,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 			rq.sni = sni;   /* a name, not an address: it is the server's name */
 	}
 	ex->state = X_ATTEMPT;
-	ex->att = attempt_start(ex->w, ep, &rq, &attempt_callbacks, ex);
+	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
 	access_add_attempt(&ex->log, ep->name);
 	if (ex->bmode == B_STREAM) {
 		if (evbuffer_get_length(ex->body) > 0)
@@ -821,7 +820,7 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		.now_us = now,
 		.deadline_us = ex->deadline_us,
 		.retry_after_us = -1,
-		.rand = rand_next(&ex->w->rng),
+		.rand = rand_next(&ex->loop->rng),
 	};
 	if (h) {
 		if (hdr_int(h, "X-Retrygate-Attempts") > 1 || http_head_get(h, "X-Retrygate-Retry-Refused", NULL))
@@ -1055,15 +1054,15 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ------------------------------------------------------------------ session side */
 
-struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_listener *l,
+struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_listener *l,
                               const struct client_info *ci, const struct http_head *req,
                               struct stream *client, const struct exchange_cbs *cbs,
                               void *arg)
 {
 	struct exchange *ex = xcalloc(1, sizeof(*ex));
-	atomic_fetch_add(&g_exchanges, 1);
+	atomic_fetch_add(&g_gstats[loop->id].exchanges_active, 1);
 	ex->magic = EXCHANGE_MAGIC;
-	ex->w = w;
+	ex->loop = loop;
 	ex->rt = runtime_ref(rt);
 	ex->l = l;
 	ex->ci = *ci;
@@ -1075,8 +1074,8 @@ struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_l
 	ex->cbs = *cbs;
 	ex->arg = arg;
 	ex->t0_us = clock_now_us();
-	ex->deadline_ev = evtimer_new(w->base, deadline_cb, ex);
-	ex->backoff_ev = evtimer_new(w->base, backoff_cb, ex);
+	ex->deadline_ev = evtimer_new(loop->base, deadline_cb, ex);
+	ex->backoff_ev = evtimer_new(loop->base, backoff_cb, ex);
 	ex->body = evbuffer_new();
 	ex->has_body = req->chunked || req->content_length > 0;
 	ex->body_done = !ex->has_body;
@@ -1089,15 +1088,9 @@ struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_l
 		memcpy(ex->reqid, cid, idlen);
 		ex->reqid[idlen] = 0;
 	} else {
-		uint64_t r1 = rand_next(&w->rng), r2 = rand_next(&w->rng);
-		static const char hex[] = "0123456789abcdef";
-		for (int i = 0; i < 16; i++) {
-			ex->reqid[i] = hex[(r1 >> (60 - 4 * i)) & 15];
-			ex->reqid[16 + i] = hex[(r2 >> (60 - 4 * i)) & 15];
-		}
-		ex->reqid[32] = 0;
+		request_id_new(ex->reqid, &loop->rng);
 	}
-	access_begin(&ex->log, ci, req, ex->reqid);
+	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
 	return ex;
 }
 
@@ -1138,7 +1131,7 @@ void exchange_start(struct exchange *ex)
 	ex->up = route->upstream;
 	ex->ub = runtime_upstream(ex->rt, ex->up);
 	ex->st = ex->ub->st;
-	ex->us = &ex->st->stats[ex->w->id];
+	ex->us = &ex->st->stats[ex->loop->id];
 	access_set_route(&ex->log, route, ex->up->name);
 
 	struct dl_value vals[DL_NKINDS];
@@ -1219,7 +1212,7 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		return;
 	case IDEM_REPLAY: {
 		STAT_INC(ex->us->idem[IS_REPLAYED]);
-		bool close = !ex->req->keep_alive || ex->ci.draining || atomic_load(&g_draining);
+		bool close = !ex->req->keep_alive || *ex->ci.draining;
 		bool bodyless = stored->status == 204 || stored->status == 304 || ex->req->method_head;
 		evbuffer_add_printf(ex->cout, "HTTP/1.1 %d %s\r\n", stored->status,
 		                    reply_status_text(stored->status));
@@ -1274,7 +1267,7 @@ static void exchange_go(struct exchange *ex)
 	idem_fingerprint(ex->ikey.fp, r->method, strlen(r->method), r->path, r->path_len, ct, ctlen,
 	                 ex->body);
 	const char *err = NULL;
-	ex->store = idem_store_get(ic, ex->w->base, ex->w->dns, &err);
+	ex->store = idem_store_get(ic, ex->loop->base, ex->loop->dns, &err);
 	if (!ex->store) {
 		slog(LOG_ERROR, ex->ci.sid, "idempotency store %s: %s", ic->store, err ? err : "unavailable");
 		finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
@@ -1407,6 +1400,6 @@ void exchange_free(struct exchange *ex)
 	if (ex->idem_body)
 		evbuffer_free(ex->idem_body);
 	runtime_unref(ex->rt);
-	atomic_fetch_sub(&g_exchanges, 1);
-	worker_defer_free(ex->w, exchange_free_cb, ex);
+	atomic_fetch_sub(&g_gstats[ex->loop->id].exchanges_active, 1);
+	loop_defer_free(ex->loop, exchange_free_cb, ex);
 }

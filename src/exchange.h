@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-struct worker;
+struct loop;
 struct runtime;
 struct cfg_listener;
 struct http_head;
@@ -33,10 +33,11 @@ struct client_info {
 	uint64_t sid;
 	const char *peer_ip;
 	bool tls;
-	bool draining;                  /* answer with Connection: close */
+	const bool *draining;           /* the connection closes after this response (read when
+	                                 * the head is written: a drain may begin meanwhile) */
 };
 
-struct exchange *exchange_new(struct worker *w, struct runtime *rt, struct cfg_listener *l,
+struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_listener *l,
                               const struct client_info *ci, const struct http_head *req,
                               struct stream *client, const struct exchange_cbs *cbs,
                               void *arg);

@@ -19,9 +19,8 @@
 #include "config.h"
 #include "listener.h"
 #include "log.h"
-#include "session.h"
 #include "util.h"
-#include "worker.h"
+#include "loop.h"
 
 #define PAUSE_POLL_US   (20 * 1000)
 #define EMFILE_PAUSE_US (100 * 1000)
@@ -55,7 +54,8 @@ static struct lcount *lcount_get(const char *name)
 }
 
 struct listener {
-	struct worker *w;
+	struct loop *loop;
+	struct listener_owner own;
 	char *name;
 	struct evconnlistener *evl;
 	struct event *pause_ev;
@@ -112,7 +112,7 @@ struct cfg_listener *listener_config(struct listener *l, const struct config *cf
 
 static int64_t current_cap(struct listener *l)
 {
-	struct cfg_listener *lc = listener_config(l, worker_runtime(l->w)->cfg);
+	struct cfg_listener *lc = listener_config(l, l->own.config(l->own.arg));
 	return lc ? lc->limits.max_connections : 0;
 }
 
@@ -131,14 +131,14 @@ static void unpark(struct listener *l)
 {
 	while (l->nparked > 0) {
 		int64_t n = atomic_fetch_add(&l->count->conns, 1) + 1;
-		if (n > current_cap(l) || !listener_config(l, worker_runtime(l->w)->cfg)) {
+		if (n > current_cap(l) || !listener_config(l, l->own.config(l->own.arg))) {
 			atomic_fetch_sub(&l->count->conns, 1);
 			return;
 		}
 		struct parked p = l->parked[0];
 		l->nparked--;
 		memmove(&l->parked[0], &l->parked[1], sizeof(l->parked[0]) * (size_t)l->nparked);
-		session_new(l->w, l, p.fd, (struct sockaddr *)&p.sa, p.salen);
+		l->own.on_accept(l->own.arg, l, l->name, p.fd, (struct sockaddr *)&p.sa, p.salen);
 	}
 }
 
@@ -178,12 +178,12 @@ static void accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct soc
 	}
 	if (n == cap)
 		pause_for(l, PAUSE_POLL_US);
-	if (!listener_config(l, worker_runtime(l->w)->cfg)) {
+	if (!listener_config(l, l->own.config(l->own.arg))) {
 		atomic_fetch_sub(&l->count->conns, 1);
 		close(fd);
 		return;
 	}
-	session_new(l->w, l, fd, sa, salen);
+	l->own.on_accept(l->own.arg, l, l->name, fd, sa, salen);
 }
 
 static void accept_error_cb(struct evconnlistener *evl, void *arg)
@@ -195,18 +195,20 @@ static void accept_error_cb(struct evconnlistener *evl, void *arg)
 	pause_for(l, EMFILE_PAUSE_US);
 }
 
-struct listener *listener_new(struct worker *w, const char *name, int fd)
+struct listener *listener_new(struct loop *loop, const struct listener_owner *own,
+                              const char *name, int fd)
 {
 	struct listener *l = xcalloc(1, sizeof(*l));
-	l->w = w;
+	l->loop = loop;
+	l->own = *own;
 	l->name = xstrdup(name);
 	l->count = lcount_get(name);
 	/* backlog 0: the socket listens already (listener_bind, 1024); -1 would listen() again
 	 * with libevent's default of 128, and a burst of connects would see SYNs dropped */
-	l->evl = evconnlistener_new(w->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
+	l->evl = evconnlistener_new(loop->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
 	                            0, fd);
 	evconnlistener_set_error_cb(l->evl, accept_error_cb);
-	l->pause_ev = evtimer_new(w->base, pause_cb, l);
+	l->pause_ev = evtimer_new(loop->base, pause_cb, l);
 	return l;
 }
 

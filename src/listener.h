@@ -7,21 +7,33 @@
 #ifndef RG_LISTENER_H
 #define RG_LISTENER_H
 
-struct worker;
+struct loop;
 struct config;
+struct sockaddr;
 struct cfg_listener;
 struct listener;
 
 /* Bind one socket for listener L (main thread). Returns the fd or -1 with *err set. */
 int listener_bind(const char *addr, const char **err);
 
-/* Wrap FD for worker W; NAME is the listener's name (its config is looked up by it). */
-struct listener *listener_new(struct worker *w, const char *name, int fd);
+/* What a listener reports up: each accepted connection (FD taken), and where it reads the
+ * current config (its max_connections). */
+struct listener_owner {
+	void (*on_accept)(void *arg, struct listener *l, const char *name, int fd,
+	                  const struct sockaddr *sa, int salen);
+	const struct config *(*config)(void *arg);
+	void *arg;
+};
+
+/* Wrap FD on LOOP; NAME is the listener's name (its config is looked up by it). */
+struct listener *listener_new(struct loop *loop, const struct listener_owner *own,
+                              const char *name, int fd);
 void listener_free(struct listener *l);
 /* Stop accepting (drain). */
 void listener_stop(struct listener *l);
 
 struct cfg_listener *listener_config(struct listener *l, const struct config *cfg);
+/* A connection it accepted closed: its place is free again. */
 void listener_release(struct listener *l);
 
 #endif

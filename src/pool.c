@@ -19,30 +19,45 @@
 #include "upstream.h"
 #include "stream.h"
 #include "util.h"
-#include "worker.h"
+#include "loop.h"
 
 #define DNS_TTL_US (30 * 1000000LL)
 
-struct pool_ep *pool_ep_get(struct worker *w, struct ep_state *ep)
+/* the loop's pools: [upstream state id][endpoint index] */
+struct pool_table {
+	struct pool_ep ***pools;
+	int npools;
+	bool draining;                  /* no connection is parked any more */
+};
+
+static struct pool_table *pool_table(struct loop *l)
 {
+	if (!l->pools)
+		l->pools = xcalloc(1, sizeof(*l->pools));
+	return l->pools;
+}
+
+struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
+{
+	struct pool_table *t = pool_table(l);
 	int id = ep->up->id;
-	if (id >= w->npools) {
+	if (id >= t->npools) {
 		int n = id + 8;
-		w->pools = xrealloc(w->pools, sizeof(*w->pools) * (size_t)n);
-		for (int i = w->npools; i < n; i++)
-			w->pools[i] = NULL;
-		w->npools = n;
+		t->pools = xrealloc(t->pools, sizeof(*t->pools) * (size_t)n);
+		for (int i = t->npools; i < n; i++)
+			t->pools[i] = NULL;
+		t->npools = n;
 	}
-	if (!w->pools[id])
-		w->pools[id] = xcalloc(MAX_ENDPOINTS, sizeof(struct pool_ep *));
-	struct pool_ep *pe = w->pools[id][ep->index];
+	if (!t->pools[id])
+		t->pools[id] = xcalloc(MAX_ENDPOINTS, sizeof(struct pool_ep *));
+	struct pool_ep *pe = t->pools[id][ep->index];
 	if (!pe) {
 		pe = xcalloc(1, sizeof(*pe));
 		TAILQ_INIT(&pe->idle);
 		TAILQ_INIT(&pe->waiters);
 		pe->ep = ep;
-		pe->w = w;
-		w->pools[id][ep->index] = pe;
+		pe->loop = l;
+		t->pools[id][ep->index] = pe;
 	}
 	return pe;
 }
@@ -59,7 +74,7 @@ static void pool_unlink(struct upconn *c)
 {
 	if (!c->idle)
 		return;
-	struct pool_ep *pe = pool_ep_get(c->w, c->ep);
+	struct pool_ep *pe = pool_ep_get(c->loop, c->ep);
 	TAILQ_REMOVE(&pe->idle, c, link);
 	pe->nidle--;
 	c->idle = false;
@@ -76,7 +91,7 @@ void upconn_close(struct upconn *c)
 		stream_free(c->bev);
 		c->bev = NULL;
 	}
-	worker_defer_free(c->w, upconn_free_cb, c);
+	loop_defer_free(c->loop, upconn_free_cb, c);
 }
 
 /* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
@@ -97,8 +112,8 @@ static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
 
 void pool_put(struct upconn *c)
 {
-	struct pool_ep *pe = pool_ep_get(c->w, c->ep);
-	if (pe->nidle >= POOL_MAX_IDLE || c->w->draining ||
+	struct pool_ep *pe = pool_ep_get(c->loop, c->ep);
+	if (pe->nidle >= POOL_MAX_IDLE || pool_table(c->loop)->draining ||
 	    evbuffer_get_length(stream_input(c->bev)) > 0) {
 		upconn_close(c);
 		return;
@@ -107,7 +122,7 @@ void pool_put(struct upconn *c)
 	c->idle_since_us = clock_now_us();
 	stream_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
 	stream_enable(c->bev, EV_READ);
-	c->idle_ev = evtimer_new(c->w->base, idle_timeout_cb, c);
+	c->idle_ev = evtimer_new(c->loop->base, idle_timeout_cb, c);
 	struct timeval tv = clock_tv(POOL_IDLE_US);
 	evtimer_add(c->idle_ev, &tv);
 	TAILQ_INSERT_HEAD(&pe->idle, c, link);    /* LIFO: the most recently used is warmest */
@@ -210,7 +225,7 @@ void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
 	hints.ai_flags = EVUTIL_AI_ADDRCONFIG;
 	pe->resolving = true;
 	/* may call dns_cb synchronously (e.g. /etc/hosts hit) */
-	evdns_getaddrinfo(pe->w->dns, host, portstr, &hints, dns_cb, pe);
+	evdns_getaddrinfo(pe->loop->dns, host, portstr, &hints, dns_cb, pe);
 }
 
 void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
@@ -224,13 +239,29 @@ void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
 	}
 }
 
-void pool_free_all(struct worker *w)
+void pool_drain(struct loop *l)
 {
-	for (int i = 0; i < w->npools; i++) {
-		if (!w->pools[i])
+	struct pool_table *t = pool_table(l);
+	t->draining = true;
+	for (int i = 0; i < t->npools; i++)
+		for (int e = 0; t->pools[i] && e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = t->pools[i][e];
+			struct upconn *c;
+			while (pe && (c = TAILQ_FIRST(&pe->idle)))
+				upconn_close(c);
+		}
+}
+
+void pool_free_all(struct loop *l)
+{
+	struct pool_table *t = l->pools;
+	if (!t)
+		return;
+	for (int i = 0; i < t->npools; i++) {
+		if (!t->pools[i])
 			continue;
 		for (int e = 0; e < MAX_ENDPOINTS; e++) {
-			struct pool_ep *pe = w->pools[i][e];
+			struct pool_ep *pe = t->pools[i][e];
 			if (!pe)
 				continue;
 			struct upconn *c;
@@ -242,9 +273,9 @@ void pool_free_all(struct worker *w)
 			}
 			free(pe);
 		}
-		free(w->pools[i]);
+		free(t->pools[i]);
 	}
-	free(w->pools);
-	w->pools = NULL;
-	w->npools = 0;
+	free(t->pools);
+	free(t);
+	l->pools = NULL;
 }

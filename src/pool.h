@@ -16,7 +16,7 @@
 #include <sys/queue.h>
 #include <sys/socket.h>
 
-struct worker;
+struct loop;
 struct ep_state;
 struct stream;
 struct http_msg;
@@ -27,7 +27,7 @@ struct http_msg;
 #define POOL_PEEK_AFTER_US  (20 * 1000LL)
 
 struct upconn {
-	struct worker *w;
+	struct loop *loop;
 	struct ep_state *ep;
 	struct stream *bev;
 	struct http_msg *parser;
@@ -55,10 +55,10 @@ struct pool_ep {
 	bool resolving;
 	TAILQ_HEAD(, pool_waiter) waiters;
 	struct ep_state *ep;
-	struct worker *w;
+	struct loop *loop;
 };
 
-struct pool_ep *pool_ep_get(struct worker *w, struct ep_state *ep);
+struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep);
 
 /* An idle connection that still looks alive, or NULL. */
 struct upconn *pool_get(struct pool_ep *pe);
@@ -72,6 +72,8 @@ void upconn_close(struct upconn *c);
 void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt);
 void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt);
 
-void pool_free_all(struct worker *w);
+/* Drain: close every idle connection and park no more (called down by the worker). */
+void pool_drain(struct loop *l);
+void pool_free_all(struct loop *l);
 
 #endif

@@ -25,7 +25,6 @@
 #include "config.h"
 #include "exchange.h"
 #include "http.h"
-#include "listener.h"
 #include "log.h"
 #include "reply.h"
 #include "session.h"
@@ -34,7 +33,8 @@
 #include "tunnel.h"
 #include "stream.h"
 #include "util.h"
-#include "worker.h"
+#include "loop.h"
+#include "upstream.h"
 
 #define SESSION_MAGIC 0x5e5510a1u
 #define CLIENT_LOW (64 * 1024)
@@ -46,8 +46,9 @@ struct session {
 	uint32_t magic;
 	enum sstate state;
 	uint64_t id;
-	struct worker *w;
-	struct listener *lst;
+	struct loop *loop;
+	struct session_owner own;
+	char *lname;                    /* the listener's name: its config is looked up by it */
 	struct runtime *rt;             /* the config of the current request */
 	struct cfg_listener *lcfg;
 	struct stream *bev;
@@ -62,7 +63,6 @@ struct session {
 	bool close_after;
 	bool tls;
 	char peer_ip[64];
-	TAILQ_ENTRY(session) link;
 };
 
 static void session_process(struct session *s);
@@ -71,6 +71,7 @@ static void session_free_cb(void *p)
 {
 	struct session *s = p;
 	s->magic = 0;
+	free(s->lname);
 	free(s);
 }
 
@@ -97,12 +98,8 @@ void session_close(struct session *s, const char *why)
 	evbuffer_free(s->body_tmp);
 	runtime_unref(s->rt);
 	s->rt = NULL;
-	TAILQ_REMOVE(&s->w->sessions, s, link);
-	s->w->nsessions--;
-	atomic_fetch_sub(&g_gstats[s->w->id].conns_active, 1);
-	listener_release(s->lst);
-	worker_defer_free(s->w, session_free_cb, s);
-	worker_session_closed(s->w);
+	loop_defer_free(s->loop, session_free_cb, s);
+	s->own.on_closed(s->own.closed_arg);
 }
 
 /* Stop reading; close once the output has been flushed. */
@@ -127,12 +124,19 @@ static void refuse_ex(struct session *s, int status, const char *reason, const c
                       bool log)
 {
 	slog(LOG_INFO, s->id, "refused %d %s: %s", status, reason, detail ? detail : "");
-	if (log)        /* one access log line per request, even one refused here */
-		accesslog_write_refusal(s->w, s->id, s->peer_ip, status, reason);
+	if (log) {      /* one access log line per request, even one refused here */
+		char reqid[33];
+		struct access_rec r;
+		request_id_new(reqid, &s->loop->rng);
+		access_begin(&r, s->id, s->peer_ip, NULL, reqid);
+		r.status = status;
+		r.reason = reason;
+		accesslog_write(&r);
+	}
 	reply_error(stream_output(s->bev), status, reason, "", 0, true, false, NULL);
 	int c = status / 100;
 	if (c >= 1 && c <= 5)
-		STAT_INC(g_gstats[s->w->id].requests[c]);
+		STAT_INC(g_gstats[s->loop->id].requests[c]);
 	session_close_after_flush(s);
 }
 
@@ -155,7 +159,7 @@ static void ex_done_cb(void *arg, bool close)
 		return;
 	s->ex_done = true;
 	/* the exchange says close when it answered before reading a body it did not want */
-	if (close || s->close_after || s->w->draining) {
+	if (close || s->close_after) {
 		session_close_after_flush(s);
 		return;
 	}
@@ -180,7 +184,7 @@ static void ex_tunnel_cb(void *arg, struct stream *upstream)
 	s->ex_done = true;
 	s->state = S_TUNNEL;
 	evtimer_del(s->timer);
-	s->tunnel = tunnel_new(s->w, s->bev, upstream, tunnel_closed_cb, s);
+	s->tunnel = tunnel_new(s->loop, s->bev, upstream, tunnel_closed_cb, s);
 }
 
 static const struct exchange_cbs exchange_callbacks = {
@@ -190,14 +194,22 @@ static const struct exchange_cbs exchange_callbacks = {
 };
 
 /* The config the next request is served with: refreshed per request. */
+static struct cfg_listener *find_listener(const struct config *cfg, const char *name)
+{
+	for (int i = 0; i < cfg->nlisteners; i++)
+		if (strcmp(cfg->listeners[i].name, name) == 0)
+			return &cfg->listeners[i];
+	return NULL;
+}
+
 static bool session_refresh_config(struct session *s)
 {
-	struct runtime *rt = worker_runtime(s->w);
+	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
 	if (rt == s->rt)
 		return s->lcfg != NULL;
 	runtime_unref(s->rt);
 	s->rt = runtime_ref(rt);
-	s->lcfg = listener_config(s->lst, rt->cfg);
+	s->lcfg = find_listener(rt->cfg, s->lname);
 	return s->lcfg != NULL;
 }
 
@@ -213,11 +225,11 @@ static void start_exchange(struct session *s, const struct http_head *h)
 		.sid = s->id,
 		.peer_ip = s->peer_ip,
 		.tls = s->tls,
-		.draining = s->w->draining,
+		.draining = &s->close_after,
 	};
 	s->ex_done = false;
 	s->state = S_BODY;      /* even a body-less message ends with HTTP_DONE from the parser */
-	s->ex = exchange_new(s->w, s->rt, s->lcfg, &ci, h, s->bev, &exchange_callbacks, s);
+	s->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, s->bev, &exchange_callbacks, s);
 	exchange_start(s->ex);
 }
 
@@ -367,16 +379,17 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	session_close(s, "idle");
 }
 
-struct session *session_new(struct worker *w, struct listener *lst, int fd,
-                            const struct sockaddr *peer, int peerlen)
+struct session *session_new(struct loop *loop, const struct session_owner *own, const char *lname,
+                            uint64_t sid, int fd, const struct sockaddr *peer, int peerlen)
 {
 	struct session *s = xcalloc(1, sizeof(*s));
 	s->magic = SESSION_MAGIC;
-	s->w = w;
-	s->lst = lst;
-	s->id = ++w->next_sid * 64 + (uint64_t)w->id;
-	s->rt = runtime_ref(worker_runtime(w));
-	s->lcfg = listener_config(lst, s->rt->cfg);
+	s->loop = loop;
+	s->own = *own;
+	s->lname = xstrdup(lname);
+	s->id = sid;
+	s->rt = runtime_ref(own->runtime(own->runtime_arg));
+	s->lcfg = find_listener(s->rt->cfg, lname);
 	if (peer->sa_family == AF_INET)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, s->peer_ip, sizeof(s->peer_ip));
 	else if (peer->sa_family == AF_INET6)
@@ -384,13 +397,13 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	SSL_CTX *tls = s->rt->ltls[s->lcfg - s->rt->cfg->listeners];
-	s->bev = stream_new(w->base, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
+	s->bev = stream_new(loop, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
 	s->tls = tls != NULL;
 	/* the request parser (its head arrays are most of a connection's memory) comes with the
 	 * first byte: an idle connection costs a few hundred bytes of ours */
 	s->body_tmp = evbuffer_new();
-	s->timer = evtimer_new(w->base, timer_cb, s);
-	s->resume_ev = event_new(w->base, -1, 0, resume_cb, s);
+	s->timer = evtimer_new(loop->base, timer_cb, s);
+	s->resume_ev = event_new(loop->base, -1, 0, resume_cb, s);
 	stream_setcb(s->bev, read_cb, write_cb, event_cb, s);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
 	stream_setwatermark(s->bev, EV_READ, 0, (size_t)s->lcfg->limits.max_header_bytes + 64 * 1024);
@@ -398,9 +411,6 @@ struct session *session_new(struct worker *w, struct listener *lst, int fd,
 	/* a client that stops reading its responses holds nothing for longer than idle_timeout */
 	stream_set_write_timeout(s->bev, s->lcfg->limits.idle_timeout_us);
 	stream_enable(s->bev, EV_READ | EV_WRITE);
-	TAILQ_INSERT_TAIL(&w->sessions, s, link);
-	w->nsessions++;
-	atomic_fetch_add(&g_gstats[w->id].conns_active, 1);
 	s->state = S_HEAD;
 	arm_idle(s);
 	return s;
@@ -414,20 +424,4 @@ void session_drain(struct session *s, bool close_idle)
 		return;
 	}
 	s->close_after = true;
-}
-
-void session_drain_all(struct worker *w, bool close_idle)
-{
-	struct session *s, *next;
-	for (s = TAILQ_FIRST(&w->sessions); s; s = next) {
-		next = TAILQ_NEXT(s, link);
-		session_drain(s, close_idle);
-	}
-}
-
-void session_close_all(struct worker *w)
-{
-	struct session *s;
-	while ((s = TAILQ_FIRST(&w->sessions)))
-		session_close(s, "shutdown");
 }

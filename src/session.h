@@ -10,19 +10,25 @@
 #include <stdbool.h>
 #include <sys/socket.h>
 
-struct worker;
-struct listener;
+struct loop;
+struct runtime;
 struct session;
 
-/* Takes ownership of FD. */
-struct session *session_new(struct worker *w, struct listener *lst, int fd,
-                            const struct sockaddr *peer, int peerlen);
+/* What a session needs from its owner: the current runtime (refreshed per request), and the
+ * news of its end (once, from session_close, after which the session is never used). */
+struct session_owner {
+	struct runtime *(*runtime)(void *arg);
+	void *runtime_arg;
+	void (*on_closed)(void *arg);
+	void *closed_arg;
+};
+
+/* Takes ownership of FD. LNAME: the listener's name (its config is looked up by it). */
+struct session *session_new(struct loop *loop, const struct session_owner *own, const char *lname,
+                            uint64_t sid, int fd, const struct sockaddr *peer, int peerlen);
 /* Drain: every connection closes after its next response; with CLOSE_IDLE, a connection
  * with no request in progress closes now. */
 void session_drain(struct session *s, bool close_idle);
 void session_close(struct session *s, const char *why);
-/* All sessions of W: drain each, or close each. */
-void session_drain_all(struct worker *w, bool close_idle);
-void session_close_all(struct worker *w);
 
 #endif

@@ -61,6 +61,7 @@ struct ustats {
 /* process-wide downstream figures, one per worker */
 struct gstats {
 	_Atomic int64_t conns_active;
+	_Atomic int64_t exchanges_active; /* requests being served (tunnels included): the drain waits for 0 */
 	_Atomic uint64_t requests[6];   /* by status class */
 } __attribute__((aligned(64)));
 

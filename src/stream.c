@@ -25,6 +25,7 @@
 #include <event2/event.h>
 #include <event2/util.h>
 
+#include "loop.h"
 #include "stream.h"
 #include "util.h"
 
@@ -32,6 +33,7 @@
 #define READ_ROUNDS 4       /* reads per wake-up before yielding to other connections */
 
 struct stream {
+	struct loop *loop;
 	struct event_base *base;
 	int fd;
 	struct bufferevent *bev;        /* TLS streams only */
@@ -316,9 +318,11 @@ static void tls_event_cb(struct bufferevent *bev, short what, void *arg)
 
 /* ---------------------------------------------------------------- API */
 
-struct stream *stream_new(struct event_base *base, int fd, SSL *ssl, enum stream_tls mode)
+struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls mode)
 {
+	struct event_base *base = loop->base;
 	struct stream *s = xcalloc(1, sizeof(*s));
+	s->loop = loop;
 	s->base = base;
 	s->fd = fd;
 	if (ssl) {
@@ -373,7 +377,7 @@ int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 	return 0;
 }
 
-static void stream_free_cb(evutil_socket_t fd, short what, void *arg)
+static void stream_free_cb(void *arg)
 {
 	struct stream *s = arg;
 	if (!s->bev) {
@@ -404,10 +408,8 @@ void stream_free(struct stream *s)
 			close(s->fd);
 	}
 	s->fd = -1;
-	struct timeval now = { 0, 0 };
-	/* callers up the stack may still look at the struct: free it from the loop */
-	if (event_base_once(s->base, -1, EV_TIMEOUT, stream_free_cb, s, &now) != 0)
-		stream_free_cb(-1, 0, s);
+	/* callers up the stack may still look at the struct: free it once they unwound */
+	loop_defer_free(s->loop, stream_free_cb, s);
 }
 
 void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream_event_fn ev,

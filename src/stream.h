@@ -10,7 +10,8 @@
  * appended to it has run), asking for writability only when the kernel buffer was full.
  * TLS streams are bufferevent_openssl underneath: the same API, the library's I/O.
  *
- * Callbacks may free the stream (stream_free): memory goes once the loop has unwound.
+ * Callbacks may free the stream (stream_free): memory goes through the loop's deferred-free
+ * queue, once the callback stack has unwound.
  */
 #ifndef RG_STREAM_H
 #define RG_STREAM_H
@@ -23,7 +24,7 @@
 #include <event2/bufferevent.h>     /* BEV_EVENT_* names the events below */
 #include <openssl/ssl.h>
 
-struct event_base;
+struct loop;
 struct evbuffer;
 struct stream;
 
@@ -34,7 +35,7 @@ typedef void (*stream_event_fn)(struct stream *s, short what, void *arg);
 enum stream_tls { STREAM_PLAIN, STREAM_TLS_ACCEPT, STREAM_TLS_CONNECT };
 
 /* FD: an accepted socket, or -1 for stream_connect(). SSL (taken) with a TLS mode, or NULL. */
-struct stream *stream_new(struct event_base *base, int fd, SSL *ssl, enum stream_tls mode);
+struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls mode);
 int stream_connect(struct stream *s, const struct sockaddr *sa, int salen);
 void stream_free(struct stream *s);
 

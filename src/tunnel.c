@@ -11,12 +11,12 @@
 #include "tunnel.h"
 #include "stream.h"
 #include "util.h"
-#include "worker.h"
+#include "loop.h"
 
 #define TUNNEL_HIGH (256 * 1024)
 
 struct tunnel {
-	struct worker *w;
+	struct loop *loop;
 	struct stream *c, *u;
 	void (*on_close)(void *);
 	void *arg;
@@ -83,11 +83,11 @@ static void event_cb(struct stream *bev, short what, void *arg)
 	stream_setwatermark(to, EV_WRITE, 0, 0);
 }
 
-struct tunnel *tunnel_new(struct worker *w, struct stream *client, struct stream *upstream,
+struct tunnel *tunnel_new(struct loop *loop, struct stream *client, struct stream *upstream,
                           void (*on_close)(void *arg), void *arg)
 {
 	struct tunnel *t = xcalloc(1, sizeof(*t));
-	t->w = w;
+	t->loop = loop;
 	t->c = client;
 	t->u = upstream;
 	t->on_close = on_close;
@@ -114,5 +114,5 @@ void tunnel_free(struct tunnel *t)
 	stream_setcb(t->c, NULL, NULL, NULL, NULL);
 	stream_free(t->u);
 	t->u = NULL;
-	worker_defer_free(t->w, free, t);
+	loop_defer_free(t->loop, free, t);
 }

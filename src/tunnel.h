@@ -7,11 +7,11 @@
 #define RG_TUNNEL_H
 
 struct stream;
-struct worker;
+struct loop;
 struct tunnel;
 
 /* CLIENT stays owned by the caller (freed by it after ON_CLOSE); UPSTREAM is taken. */
-struct tunnel *tunnel_new(struct worker *w, struct stream *client, struct stream *upstream,
+struct tunnel *tunnel_new(struct loop *loop, struct stream *client, struct stream *upstream,
                           void (*on_close)(void *arg), void *arg);
 /* Free the tunnel and the upstream connection (deferred). Safe inside on_close. */
 void tunnel_free(struct tunnel *t);

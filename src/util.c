@@ -183,6 +183,17 @@ uint64_t rand_next(uint64_t *state)
 	return x * 0x2545F4914F6CDD1DULL;
 }
 
+void request_id_new(char out[33], uint64_t *rng)
+{
+	static const char hex[] = "0123456789abcdef";
+	uint64_t r1 = rand_next(rng), r2 = rand_next(rng);
+	for (int i = 0; i < 16; i++) {
+		out[i] = hex[(r1 >> (60 - 4 * i)) & 15];
+		out[16 + i] = hex[(r2 >> (60 - 4 * i)) & 15];
+	}
+	out[32] = 0;
+}
+
 static void *oom(size_t n)
 {
 	fprintf(stderr, "retrygate: out of memory (%zu bytes)\n", n);

@@ -26,6 +26,8 @@ int split_host_port(const char *s, char *host, size_t hostcap, int *port);
 
 /* xorshift64*: per-thread state, never 0 */
 uint64_t rand_next(uint64_t *state);
+/* 32 random hex digits and a NUL: an X-Request-Id of ours */
+void request_id_new(char out[33], uint64_t *rng);
 
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t m);

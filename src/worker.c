@@ -1,15 +1,18 @@
 /*
- * worker: thread, event loop, deferred frees, drain.
+ * worker: thread, loop, sessions, drain (see worker.h).
+ *
+ * Sessions are created here, from the listener's accept callback, and each reports its end
+ * through on_conn_closed(): the worker drops it from its list and gives the listener its place
+ * back. Drain: listeners stop, sessions are told to close after their current response, pools
+ * stop parking; once no request is in flight in any worker, idle connections close and the
+ * loop ends when no session is left.
  */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <event2/dns.h>
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "clock.h"
 #include "idempotency.h"
@@ -17,16 +20,25 @@
 #include "log.h"
 #include "pool.h"
 #include "session.h"
+#include "stats.h"
+#include "upstream.h"
 #include "util.h"
 #include "worker.h"
 
 _Atomic bool g_draining;
-_Atomic int g_exchanges;
 
 #define DRAIN_POLL_US (20 * 1000)
 
-struct runtime *worker_runtime(struct worker *w)
+struct worker_conn {
+	struct worker *w;
+	struct session *s;
+	struct listener *lst;
+	TAILQ_ENTRY(worker_conn) link;
+};
+
+static struct runtime *worker_runtime(void *arg)
 {
+	struct worker *w = arg;
 	if (runtime_generation() != w->rt->gen) {
 		struct runtime *rt = runtime_current();
 		runtime_unref(w->rt);
@@ -35,31 +47,66 @@ struct runtime *worker_runtime(struct worker *w)
 	return w->rt;
 }
 
-static void dq_cb(evutil_socket_t fd, short what, void *arg)
+static bool requests_in_flight(void)
+{
+	int64_t n = 0;
+	for (int i = 0; i < g_nworkers; i++)
+		n += atomic_load_explicit(&g_gstats[i].exchanges_active, memory_order_relaxed);
+	return n > 0;
+}
+
+static void maybe_exit(struct worker *w)
+{
+	if (w->draining && w->nconns == 0)
+		event_base_loopexit(w->loop.base, NULL);
+}
+
+static void drain_sessions(struct worker *w, bool close_idle)
+{
+	struct worker_conn *c, *next;
+	for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+		next = TAILQ_NEXT(c, link);
+		session_drain(c->s, close_idle);    /* may close it: on_conn_closed frees C */
+	}
+}
+
+/* A session ended (called once, from session_close). */
+static void on_conn_closed(void *arg)
+{
+	struct worker_conn *c = arg;
+	struct worker *w = c->w;
+	TAILQ_REMOVE(&w->conns, c, link);
+	w->nconns--;
+	atomic_fetch_sub(&g_gstats[w->id].conns_active, 1);
+	listener_release(c->lst);
+	free(c);
+	maybe_exit(w);
+}
+
+static void on_accept(void *arg, struct listener *lst, const char *lname, int fd,
+                      const struct sockaddr *sa, int salen)
 {
 	struct worker *w = arg;
-	/* frees may queue more frees: run until empty */
-	for (int i = 0; i < w->ndq; i++)
-		w->dq[i].fn(w->dq[i].p);
-	w->ndq = 0;
+	struct worker_conn *c = xcalloc(1, sizeof(*c));
+	c->w = w;
+	c->lst = lst;
+	TAILQ_INSERT_TAIL(&w->conns, c, link);
+	w->nconns++;
+	atomic_fetch_add(&g_gstats[w->id].conns_active, 1);
+	struct session_owner own = {
+		.runtime = worker_runtime,
+		.runtime_arg = w,
+		.on_closed = on_conn_closed,
+		.closed_arg = c,
+	};
+	c->s = session_new(&w->loop, &own, lname, ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
+	if (w->draining && c->s)
+		session_drain(c->s, false);
 }
 
-void worker_defer_free(struct worker *w, void (*fn)(void *), void *p)
+static const struct config *listener_cfg(void *arg)
 {
-	if (w->ndq == w->capdq) {
-		w->capdq = w->capdq ? w->capdq * 2 : 64;
-		w->dq = xrealloc(w->dq, sizeof(*w->dq) * (size_t)w->capdq);
-	}
-	w->dq[w->ndq].fn = fn;
-	w->dq[w->ndq].p = p;
-	if (w->ndq++ == 0)
-		event_active(w->dq_ev, EV_TIMEOUT, 0);
-}
-
-void worker_session_closed(struct worker *w)
-{
-	if (w->draining && w->nsessions == 0)
-		event_base_loopexit(w->base, NULL);
+	return worker_runtime(arg)->cfg;
 }
 
 /* SPEC §1: while in-flight requests finish, an open keep-alive connection stays open (a
@@ -68,8 +115,8 @@ void worker_session_closed(struct worker *w)
 static void drain_poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
-	session_drain_all(w, atomic_load(&g_exchanges) == 0);
-	worker_session_closed(w);
+	drain_sessions(w, !requests_in_flight());
+	maybe_exit(w);
 }
 
 static void begin_drain(struct worker *w)
@@ -79,10 +126,11 @@ static void begin_drain(struct worker *w)
 	w->draining = true;
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_stop(w->listeners[i]);
-	session_drain_all(w, atomic_load(&g_exchanges) == 0);
-	worker_session_closed(w);
-	if (w->nsessions > 0) {
-		w->drain_ev = event_new(w->base, -1, EV_PERSIST, drain_poll_cb, w);
+	pool_drain(&w->loop);
+	drain_sessions(w, !requests_in_flight());
+	maybe_exit(w);
+	if (w->nconns > 0) {
+		w->drain_ev = event_new(w->loop.base, -1, EV_PERSIST, drain_poll_cb, w);
 		struct timeval tv = clock_tv(DRAIN_POLL_US);
 		evtimer_add(w->drain_ev, &tv);
 	}
@@ -97,7 +145,7 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 	while (read(w->wake_fd, &n, sizeof(n)) > 0)
 		;
 	if (atomic_load(&w->stop_requested)) {
-		event_base_loopbreak(w->base);
+		event_base_loopbreak(w->loop.base);
 		return;
 	}
 	if (atomic_load(&g_draining))
@@ -120,30 +168,26 @@ void worker_stop(struct worker *w)
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
-	event_base_dispatch(w->base);
+	event_base_dispatch(w->loop.base);
 
 	/* stopped: close what is left, then free everything this thread owns */
-	session_close_all(w);
+	struct worker_conn *c;
+	while ((c = TAILQ_FIRST(&w->conns)))
+		session_close(c->s, "shutdown");
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_free(w->listeners[i]);
 	free(w->listeners);
 	w->listeners = NULL;
-	dq_cb(-1, 0, w);
-	idem_store_release_base(w->base);   /* before the DNS base it may use */
-	evdns_base_free(w->dns, 1);
-	dq_cb(-1, 0, w);
-	pool_free_all(w);
-	dq_cb(-1, 0, w);
-	/* streams free their memory from the loop (event_base_once): let those run */
-	event_base_loop(w->base, EVLOOP_NONBLOCK);
-	dq_cb(-1, 0, w);
-	event_free(w->dq_ev);
+	loop_run_deferred(&w->loop);
+	idem_store_release_base(w->loop.base);  /* before the DNS base it may use */
+	loop_free_dns(&w->loop);
+	pool_free_all(&w->loop);
+	loop_fini(&w->loop);
 	event_free(w->notify_ev);
 	close(w->wake_fd);
 	if (w->drain_ev)
 		event_free(w->drain_ev);
 	w->drain_ev = NULL;
-	free(w->dq);
 	runtime_unref(w->rt);
 	w->rt = NULL;
 	if (w->on_exit)
@@ -153,36 +197,24 @@ static void *worker_main(void *arg)
 
 int worker_start(struct worker *w)
 {
-	/* one thread per loop: no locks (cross-thread news comes through wake_fd) */
-	struct event_config *ec = event_config_new();
-	event_config_set_flag(ec, EVENT_BASE_FLAG_NOLOCK);
-	w->base = event_base_new_with_config(ec);
-	event_config_free(ec);
-	if (!w->base)
+	if (loop_init(&w->loop, w->id) != 0)
 		return -1;
-	w->dns = evdns_base_new(w->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-	if (!w->dns)
-		w->dns = evdns_base_new(w->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-	/* without a resolv.conf libevent skips /etc/hosts: names must still resolve from it */
-	evdns_base_load_hosts(w->dns, NULL);
-	w->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)w->id + 1;
-	TAILQ_INIT(&w->sessions);
-	w->dq_ev = event_new(w->base, -1, 0, dq_cb, w);
+	TAILQ_INIT(&w->conns);
 	w->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (w->wake_fd < 0)
 		return -1;
-	w->notify_ev = event_new(w->base, w->wake_fd, EV_READ | EV_PERSIST, notify_cb, w);
+	w->notify_ev = event_new(w->loop.base, w->wake_fd, EV_READ | EV_PERSIST, notify_cb, w);
 	event_add(w->notify_ev, NULL);
 	w->rt = runtime_current();
 	w->listeners = xcalloc((size_t)w->nlisteners, sizeof(*w->listeners));
+	struct listener_owner own = { .on_accept = on_accept, .config = listener_cfg, .arg = w };
 	for (int i = 0; i < w->nlisteners; i++)
-		w->listeners[i] = listener_new(w, w->listen_names[i], w->listen_fds[i]);
+		w->listeners[i] = listener_new(&w->loop, &own, w->listen_names[i], w->listen_fds[i]);
 	return pthread_create(&w->thread, NULL, worker_main, w);
 }
 
 void worker_join(struct worker *w)
 {
 	pthread_join(w->thread, NULL);
-	event_base_free(w->base);
-	w->base = NULL;
+	loop_free_base(&w->loop);
 }

@@ -1,11 +1,11 @@
 /*
- * worker: one thread, one event loop. Owns its listener sockets (SO_REUSEPORT), client
- * sessions, upstream connection pools and DNS base. Nothing here is touched by another thread
- * except through worker_notify(), which wakes the loop (an eventfd) to look at the shared
- * flags; the loop itself takes no locks.
+ * worker: one thread, one loop (struct loop: event base, DNS, rng, deferred frees, pools).
+ * Owns its listener sockets (SO_REUSEPORT), the client sessions they accept (each reports its
+ * end through the callback it was handed), and the drain. Nothing here is touched by another
+ * thread except through worker_notify(), which wakes the loop (an eventfd) to look at the
+ * shared flags; the loop itself takes no locks.
  *
- * Objects are freed late: worker_defer_free() queues a free that runs once the current
- * callback stack has unwound, so a callback may close an object its caller still holds.
+ * Private to main.c and worker.c: lower files see only the struct loop.
  */
 #ifndef RG_WORKER_H
 #define RG_WORKER_H
@@ -16,34 +16,22 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
-#include "upstream.h"
+#include "loop.h"
 
-struct session;
 struct listener;
-struct pool_ep;
 struct event;
-
-struct deferred {
-	void (*fn)(void *);
-	void *p;
-};
+struct runtime;
+struct worker_conn;
 
 struct worker {
+	struct loop loop;
 	int id;
 	pthread_t thread;
-	struct event_base *base;
-	struct evdns_base *dns;
 	struct runtime *rt;             /* the config new requests use; refreshed per request */
-	uint64_t rng;
 	struct listener **listeners;
 	int nlisteners;
-	TAILQ_HEAD(, session) sessions;
-	int nsessions;
-	struct pool_ep ***pools;        /* [state id][endpoint index] */
-	int npools;
-	struct deferred *dq;            /* deferred frees */
-	int ndq, capdq;
-	struct event *dq_ev;
+	TAILQ_HEAD(, worker_conn) conns;    /* client sessions */
+	int nconns;
 	struct event *notify_ev;
 	int wake_fd;                    /* eventfd: the main thread's wake-up call */
 	_Atomic bool stop_requested;
@@ -57,18 +45,9 @@ struct worker {
 };
 
 extern _Atomic bool g_draining;
-/* Exchanges (requests being served, tunnels included) in all workers. */
-extern _Atomic int g_exchanges;
 
 int worker_start(struct worker *w);
 void worker_notify(struct worker *w);
-
-/* The runtime for a new request (no reference taken: valid while w->rt is). */
-struct runtime *worker_runtime(struct worker *w);
-
-void worker_defer_free(struct worker *w, void (*fn)(void *), void *p);
-/* A session closed: a draining worker stops when it has none left. */
-void worker_session_closed(struct worker *w);
 /* Ask the loop to stop now (drain timeout); thread-safe. */
 void worker_stop(struct worker *w);
 void worker_join(struct worker *w);

@@ -1,0 +1,85 @@
+/*
+ * loop: one worker's event base, DNS base, rng and deferred-free queue (see loop.h).
+ */
+#include <stdlib.h>
+
+#include <event2/dns.h>
+#include <event2/event.h>
+
+#include "clock.h"
+#include "loop.h"
+#include "util.h"
+
+static void dq_cb(evutil_socket_t fd, short what, void *arg)
+{
+	loop_run_deferred(arg);
+}
+
+void loop_run_deferred(struct loop *l)
+{
+	/* frees may queue more frees: the count is re-read every round */
+	for (int i = 0; i < l->ndq; i++)
+		l->dq[i].fn(l->dq[i].p);
+	l->ndq = 0;
+}
+
+void loop_defer_free(struct loop *l, void (*fn)(void *), void *p)
+{
+	if (l->ndq == l->capdq) {
+		l->capdq = l->capdq ? l->capdq * 2 : 64;
+		l->dq = xrealloc(l->dq, sizeof(*l->dq) * (size_t)l->capdq);
+	}
+	l->dq[l->ndq].fn = fn;
+	l->dq[l->ndq].p = p;
+	if (l->ndq++ == 0)
+		event_active(l->dq_ev, EV_TIMEOUT, 0);
+}
+
+int loop_init(struct loop *l, int id)
+{
+	/* one thread per loop: no locks (cross-thread news comes through the worker's eventfd) */
+	struct event_config *ec = event_config_new();
+	event_config_set_flag(ec, EVENT_BASE_FLAG_NOLOCK);
+	l->base = event_base_new_with_config(ec);
+	event_config_free(ec);
+	if (!l->base)
+		return -1;
+	l->id = id;
+	l->dns = evdns_base_new(l->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	if (!l->dns)
+		l->dns = evdns_base_new(l->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	/* without a resolv.conf libevent skips /etc/hosts: names must still resolve from it */
+	evdns_base_load_hosts(l->dns, NULL);
+	l->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)id + 1;
+	l->dq_ev = event_new(l->base, -1, 0, dq_cb, l);
+	return 0;
+}
+
+void loop_free_dns(struct loop *l)
+{
+	loop_run_deferred(l);
+	if (l->dns)
+		evdns_base_free(l->dns, 1);     /* pending lookups are answered "cancelled" */
+	l->dns = NULL;
+	loop_run_deferred(l);
+}
+
+void loop_fini(struct loop *l)
+{
+	loop_run_deferred(l);
+	/* streams free their memory from the loop: let those run */
+	event_base_loop(l->base, EVLOOP_NONBLOCK);
+	loop_run_deferred(l);
+	event_free(l->dq_ev);
+	l->dq_ev = NULL;
+	free(l->dq);
+	l->dq = NULL;
+	l->ndq = l->capdq = 0;
+}
+
+void loop_free_base(struct loop *l)
+{
+	if (l->base)
+		event_base_free(l->base);
+	l->base = NULL;
+}
