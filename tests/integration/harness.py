@@ -57,6 +57,7 @@ Raw HTTP (tests/tools/rawclient.py)
 The binary is $RETRYGATE_BIN, else build/retrygate under the repository root.
 """
 
+import collections
 import copy
 import http.client
 import json
@@ -119,11 +120,21 @@ def default_binary():
     return Path(b) if b else REPO_ROOT / "build" / "retrygate"
 
 
+_handed_ports = collections.deque(maxlen=256)
+
+
 def free_port():
-    """A currently free loopback TCP port (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A currently free loopback TCP port (bind port 0, read it, close), never one handed out
+    recently by this process: the kernel may give the same port to two binds in a row once
+    the first socket is closed, and a config with two such ports cannot start."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((LOOPBACK, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_ports:
+            _handed_ports.append(port)
+            return port
+    raise RuntimeError("no fresh free port after 64 tries")
 
 
 def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
