@@ -44,39 +44,11 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "idem_types.h"
 
 struct event_base;
 struct evdns_base;
 struct evbuffer;
-
-/* the default of idem_redis_set_timeout() */
-#define IDEM_REDIS_TIMEOUT_US       1000000
-/* the memory store's default cap: records, stored responses and table overhead */
-#define IDEM_MEMORY_DEFAULT_LIMIT   ((size_t)256 << 20)
-
-struct idem_key {
-	unsigned char scope[32];    /* idem_scope() */
-	unsigned char fp[32];       /* idem_fingerprint() */
-};
-
-/* A response as relayed to the client: status, the header lines exactly as sent
- * ("Name: value\r\n" each, without framing headers or the blank line), and the body. A view:
- * the store copies what it keeps; what it hands out is valid only during the callback. */
-struct idem_response {
-	int status;                 /* 100-599 */
-	const char *headers;
-	size_t headers_len;
-	const char *body;
-	size_t body_len;
-};
-
-enum idem_result {
-	IDEM_CLAIMED,       /* this request owns the key: forward it */
-	IDEM_REPLAY,        /* same request already done: answer the stored response */
-	IDEM_MISMATCH,      /* the key belongs to a different request: 422 */
-	IDEM_IN_PROGRESS,   /* the same request is running, or its outcome was not storable: 409 */
-	IDEM_UNAVAILABLE,   /* the store could not answer: 503, forward nothing */
-};
 
 /* "claimed" "replay" "mismatch" "in-progress" "unavailable": for logs */
 const char *idem_result_name(enum idem_result r);
@@ -126,9 +98,6 @@ enum idem_after idem_disposition(int last_status, bool reached, int64_t body_len
 struct idem_store;
 struct idem_op;
 
-/* The result of a claim. STORED is set for IDEM_REPLAY only and valid only during the call.
- * Called from the event loop, never from inside idem_claim(). */
-typedef void (*idem_claim_fn)(void *arg, enum idem_result r, const struct idem_response *stored);
 
 /* The store for this upstream's idempotency block, on this event_base (required, for both
  * backends: results are delivered from its loop). Cached by (c->store, base), so every call

@@ -10,7 +10,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "idempotency.h"
+#include "config.h"
+#include "idem_types.h"
+
+struct event_base;
+struct evdns_base;
+struct idem_store;
+struct idem_op;
 
 enum rec_state {
 	REC_CLAIMED = 'C',      /* a request owns the key and is running */
