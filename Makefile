@@ -18,7 +18,7 @@ BUILD     ?= build
 OPT       := -O2
 else
 BUILD     ?= build/san
-OPT       := -O1 -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+OPT       := -O1 -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all -DRG_CHECK_MAGIC
 endif
 
 # llhttp: the system's when Debian ships it (13+), else Debian 13's package unpacked under build/deps.

@@ -21,7 +21,8 @@
 #include "http.h"
 #include "listener.h"
 #include "log.h"
-#include "reply.h"
+#include "h1_write.h"
+#include "respond.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -65,7 +66,7 @@ static void respond(struct admin_conn *c, int status, const char *ctype, struct 
 {
 	struct evbuffer *o = bufferevent_get_output(c->bev);
 	evbuffer_add_printf(o, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
-	                    status, reply_status_text(status), ctype, evbuffer_get_length(body),
+	                    status, respond_status_text(status), ctype, evbuffer_get_length(body),
 	                    close ? "Connection: close\r\n" : "");
 	evbuffer_add_buffer(o, body);
 }
@@ -233,7 +234,11 @@ static void admin_read_cb(struct bufferevent *bev, void *arg)
 			int st;
 			const char *reason, *detail;
 			http_msg_error(c->req, &st, &reason, &detail);
-			reply_error(bufferevent_get_output(bev), st, reason, "", 0, true, false, NULL);
+			struct made_response m;
+			respond_error(&m, st, reason, "", 0, NULL, NULL, true);
+			h1_response_head(bufferevent_get_output(bev), &m.head, respond_status_text(st),
+			                 H1_LENGTH, H1_CONN_CLOSE);
+			evbuffer_add(bufferevent_get_output(bev), m.body, m.body_len);
 			bufferevent_disable(bev, EV_READ);
 			bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
 			return;

@@ -67,6 +67,16 @@ struct attempt {
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
 static void attempt_process(struct attempt *a);
 
+/* The one writer of a's state (DESIGN rule 2). */
+static void set_state(struct attempt *a, enum astate st)
+{
+#ifdef RG_CHECK_MAGIC
+	if (a->state == A_DONE && st != A_DONE)
+		magic_fail(__FILE__, __LINE__, "A_DONE is terminal");
+#endif
+	a->state = st;
+}
+
 bool attempt_wrote_any(const struct attempt *a) { return a->wrote_any; }
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
 size_t attempt_send_pending(const struct attempt *a)
@@ -106,7 +116,7 @@ static void attempt_end(struct attempt *a, enum outcome out, bool bad, const cha
 {
 	if (a->state == A_DONE)
 		return;
-	a->state = A_DONE;
+	set_state(a, A_DONE);
 	evtimer_del(a->timer);
 	if (a->pe && a->wt.fn)
 		pool_resolve_cancel(a->pe, &a->wt);
@@ -125,6 +135,7 @@ static void attempt_fail_soon(struct attempt *a, enum outcome out, const char *d
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
 	if (a->state == A_DONE)
 		return;
 	if (a->fail_out != OUT_NONE) {
@@ -150,6 +161,7 @@ static void arm_head_timer(struct attempt *a)
 static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
 	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
 	if (info->n_deleted > 0 && !a->wrote_any) {
 		a->wrote_any = true;
 	}
@@ -163,6 +175,7 @@ static void read_cb(struct stream *bev, void *arg)
 static void write_cb(struct stream *bev, void *arg)
 {
 	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
 	if (a->streaming && !a->body_ended && a->state != A_DONE)
 		a->cbs.on_drain(a->arg, a);
 }
@@ -172,12 +185,13 @@ static void replace_conn(struct attempt *a);
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
 	if (a->state == A_DONE)
 		return;
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
 		setsockopt(stream_fd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		a->state = A_WAITING;
+		set_state(a, A_WAITING);
 		arm_head_timer(a);
 		return;
 	}
@@ -226,6 +240,7 @@ static void conn_write_request(struct attempt *a)
 static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const char *err)
 {
 	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
 	a->wt.fn = NULL;
 	if (a->state == A_DONE)
 		return;
@@ -238,7 +253,7 @@ static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const c
 
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen)
 {
-	a->state = A_CONNECTING;
+	set_state(a, A_CONNECTING);
 	SSL *ssl = a->tls ? tls_client_ssl(a->tls, a->sni, a->verify) : NULL;
 	struct stream *bev = (!a->tls || ssl) ? stream_new(a->loop, -1, ssl,
 	                                                   ssl ? STREAM_TLS_CONNECT : STREAM_PLAIN) : NULL;
@@ -264,7 +279,7 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 
 static void start_fresh(struct attempt *a)
 {
-	a->state = A_RESOLVING;
+	set_state(a, A_RESOLVING);
 	a->wt.fn = resolved_cb;
 	a->wt.arg = a;
 	pool_resolve(a->pe, &a->wt);
@@ -304,7 +319,11 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 	a->head_timeout_us = req->head_timeout_us;
 	a->tls = req->tls;
 	a->verify = req->verify;
-	snprintf(a->sni, sizeof(a->sni), "%s", req->sni ? req->sni : "");
+	size_t snilen = req->sni ? strlen(req->sni) : 0;
+	if (snilen >= sizeof(a->sni))
+		snilen = 0;     /* no server name is longer than 255 bytes: send none */
+	memcpy(a->sni, req->sni ? req->sni : "", snilen);
+	a->sni[snilen] = 0;
 	a->start_us = clock_now_us();
 	a->decoded = evbuffer_new();
 	if (a->streaming)
@@ -321,7 +340,7 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 	if (c) {
 		a->c = c;
 		a->reused = true;
-		a->state = A_WAITING;
+		set_state(a, A_WAITING);
 		conn_setup(a);
 		conn_write_request(a);
 		arm_head_timer(a);
@@ -337,7 +356,7 @@ void attempt_free(struct attempt *a)
 		return;
 	a->freed = true;
 	if (a->state != A_DONE) {
-		a->state = A_DONE;
+		set_state(a, A_DONE);
 		if (a->pe && a->wt.fn)
 			pool_resolve_cancel(a->pe, &a->wt);
 		conn_detach(a, false);
@@ -414,7 +433,7 @@ struct stream *attempt_take_bev(struct attempt *a)
 	c->bev = NULL;
 	a->c = NULL;
 	upconn_close(c);
-	a->state = A_DONE;
+	set_state(a, A_DONE);
 	evtimer_del(a->timer);
 	return bev;
 }
@@ -426,7 +445,7 @@ static void attempt_complete(struct attempt *a, bool keep_alive)
 	             (!a->streaming || a->body_ended) &&
 	             evbuffer_get_length(stream_output(a->c->bev)) == 0 &&
 	             (!a->pending || evbuffer_get_length(a->pending) == 0);
-	a->state = A_DONE;
+	set_state(a, A_DONE);
 	evtimer_del(a->timer);
 	conn_detach(a, reuse);
 	a->cbs.on_end(a->arg, a, OUT_NONE, false, NULL);
@@ -489,7 +508,7 @@ static void attempt_process(struct attempt *a)
 				attempt_end(a, OUT_RESET, true, "a body on a response that has none");
 				return;
 			}
-			a->state = A_BODY;
+			set_state(a, A_BODY);
 			evtimer_del(a->timer);
 			a->cbs.on_head(a->arg, a, h);
 			if (a->freed || a->state == A_DONE || h->status == 101)

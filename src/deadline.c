@@ -7,6 +7,8 @@
  * never rounds up, so a next hop is never promised more time than this hop has.
  */
 #include "deadline.h"
+#include "http.h"
+#include "util.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -362,4 +364,33 @@ int retry_after_parse(const char *v, size_t len, time_t now, int64_t *delay_us)
 	else
 		*delay_us = d > INT64_MAX / US_PER_S ? INT64_MAX : d * US_PER_S;
 	return 0;
+}
+
+int deadline_header_kind(const char *name, size_t nlen)
+{
+	for (int k = 0; k < DL_NKINDS; k++)
+		if (str_ieq(name, nlen, deadline_header_name[k], strlen(deadline_header_name[k])))
+			return k;
+	return -1;
+}
+
+void deadline_collect(const struct http_hdr *hdrs, int nhdrs, struct dl_value vals[DL_NKINDS],
+                      bool present[DL_NKINDS])
+{
+	memset(vals, 0, sizeof(struct dl_value) * DL_NKINDS);
+	memset(present, 0, sizeof(bool) * DL_NKINDS);
+	for (int i = 0; i < nhdrs; i++) {
+		int k = deadline_header_kind(hdrs[i].name, hdrs[i].nlen);
+		if (k < 0)
+			continue;
+		struct dl_value *v = &vals[k];
+		if (v->present && (v->len != hdrs[i].vlen || memcmp(v->v, hdrs[i].value, v->len) != 0))
+			v->conflict = 1;
+		if (!v->present) {
+			v->v = hdrs[i].value;
+			v->len = hdrs[i].vlen;
+			v->present = 1;
+		}
+		present[k] = true;
+	}
 }

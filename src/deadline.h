@@ -5,6 +5,7 @@
 #ifndef RG_DEADLINE_H
 #define RG_DEADLINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -35,6 +36,16 @@ struct dl_value {
 #define DL_OK       0
 #define DL_NONE     1   /* an Envoy header saying 0 = "no timeout": treat as absent */
 #define DL_BAD     -1
+
+struct http_hdr;
+
+/* The deadline header NAME names, or -1. */
+int deadline_header_kind(const char *name, size_t nlen);
+
+/* Collect the deadline headers of a request: VALS gets the first value of each kind (a repeat
+ * with a different value marks it conflicting), PRESENT which kinds appeared at all. */
+void deadline_collect(const struct http_hdr *hdrs, int nhdrs, struct dl_value vals[DL_NKINDS],
+                      bool present[DL_NKINDS]);
 
 /* Parse one value of kind K (optional surrounding spaces/tabs allowed, nothing else).
  * Integer ms kinds: digits only (saturating); a sign is malformed. */

@@ -2,7 +2,8 @@
  * exchange: one client request, from its parsed head to the last byte of its response:
  * route, deadline, body (buffered for replay up to retry.max_body, else streamed), the
  * attempts and the retry loop between them (the decision itself is retry_decide()), and the
- * response relayed to the client. It reports to its session only through exchange_cbs.
+ * response relayed to the client. It answers its client only through the responder it was
+ * handed (responder.h), whatever the client's protocol.
  */
 #ifndef RG_EXCHANGE_H
 #define RG_EXCHANGE_H
@@ -14,34 +15,22 @@ struct loop;
 struct runtime;
 struct cfg_listener;
 struct http_head;
-struct stream;
+struct responder;
 struct evbuffer;
 struct exchange;
-
-struct exchange_cbs {
-	/* The response is fully queued on the client output (or the exchange gave up on the
-	 * connection: CLOSE). The session frees the exchange afterwards. */
-	void (*on_done)(void *arg, bool close);
-	/* Request body bytes may flow again (exchange_body_room() grew). */
-	void (*on_want_body)(void *arg);
-	/* The upstream switched protocols (101): the 101 head is queued; from now on the client
-	 * connection is a tunnel to UPSTREAM (taken). The exchange is finished. */
-	void (*on_tunnel)(void *arg, struct stream *upstream);
-};
 
 struct client_info {
 	uint64_t sid;
 	const char *peer_ip;
 	bool tls;
-	const bool *draining;           /* the connection closes after this response (read when
-	                                 * the head is written: a drain may begin meanwhile) */
 };
 
+/* REQ stays owned by the codec and valid until exchange_free. RSP is how the exchange answers
+ * (copied). */
 struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_listener *l,
                               const struct client_info *ci, const struct http_head *req,
-                              struct stream *client, const struct exchange_cbs *cbs,
-                              void *arg);
-/* Start: route, checks, first attempt. May call on_done before returning. */
+                              const struct responder *rsp);
+/* Start: route, checks, first attempt. May call the responder's end() before returning. */
 void exchange_start(struct exchange *ex);
 
 /* Request body bytes (decoded): the exchange drains DATA. */
@@ -50,7 +39,7 @@ void exchange_body_end(struct exchange *ex);
 /* How many body bytes the exchange takes now (0: stop reading the client). */
 size_t exchange_body_room(const struct exchange *ex);
 
-/* The client output drained below the low-water mark. */
+/* The client took queued response bytes: below the high-water mark again. */
 void exchange_client_drained(struct exchange *ex);
 /* The client went away: cancel everything. */
 void exchange_abort(struct exchange *ex);

@@ -1,5 +1,9 @@
 /*
- * session: one client connection (see session.h).
+ * h1_session: one HTTP/1.x client connection (see h1_session.h), and the HTTP/1 responder
+ * its exchanges answer through: it frames each response (Content-Length, chunked, or until
+ * close for an HTTP/1.0 client), decides the connection's fate in one place (rsp_head: the
+ * request's keep-alive, a drain, the exchange's word), and writes its own refusals with the
+ * same writer.
  *
  *   S_HEAD --head--> S_BODY --body end--> S_WAIT --response queued--> S_HEAD (keep-alive)
  *     |                 |                    |
@@ -26,8 +30,10 @@
 #include "exchange.h"
 #include "http.h"
 #include "log.h"
-#include "reply.h"
-#include "session.h"
+#include "h1_session.h"
+#include "h1_write.h"
+#include "respond.h"
+#include "responder.h"
 #include "stats.h"
 #include "tls.h"
 #include "tunnel.h"
@@ -60,12 +66,23 @@ struct session {
 	struct event *timer;            /* header or idle timeout */
 	bool head_timer;
 	struct event *resume_ev;
-	bool close_after;
+	bool close_after;               /* drain: close after the current response */
+	bool resp_started, resp_chunked, resp_bodyless, resp_close;   /* the current response */
 	bool tls;
 	char peer_ip[64];
 };
 
 static void session_process(struct session *s);
+
+/* The one writer of s's state (DESIGN rule 2). */
+static void set_state(struct session *s, enum sstate st)
+{
+#ifdef RG_CHECK_MAGIC
+	if (s->state == S_CLOSED && st != S_CLOSED)
+		magic_fail(__FILE__, __LINE__, "S_CLOSED is terminal");
+#endif
+	s->state = st;
+}
 
 static void session_free_cb(void *p)
 {
@@ -75,11 +92,11 @@ static void session_free_cb(void *p)
 	free(s);
 }
 
-void session_close(struct session *s, const char *why)
+void h1_session_close(struct session *s, const char *why)
 {
 	if (s->state == S_CLOSED)
 		return;
-	s->state = S_CLOSED;
+	set_state(s, S_CLOSED);
 	slog(LOG_DEBUG, s->id, "close: %s", why);
 	if (s->ex) {
 		exchange_free(s->ex);   /* aborts it if still running */
@@ -107,11 +124,11 @@ static void session_close_after_flush(struct session *s)
 {
 	if (s->state == S_CLOSED)
 		return;
-	s->state = S_CLOSING;
+	set_state(s, S_CLOSING);
 	stream_disable(s->bev, EV_READ);
 	evtimer_del(s->timer);
 	if (evbuffer_get_length(stream_output(s->bev)) == 0) {
-		session_close(s, "done");
+		h1_session_close(s, "done");
 		return;
 	}
 	stream_setwatermark(s->bev, EV_WRITE, 0, 0);
@@ -133,7 +150,11 @@ static void refuse_ex(struct session *s, int status, const char *reason, const c
 		r.reason = reason;
 		accesslog_write(&r);
 	}
-	reply_error(stream_output(s->bev), status, reason, "", 0, true, false, NULL);
+	struct made_response m;
+	respond_error(&m, status, reason, "", 0, NULL, NULL, true);
+	h1_response_head(stream_output(s->bev), &m.head, respond_status_text(status), H1_LENGTH,
+	                 H1_CONN_CLOSE);
+	evbuffer_add(stream_output(s->bev), m.body, m.body_len);
 	int c = status / 100;
 	if (c >= 1 && c <= 5)
 		STAT_INC(g_gstats[s->loop->id].requests[c]);
@@ -152,46 +173,113 @@ static void arm_idle(struct session *s)
 	evtimer_add(s->timer, &tv);
 }
 
-static void ex_done_cb(void *arg, bool close)
+/* ------------------------------------------------------------------ the HTTP/1 responder */
+
+static const struct http_head *cur_req(const struct session *s)
+{
+	return http_msg_head(s->req);
+}
+
+static void rsp_informational(void *arg, const struct resp_head *h)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	/* HTTP/1.0 has no interim responses; none after the final head */
+	if (s->state == S_CLOSED || cur_req(s)->version != 11 || s->resp_started)
+		return;
+	h1_response_head(stream_output(s->bev), h, respond_status_text(h->status), H1_NO_BODY,
+	                 H1_CONN_NONE);
+}
+
+/* The one place that decides framing and whether the connection outlives the response. */
+static void rsp_head(void *arg, const struct resp_head *h)
+{
+	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	if (s->state == S_CLOSED)
+		return;
+	const struct http_head *req = cur_req(s);
+	s->resp_started = true;
+	s->resp_bodyless = req->method_head || h->status == 204 || h->status == 304 || h->status < 200;
+	s->resp_chunked = false;
+	s->resp_close = h->close || !req->keep_alive || s->close_after;
+	enum h1_framing fr;
+	if (h->status >= 200 && h->status != 204 && h->content_length >= 0) {
+		fr = H1_LENGTH;         /* a HEAD or 304 answer carries the length it would have */
+	} else if (s->resp_bodyless) {
+		fr = H1_NO_BODY;
+	} else if (req->version == 11) {
+		fr = H1_CHUNKED;
+		s->resp_chunked = true;
+	} else {
+		fr = H1_UNTIL_CLOSE;    /* HTTP/1.0: the body ends with the connection */
+		s->resp_close = true;
+	}
+	enum h1_conn conn = s->resp_close ? H1_CONN_CLOSE
+	                    : req->version == 10 ? H1_CONN_KEEP_ALIVE : H1_CONN_NONE;
+	h1_response_head(stream_output(s->bev), h, respond_status_text(h->status), fr, conn);
+}
+
+static void rsp_body(void *arg, struct evbuffer *data)
+{
+	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	size_t n = evbuffer_get_length(data);
+	if (s->state == S_CLOSED || s->resp_bodyless || n == 0)
+		evbuffer_drain(data, n);
+	else if (s->resp_chunked)
+		http_chunk_encode(stream_output(s->bev), data, n);
+	else
+		evbuffer_add_buffer(stream_output(s->bev), data);
+}
+
+static void rsp_end(void *arg, bool complete, bool close)
+{
+	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSED)
 		return;
 	s->ex_done = true;
-	/* the exchange says close when it answered before reading a body it did not want */
-	if (close || s->close_after) {
+	if (complete && s->resp_chunked)
+		http_chunk_last(stream_output(s->bev));
+	/* a cut response is never completed: the close tells the client it is truncated */
+	if (!complete || close || s->resp_close || s->close_after) {
 		session_close_after_flush(s);
 		return;
 	}
 	event_active(s->resume_ev, EV_TIMEOUT, 0);
 }
 
-static void ex_want_body_cb(void *arg)
+static size_t rsp_queued(void *arg)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	return s->bev ? evbuffer_get_length(stream_output(s->bev)) : 0;
+}
+
+static void rsp_want_body(void *arg)
+{
+	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_BODY)
 		event_active(s->resume_ev, EV_TIMEOUT, 0);
 }
 
 static void tunnel_closed_cb(void *arg)
 {
-	session_close(arg, "tunnel closed");
+	h1_session_close(arg, "tunnel closed");
 }
 
-static void ex_tunnel_cb(void *arg, struct stream *upstream)
+static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upstream)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	h1_response_head(stream_output(s->bev), h, "Switching Protocols", H1_NO_BODY, H1_CONN_NONE);
 	s->ex_done = true;
-	s->state = S_TUNNEL;
+	set_state(s, S_TUNNEL);
 	evtimer_del(s->timer);
 	s->tunnel = tunnel_new(s->loop, s->bev, upstream, tunnel_closed_cb, s);
 }
-
-static const struct exchange_cbs exchange_callbacks = {
-	.on_done = ex_done_cb,
-	.on_want_body = ex_want_body_cb,
-	.on_tunnel = ex_tunnel_cb,
-};
 
 /* The config the next request is served with: refreshed per request. */
 static struct cfg_listener *find_listener(const struct config *cfg, const char *name)
@@ -225,11 +313,21 @@ static void start_exchange(struct session *s, const struct http_head *h)
 		.sid = s->id,
 		.peer_ip = s->peer_ip,
 		.tls = s->tls,
-		.draining = &s->close_after,
+	};
+	struct responder rsp = {
+		.informational = rsp_informational,
+		.head = rsp_head,
+		.body = rsp_body,
+		.end = rsp_end,
+		.queued = rsp_queued,
+		.want_body = rsp_want_body,
+		.tunnel = rsp_tunnel,
+		.arg = s,
 	};
 	s->ex_done = false;
-	s->state = S_BODY;      /* even a body-less message ends with HTTP_DONE from the parser */
-	s->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, s->bev, &exchange_callbacks, s);
+	s->resp_started = s->resp_chunked = s->resp_bodyless = s->resp_close = false;
+	set_state(s, S_BODY);      /* even a body-less message ends with HTTP_DONE from the parser */
+	s->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, &rsp);
 	exchange_start(s->ex);
 }
 
@@ -240,7 +338,7 @@ static void next_request(struct session *s)
 	s->ex = NULL;
 	s->ex_done = false;
 	http_msg_next(s->req);
-	s->state = S_HEAD;
+	set_state(s, S_HEAD);
 	arm_idle(s);
 }
 
@@ -303,7 +401,7 @@ static void session_process(struct session *s)
 				exchange_body(s->ex, s->body_tmp);
 				continue;
 			case HTTP_DONE:
-				s->state = S_WAIT;
+				set_state(s, S_WAIT);
 				exchange_body_end(s->ex);
 				continue;
 			case HTTP_ERROR: {
@@ -312,7 +410,7 @@ static void session_process(struct session *s)
 				http_msg_error(s->req, &st, &reason, &detail);
 				slog(LOG_INFO, s->id, "bad request body: %s", detail ? detail : reason);
 				if (s->ex_done) {
-					session_close(s, "bad body");
+					h1_session_close(s, "bad body");
 					return;
 				}
 				exchange_free(s->ex);    /* logs the request (as aborted) */
@@ -328,6 +426,7 @@ static void session_process(struct session *s)
 static void resume_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
 	session_process(s);
 }
 
@@ -339,9 +438,10 @@ static void read_cb(struct stream *bev, void *arg)
 static void write_cb(struct stream *bev, void *arg)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSING) {
 		if (evbuffer_get_length(stream_output(bev)) == 0)
-			session_close(s, "flushed");
+			h1_session_close(s, "flushed");
 		return;
 	}
 	if (s->ex && !s->ex_done)
@@ -353,6 +453,7 @@ static void write_cb(struct stream *bev, void *arg)
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (what & BEV_EVENT_CONNECTED)
 		return;     /* a TLS handshake completed: nothing to do */
 	if (s->state == S_CLOSING && !(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF)) {
@@ -360,14 +461,15 @@ static void event_cb(struct stream *bev, short what, void *arg)
 		stream_disable(bev, EV_READ);
 		return;
 	}
-	session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
+	h1_session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSING) {
-		session_close(s, "flush timeout");
+		h1_session_close(s, "flush timeout");
 		return;
 	}
 	if (s->state != S_HEAD)
@@ -376,10 +478,10 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		refuse(s, 408, "header-timeout", "request head not complete in time");
 		return;
 	}
-	session_close(s, "idle");
+	h1_session_close(s, "idle");
 }
 
-struct session *session_new(struct loop *loop, const struct session_owner *own, const char *lname,
+struct session *h1_session_new(struct loop *loop, const struct session_owner *own, const char *lname,
                             uint64_t sid, int fd, const struct sockaddr *peer, int peerlen)
 {
 	struct session *s = xcalloc(1, sizeof(*s));
@@ -411,16 +513,16 @@ struct session *session_new(struct loop *loop, const struct session_owner *own, 
 	/* a client that stops reading its responses holds nothing for longer than idle_timeout */
 	stream_set_write_timeout(s->bev, s->lcfg->limits.idle_timeout_us);
 	stream_enable(s->bev, EV_READ | EV_WRITE);
-	s->state = S_HEAD;
+	set_state(s, S_HEAD);
 	arm_idle(s);
 	return s;
 }
 
-void session_drain(struct session *s, bool close_idle)
+void h1_session_drain(struct session *s, bool close_idle)
 {
 	if (close_idle && s->state == S_HEAD && (!s->req || http_msg_head_bytes(s->req) == 0) &&
 	    evbuffer_get_length(stream_input(s->bev)) == 0) {
-		session_close(s, "draining");
+		h1_session_close(s, "draining");
 		return;
 	}
 	s->close_after = true;

@@ -1,14 +1,14 @@
 /*
- * reply: retrygate's own responses.
+ * respond: the responses retrygate makes, and the fields of relayed ones (see respond.h).
  */
-#include <stdio.h>
 #include <string.h>
 
-#include <event2/buffer.h>
+#include "h1_write.h"
+#include "idempotency.h"
+#include "respond.h"
+#include "util.h"
 
-#include "reply.h"
-
-const char *reply_status_text(int status)
+const char *respond_status_text(int status)
 {
 	switch (status) {
 	case 100: return "Continue";
@@ -34,54 +34,136 @@ const char *reply_status_text(int status)
 	}
 }
 
-static void json_str(char *dst, size_t cap, const char *s)
+static void set_field(struct http_hdr *f, const char *name, const char *value, size_t vlen)
+{
+	f->name = name;
+	f->nlen = (uint32_t)strlen(name);
+	f->value = value;
+	f->vlen = (uint32_t)vlen;
+	f->hop = false;
+}
+
+/* JSON string body (no quotes) of S into DST */
+static size_t json_str(char *dst, size_t cap, const char *s)
 {
 	size_t n = 0;
+	static const char hex[] = "0123456789abcdef";
 	for (; s && *s && n + 7 < cap; s++) {
 		unsigned char ch = (unsigned char)*s;
 		if (ch == '"' || ch == '\\') {
 			dst[n++] = '\\';
 			dst[n++] = (char)ch;
 		} else if (ch < 0x20) {
-			n += (size_t)snprintf(dst + n, cap - n, "\\u%04x", ch);
+			memcpy(dst + n, "\\u00", 4);
+			dst[n + 4] = hex[ch >> 4];
+			dst[n + 5] = hex[ch & 15];
+			n += 6;
 		} else {
 			dst[n++] = (char)ch;
 		}
 	}
 	dst[n] = 0;
+	return n;
 }
 
-static void reply_error_impl(struct evbuffer *out, int status, const char *reason,
-                             const char *upstream, int attempts, bool close, bool keep_alive_10,
-                             const char *extra, bool content)
+static size_t put(char *dst, size_t at, size_t cap, const char *s, size_t n)
 {
-	char body[512], up[256];
-	json_str(up, sizeof(up), upstream ? upstream : "");
-	int blen = snprintf(body, sizeof(body), "{\"error\":\"%s\",\"upstream\":\"%s\",\"attempts\":%d}\n",
-	                    reason, up, attempts);
-	evbuffer_add_printf(out,
-	                    "HTTP/1.1 %d %s\r\n"
-	                    "Content-Type: application/json\r\n"
-	                    "Content-Length: %d\r\n"
-	                    "X-Retrygate-Reason: %s\r\n"
-	                    "X-Retrygate-Attempts: %d\r\n"
-	                    "%s%s%s\r\n",
-	                    status, reply_status_text(status), blen, reason, attempts,
-	                    extra ? extra : "",
-	                    close ? "Connection: close\r\n" : "",
-	                    (!close && keep_alive_10) ? "Connection: keep-alive\r\n" : "");
-	if (content)
-		evbuffer_add(out, body, (size_t)blen);
+	if (at + n >= cap)
+		n = at < cap ? cap - at - 1 : 0;
+	memcpy(dst + at, s, n);
+	return at + n;
 }
 
-void reply_error(struct evbuffer *out, int status, const char *reason, const char *upstream,
-                 int attempts, bool close, bool keep_alive_10, const char *extra)
+#define PUT(b, at, lit) put((b), (at), sizeof(b), lit, sizeof(lit) - 1)
+
+void respond_error(struct made_response *m, int status, const char *reason, const char *upstream,
+                   int attempts, const char *refused, const char *retry_after, bool close)
 {
-	reply_error_impl(out, status, reason, upstream, attempts, close, keep_alive_10, extra, true);
+	char up[256];
+	size_t ulen = json_str(up, sizeof(up), upstream ? upstream : "");
+	size_t alen = h1_fmt_int(m->attempts, attempts);
+	size_t n = PUT(m->body, 0, "{\"error\":\"");
+	n = put(m->body, n, sizeof(m->body), reason, strlen(reason));
+	n = PUT(m->body, n, "\",\"upstream\":\"");
+	n = put(m->body, n, sizeof(m->body), up, ulen);
+	n = PUT(m->body, n, "\",\"attempts\":");
+	n = put(m->body, n, sizeof(m->body), m->attempts, alen);
+	n = PUT(m->body, n, "}\n");
+	m->body_len = n;
+
+	int k = 0;
+	set_field(&m->fields[k++], "Content-Type", "application/json", 16);
+	set_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
+	set_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
+	if (refused)
+		set_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+	if (retry_after)
+		set_field(&m->fields[k++], "Retry-After", retry_after, strlen(retry_after));
+	m->head = (struct resp_head){
+		.status = status,
+		.hdrs = m->fields,
+		.nhdrs = k,
+		.content_length = (int64_t)m->body_len,
+		.close = close,
+	};
 }
 
-void reply_error_head(struct evbuffer *out, int status, const char *reason, const char *upstream,
-                      int attempts, bool close, bool keep_alive_10, const char *extra)
+static bool named(const struct http_hdr *h, const char *name, size_t nlen)
 {
-	reply_error_impl(out, status, reason, upstream, attempts, close, keep_alive_10, extra, false);
+	return str_ieq(h->name, h->nlen, name, nlen);
+}
+
+#define NAMED(h, lit) named((h), lit, sizeof(lit) - 1)
+
+int respond_relay_fields(const struct http_head *up, int attempts, const char *refused,
+                         char num[24], struct http_hdr *out, int cap)
+{
+	int k = 0;
+	for (int i = 0; i < up->nhdrs && k < cap - 2; i++) {
+		const struct http_hdr *x = &up->hdrs[i];
+		if (x->hop || NAMED(x, "X-Retrygate-Attempts"))
+			continue;
+		if (refused && NAMED(x, "X-Retrygate-Retry-Refused"))
+			continue;
+		out[k++] = *x;
+	}
+	set_field(&out[k++], "X-Retrygate-Attempts", num, h1_fmt_int(num, attempts));
+	if (refused)
+		set_field(&out[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+	return k;
+}
+
+void respond_replay(struct replay_response *m, const struct idem_response *stored)
+{
+	/* the stored head is "Name: value\r\n" lines, written by the idempotency job */
+	const char *p = stored->headers, *end = stored->headers + stored->headers_len;
+	int k = 0;
+	while (p < end && k < HTTP_MAX_HEADERS) {
+		const char *eol = memchr(p, '\n', (size_t)(end - p));
+		const char *le = eol ? eol : end;
+		const char *colon = memchr(p, ':', (size_t)(le - p));
+		if (colon) {
+			const char *v = colon + 1, *ve = le;
+			while (v < ve && (*v == ' ' || *v == '\t'))
+				v++;
+			while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
+				ve--;
+			struct http_hdr *f = &m->fields[k++];
+			f->name = p;
+			f->nlen = (uint32_t)(colon - p);
+			f->value = v;
+			f->vlen = (uint32_t)(ve - v);
+			f->hop = false;
+		}
+		p = eol ? eol + 1 : end;
+	}
+	set_field(&m->fields[k++], "Idempotency-Replayed", "true", 4);
+	set_field(&m->fields[k++], "X-Retrygate-Attempts", "0", 1);
+	bool bodyless = stored->status == 204 || stored->status == 304;
+	m->head = (struct resp_head){
+		.status = stored->status,
+		.hdrs = m->fields,
+		.nhdrs = k,
+		.content_length = bodyless ? -1 : (int64_t)stored->body_len,
+	};
 }

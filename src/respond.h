@@ -1,24 +1,53 @@
 /*
- * reply: the responses retrygate makes itself (SPEC §5): a small JSON body
+ * respond: every response retrygate makes itself, built in one place as a protocol-neutral
+ * resp_head + body that the client codec frames: the errors of SPEC §5 (a small JSON body
  * {"error":"REASON","upstream":"NAME","attempts":N} with X-Retrygate-Reason and
- * X-Retrygate-Attempts headers.
+ * X-Retrygate-Attempts), the replay of a stored idempotent response (§6), and the fields of a
+ * relayed upstream response with this hop's markers (§4).
+ *
+ * The structs hold the strings the resp_head points into: keep them alive (and in place)
+ * until the head was written.
  */
-#ifndef RG_REPLY_H
-#define RG_REPLY_H
+#ifndef RG_RESPOND_H
+#define RG_RESPOND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
-struct evbuffer;
+#include "http.h"
+#include "responder.h"
 
-const char *reply_status_text(int status);
+struct idem_response;
 
-/* EXTRA: more header lines, each ending in CRLF, or NULL. CLOSE adds Connection: close;
- * KEEP_ALIVE_10 adds Connection: keep-alive (an HTTP/1.0 client that asked for it). */
-void reply_error(struct evbuffer *out, int status, const char *reason, const char *upstream,
-                 int attempts, bool close, bool keep_alive_10, const char *extra);
-/* The same answer to a HEAD request: the same head (Content-Length included), no content
- * (RFC 9110 §9.3.2), so a keep-alive client stays in step. */
-void reply_error_head(struct evbuffer *out, int status, const char *reason, const char *upstream,
-                      int attempts, bool close, bool keep_alive_10, const char *extra);
+const char *respond_status_text(int status);
+
+struct made_response {
+	struct resp_head head;
+	struct http_hdr fields[6];
+	char attempts[24];
+	char body[512];
+	size_t body_len;
+};
+
+/* A §5 error. REFUSED: this hop's X-Retrygate-Retry-Refused reason, or NULL. RETRY_AFTER: a
+ * Retry-After value (503 overloaded), or NULL. CLOSE: the connection closes after it. */
+void respond_error(struct made_response *m, int status, const char *reason, const char *upstream,
+                   int attempts, const char *refused, const char *retry_after, bool close);
+
+/* The fields of upstream response UP as they go to the client: hop-by-hop ones dropped, the
+ * upstream's X-Retrygate-Attempts replaced by ours (ATTEMPTS), its X-Retrygate-Retry-Refused
+ * passed through unless this hop refused a retry itself (REFUSED non-NULL: ours replaces it).
+ * NUM: storage for the number. OUT must hold up->nhdrs + 2 entries; returns the count. */
+int respond_relay_fields(const struct http_head *up, int attempts, const char *refused,
+                         char num[24], struct http_hdr *out, int cap);
+
+struct replay_response {
+	struct resp_head head;
+	struct http_hdr fields[HTTP_MAX_HEADERS + 2];
+};
+
+/* A stored idempotent response (§6), with Idempotency-Replayed: true and
+ * X-Retrygate-Attempts: 0; STORED stays referenced. */
+void respond_replay(struct replay_response *m, const struct idem_response *stored);
 
 #endif

@@ -7,7 +7,10 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
+#include <arpa/inet.h>
+
 #include "tls.h"
+#include "util.h"
 
 static void last_error(char *err, size_t errlen, const char *what, const char *file)
 {
@@ -75,4 +78,16 @@ SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify)
 			SSL_set1_host(ssl, sni);
 	}
 	return ssl;
+}
+
+const char *tls_server_name(const char *configured, const char *endpoint, char *buf, size_t cap)
+{
+	int port;
+	struct in6_addr ip;
+	if (configured && configured[0])
+		return configured;
+	if (split_host_port(endpoint, buf, cap, &port) == 0 && inet_pton(AF_INET, buf, &ip) != 1 &&
+	    inet_pton(AF_INET6, buf, &ip) != 1)
+		return buf;
+	return NULL;
 }

@@ -12,6 +12,9 @@
 
 SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen);
 SSL_CTX *tls_client_ctx(const char *ca, bool verify, char *err, size_t errlen);
+/* The server name to send and check towards ENDPOINT ("host:port"): CONFIGURED (tls.sni) when
+ * set, else the endpoint's host when it is a name, not an address; NULL for none. */
+const char *tls_server_name(const char *configured, const char *endpoint, char *buf, size_t cap);
 /* A client SSL for one upstream connection: SNI and, when verifying, the expected name. */
 SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify);
 

@@ -231,3 +231,10 @@ char *xstrndup(const char *s, size_t n)
 	p[n] = '\0';
 	return p;
 }
+
+void magic_fail(const char *file, int line, const char *what)
+{
+	fprintf(stderr, "%s:%d: %s: bad magic (a callback on a freed or foreign object)\n", file, line,
+	        what);
+	abort();
+}

@@ -26,6 +26,16 @@ int split_host_port(const char *s, char *host, size_t hostcap, int *port);
 
 /* xorshift64*: per-thread state, never 0 */
 uint64_t rand_next(uint64_t *state);
+
+/* DESIGN rule 2: in a debug build (the sanitizer build defines RG_CHECK_MAGIC), every void *arg
+ * that comes back from libevent or from a lower layer's callback is checked against its
+ * object's magic number, so a callback on a freed or foreign object stops at once. */
+#ifdef RG_CHECK_MAGIC
+#define MAGIC_CHECK(p, m) ((p)->magic == (m) ? (void)0 : magic_fail(__FILE__, __LINE__, #p))
+#else
+#define MAGIC_CHECK(p, m) ((void)0)
+#endif
+_Noreturn void magic_fail(const char *file, int line, const char *what);
 /* 32 random hex digits and a NUL: an X-Request-Id of ours */
 void request_id_new(char out[33], uint64_t *rng);
 

@@ -19,7 +19,7 @@
 #include "listener.h"
 #include "log.h"
 #include "pool.h"
-#include "session.h"
+#include "h1_session.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -66,11 +66,11 @@ static void drain_sessions(struct worker *w, bool close_idle)
 	struct worker_conn *c, *next;
 	for (c = TAILQ_FIRST(&w->conns); c; c = next) {
 		next = TAILQ_NEXT(c, link);
-		session_drain(c->s, close_idle);    /* may close it: on_conn_closed frees C */
+		h1_session_drain(c->s, close_idle);    /* may close it: on_conn_closed frees C */
 	}
 }
 
-/* A session ended (called once, from session_close). */
+/* A session ended (called once, from h1_session_close). */
 static void on_conn_closed(void *arg)
 {
 	struct worker_conn *c = arg;
@@ -99,9 +99,9 @@ static void on_accept(void *arg, struct listener *lst, const char *lname, int fd
 		.on_closed = on_conn_closed,
 		.closed_arg = c,
 	};
-	c->s = session_new(&w->loop, &own, lname, ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
+	c->s = h1_session_new(&w->loop, &own, lname, ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
 	if (w->draining && c->s)
-		session_drain(c->s, false);
+		h1_session_drain(c->s, false);
 }
 
 static const struct config *listener_cfg(void *arg)
@@ -173,7 +173,7 @@ static void *worker_main(void *arg)
 	/* stopped: close what is left, then free everything this thread owns */
 	struct worker_conn *c;
 	while ((c = TAILQ_FIRST(&w->conns)))
-		session_close(c->s, "shutdown");
+		h1_session_close(c->s, "shutdown");
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_free(w->listeners[i]);
 	free(w->listeners);

@@ -1,0 +1,39 @@
+/*
+ * forward: the request one attempt sends upstream, as a pure function of the client's request
+ * and the attempt's facts (SPEC §3, §4 markers, §8): one Host (host_rewrite, else the client's,
+ * else the endpoint's name), hop-by-hop fields removed, X-Forwarded-For/-Proto appended,
+ * X-Request-Id added when absent, X-Timeout-Ms and every other deadline header the client sent
+ * rewritten to this attempt's time, X-Retrygate-Attempt N (unless the request arrived marked
+ * as a retry: then its markers go on unchanged), and framing computed here.
+ */
+#ifndef RG_FORWARD_H
+#define RG_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "deadline.h"
+
+struct evbuffer;
+struct http_head;
+
+struct forward_req {
+	const struct http_head *req;
+	const char *host_rewrite;       /* NULL or "": the client's Host */
+	const char *endpoint;           /* "host:port": Host when the client sent none */
+	const char *peer_ip;
+	bool tls;                       /* the client connection: X-Forwarded-Proto https */
+	const char *reqid;              /* X-Request-Id when the client sent none */
+	const bool *dl_present;         /* [DL_NKINDS]: the deadline headers the client sent */
+	int64_t wait_us;                /* how long this attempt will be waited for */
+	int attempt;                    /* 1-based */
+	bool nested;                    /* arrived marked as a retry: markers unchanged */
+	bool streamed;                  /* body streamed: the client's framing (length or chunked),
+	                                 * and its Expect: 100-continue goes along */
+	int64_t body_len;               /* buffered body: Content-Length (if any body or framing) */
+};
+
+/* Append the HTTP/1.1 request head to OUT. */
+void forward_h1_head(const struct forward_req *f, struct evbuffer *out);
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * saved_response: a response kept while its request is retried (SPEC §4: when no later
+ * attempt produces a response, the client gets the last one any attempt produced). The head
+ * is deep-copied (the attempt's parser moves on); the body is collected up to retry.max_body
+ * by the attempt that is still reading it, which stays attached (paused when full) so that,
+ * if this response is the one delivered, the rest streams from there.
+ */
+#ifndef RG_SAVED_RESPONSE_H
+#define RG_SAVED_RESPONSE_H
+
+#include <stdbool.h>
+
+#include "http.h"
+
+struct attempt;
+struct evbuffer;
+
+struct saved_response {
+	bool valid;
+	bool complete;                  /* the whole body is in BODY */
+	struct attempt *a;              /* still collecting its body, or NULL */
+	struct http_head h;
+	struct http_hdr *hdrs;
+	char *strings;
+	struct evbuffer *body;
+};
+
+/* Keep a deep copy of H, whose body attempt A goes on collecting (A is owned from now on). */
+void saved_keep(struct saved_response *s, const struct http_head *h, struct attempt *a);
+/* Forget it: its attempt freed, memory released. Idempotent. */
+void saved_clear(struct saved_response *s);
+
+#endif

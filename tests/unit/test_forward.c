@@ -1,0 +1,154 @@
+/*
+ * test_forward: the upstream request head as a table (SPEC §3 deadline rewriting, §4 markers,
+ * §8 hop-by-hop removal, X-Forwarded-*, X-Request-Id, Host, framing). Each row is a raw
+ * client request, parsed by the real parser, the attempt's facts, and the exact head sent.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <event2/buffer.h>
+
+#include "forward.h"
+#include "http.h"
+
+struct row {
+	const char *why;
+	const char *request;        /* raw bytes from the client */
+	const char *host_rewrite;
+	bool tls, nested, streamed;
+	int attempt;                /* 0: 1 */
+	int64_t wait_ms;            /* 0: 950 */
+	int64_t body_len;
+	const char *expect;         /* the head sent upstream */
+};
+
+#define STD_TAIL "X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\nX-Request-Id: rid\r\n" \
+                 "X-Timeout-Ms: 950\r\nX-Retrygate-Attempt: 1\r\n"
+
+static const struct row rows[] = {
+	{ "a plain GET: Host kept, our hop, an id, the attempt's time and number",
+	  "GET /a?b=1 HTTP/1.1\r\nHost: svc\r\nAccept: */*\r\n\r\n", .expect =
+	  "GET /a?b=1 HTTP/1.1\r\nHost: svc\r\nAccept: */*\r\n" STD_TAIL "\r\n" },
+	{ "hop-by-hop fields and what Connection lists are not forwarded",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n"
+	  "Keep-Alive: timeout=5\r\nProxy-Connection: x\r\nTE: trailers\r\nX-End: 2\r\n\r\n", .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-End: 2\r\n" STD_TAIL "\r\n" },
+	{ "X-Forwarded-For: earlier lines as they came, the last gets our hop",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\n"
+	  "X-Forwarded-Proto: https\r\n\r\n", .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 1.1.1.1\r\n"
+	  "X-Forwarded-For: 2.2.2.2, 10.0.0.9\r\nX-Forwarded-Proto: https, http\r\n"
+	  "X-Request-Id: rid\r\nX-Timeout-Ms: 950\r\nX-Retrygate-Attempt: 1\r\n\r\n" },
+	{ "a TLS client: X-Forwarded-Proto https",
+	  "GET / HTTP/1.1\r\nHost: svc\r\n\r\n", .tls = true, .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: https\r\n"
+	  "X-Request-Id: rid\r\nX-Timeout-Ms: 950\r\nX-Retrygate-Attempt: 1\r\n\r\n" },
+	{ "the client's X-Request-Id is kept, none added",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Request-Id: abc\r\n\r\n", .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Request-Id: abc\r\nX-Forwarded-For: 10.0.0.9\r\n"
+	  "X-Forwarded-Proto: http\r\nX-Timeout-Ms: 950\r\nX-Retrygate-Attempt: 1\r\n\r\n" },
+	{ "every deadline header the client sent is rewritten to the attempt's time",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Timeout-Ms: 4000\r\ngrpc-timeout: 4S\r\n"
+	  "x-envoy-upstream-rq-timeout-ms: 0\r\n\r\n", .wait_ms = 250, .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\n"
+	  "X-Request-Id: rid\r\nX-Timeout-Ms: 250\r\ngrpc-timeout: 250000u\r\n"
+	  "x-envoy-upstream-rq-timeout-ms: 250\r\nX-Retrygate-Attempt: 1\r\n\r\n" },
+	{ "host_rewrite replaces the client's Host",
+	  "GET / HTTP/1.1\r\nHost: outside.example\r\n\r\n", .host_rewrite = "inside", .expect =
+	  "GET / HTTP/1.1\r\nHost: inside\r\n" STD_TAIL "\r\n" },
+	{ "an HTTP/1.0 request without Host gets the endpoint's name",
+	  "GET / HTTP/1.0\r\n\r\n", .expect =
+	  "GET / HTTP/1.1\r\nHost: 127.0.0.1:9001\r\n" STD_TAIL "\r\n" },
+	{ "a retry: our marker says 2, the client's own marker is dropped",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Retrygate-Attempt: 1\r\n\r\n", .attempt = 2, .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\n"
+	  "X-Request-Id: rid\r\nX-Timeout-Ms: 950\r\nX-Retrygate-Attempt: 2\r\n\r\n" },
+	{ "a request marked as a retry goes on with its markers unchanged and none of ours",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Retrygate-Attempt: 3\r\n\r\n", .nested = true, .expect =
+	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Retrygate-Attempt: 3\r\nX-Forwarded-For: 10.0.0.9\r\n"
+	  "X-Forwarded-Proto: http\r\nX-Request-Id: rid\r\nX-Timeout-Ms: 950\r\n\r\n" },
+	{ "a buffered body: Content-Length computed here",
+	  "POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 5\r\n\r\n", .body_len = 5, .expect =
+	  "POST / HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "Content-Length: 5\r\n\r\n" },
+	{ "a buffered chunked body goes with its length, not chunked",
+	  "POST / HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n", .body_len = 12, .expect =
+	  "POST / HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "Content-Length: 12\r\n\r\n" },
+	{ "an empty buffered body that had framing: Content-Length: 0",
+	  "POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 0\r\n\r\n", .expect =
+	  "POST / HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "Content-Length: 0\r\n\r\n" },
+	{ "a streamed body keeps the client's length, and Expect goes along",
+	  "PUT / HTTP/1.1\r\nHost: svc\r\nExpect: 100-continue\r\nContent-Length: 99999\r\n\r\n",
+	  .streamed = true, .expect =
+	  "PUT / HTTP/1.1\r\nHost: svc\r\n" STD_TAIL
+	  "Expect: 100-continue\r\nContent-Length: 99999\r\n\r\n" },
+	{ "a buffered body: we answered 100-continue ourselves, Expect is not forwarded",
+	  "PUT / HTTP/1.1\r\nHost: svc\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n",
+	  .body_len = 3, .expect =
+	  "PUT / HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "Content-Length: 3\r\n\r\n" },
+	{ "a streamed chunked body stays chunked",
+	  "POST / HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n", .streamed = true,
+	  .expect = "POST / HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "Transfer-Encoding: chunked\r\n\r\n" },
+	{ "an Upgrade request carries Connection: upgrade and its Upgrade token",
+	  "GET /ws HTTP/1.1\r\nHost: svc\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", .expect =
+	  "GET /ws HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "Connection: upgrade\r\nUpgrade: websocket\r\n\r\n" },
+	{ "an absolute-form target goes as origin-form",
+	  "GET http://svc/x HTTP/1.1\r\nHost: svc\r\n\r\n", .expect =
+	  "GET /x HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "\r\n" },
+};
+
+static void test_rows(void **state)
+{
+	static const struct http_limits lim = { .max_header_bytes = 32768, .max_uri_bytes = 8192 };
+	int failed = 0;
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		const struct row *r = &rows[i];
+		struct http_msg *m = http_msg_new(HTTP_REQUEST_KIND, &lim);
+		struct evbuffer *in = evbuffer_new(), *body = evbuffer_new(), *out = evbuffer_new();
+		evbuffer_add(in, r->request, strlen(r->request));
+		assert_int_equal(http_msg_feed(m, in, body, 0), HTTP_HEAD);
+		const struct http_head *h = http_msg_head(m);
+		struct dl_value vals[DL_NKINDS];
+		bool present[DL_NKINDS];
+		deadline_collect(h->hdrs, h->nhdrs, vals, present);
+		struct forward_req f = {
+			.req = h,
+			.host_rewrite = r->host_rewrite,
+			.endpoint = "127.0.0.1:9001",
+			.peer_ip = "10.0.0.9",
+			.tls = r->tls,
+			.reqid = "rid",
+			.dl_present = present,
+			.wait_us = (r->wait_ms ? r->wait_ms : 950) * 1000,
+			.attempt = r->attempt ? r->attempt : 1,
+			.nested = r->nested,
+			.streamed = r->streamed,
+			.body_len = r->body_len,
+		};
+		forward_h1_head(&f, out);
+		size_t n = evbuffer_get_length(out);
+		const char *got = (const char *)evbuffer_pullup(out, -1);
+		if (n != strlen(r->expect) || memcmp(got, r->expect, n) != 0) {
+			printf("row %zu (%s):\n--- expected\n%s--- got\n%.*s---\n", i, r->why, r->expect,
+			       (int)n, got);
+			failed++;
+		}
+		http_msg_free(m);
+		evbuffer_free(in);
+		evbuffer_free(body);
+		evbuffer_free(out);
+	}
+	assert_int_equal(failed, 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_rows),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
