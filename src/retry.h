@@ -67,7 +67,11 @@ struct retry_facts {
 enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *d,
                           const struct retry_facts *f, int64_t *start_us);
 
-/* Backoff before retry n (n >= 1): uniform in [0, min(max, base * 2^(n-1))]. */
+/* The backoff cap before retry n: min(max, base * 2^(n-1)), saturating; n below 1 counts as
+ * 1; 0 when base or max is not positive. */
+int64_t retry_backoff_cap(const struct cfg_retry *r, int n);
+
+/* Backoff before retry n (n >= 1): uniform in [0, retry_backoff_cap(r, n)] (full jitter). */
 int64_t retry_backoff(const struct cfg_retry *r, int n, uint64_t rand);
 
 enum method_class retry_method_class(const char *method);

@@ -1,6 +1,7 @@
 /*
  * test_retry: SPEC §4 rules 1-6 as one table, one row per rule, per refusal reason and per
- * interaction between rules; then the backoff distribution, the method classes and the names.
+ * interaction between rules; then the backoff cap, the backoff distribution, the method
+ * classes and the names.
  */
 #include <limits.h>
 #include <setjmp.h>
@@ -250,6 +251,51 @@ static void test_table_covers_every_reason(void **state)
 	}
 }
 
+/* The cap min(max, base * 2^(n-1)) that the jitter is drawn under and the --check report
+ * sums. */
+static void test_backoff_cap_table(void **state)
+{
+	static const struct {
+		const char *why;
+		int64_t base_us, max_us;
+		int n;
+		int64_t want;
+	} t[] = {
+		{ "n=1: base", 25 * MS, 250 * MS, 1, 25 * MS },
+		{ "n=2: doubles", 25 * MS, 250 * MS, 2, 50 * MS },
+		{ "n=3", 25 * MS, 250 * MS, 3, 100 * MS },
+		{ "n=4", 25 * MS, 250 * MS, 4, 200 * MS },
+		{ "n=5: max governs", 25 * MS, 250 * MS, 5, 250 * MS },
+		{ "n=6", 25 * MS, 250 * MS, 6, 250 * MS },
+		{ "n=7", 25 * MS, 250 * MS, 7, 250 * MS },
+		{ "n=8", 25 * MS, 250 * MS, 8, 250 * MS },
+		{ "n=9", 25 * MS, 250 * MS, 9, 250 * MS },
+		{ "n=10", 25 * MS, 250 * MS, 10, 250 * MS },
+		{ "n=0 counts as 1", 25 * MS, 250 * MS, 0, 25 * MS },
+		{ "n=INT_MAX does not overflow", 25 * MS, 250 * MS, INT_MAX, 250 * MS },
+		{ "base above max: max from n=1", 300 * MS, 250 * MS, 1, 250 * MS },
+		{ "base above max: max at n=4", 300 * MS, 250 * MS, 4, 250 * MS },
+		{ "base equal to max", 100 * MS, 100 * MS, 7, 100 * MS },
+		{ "zero base: no backoff", 0, 250 * MS, 1, 0 },
+		{ "zero base at n=10: no backoff", 0, 250 * MS, 10, 0 },
+		{ "zero max: no backoff", 25 * MS, 0, 3, 0 },
+		{ "2^62 under an INT64_MAX max", 1, INT64_MAX, 63, INT64_C(1) << 62 },
+		{ "doubling past 2^62 saturates", 1, INT64_MAX, 64, INT64_MAX },
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct cfg_retry r = base_retry();
+		r.backoff_base_us = t[i].base_us;
+		r.backoff_max_us = t[i].max_us;
+		int64_t got = retry_backoff_cap(&r, t[i].n);
+		if (got != t[i].want)
+			print_error("%s: got %lld\n", t[i].why, (long long)got);
+		assert_int_equal(got, t[i].want);
+		/* the jitter spans exactly [0, cap] */
+		assert_int_equal(retry_backoff(&r, t[i].n, UINT64_MAX), t[i].want);
+		assert_int_equal(retry_backoff(&r, t[i].n, 0), 0);
+	}
+}
+
 static uint64_t xorshift(uint64_t *s)
 {
 	*s ^= *s >> 12;
@@ -363,6 +409,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_decide_table),
 		cmocka_unit_test(test_table_covers_every_reason),
+		cmocka_unit_test(test_backoff_cap_table),
 		cmocka_unit_test(test_backoff_bounds),
 		cmocka_unit_test(test_backoff_edges),
 		cmocka_unit_test(test_method_class),
