@@ -53,6 +53,7 @@ struct retry_facts {
 	bool nested;                /* response marked by a deeper retrygate, or request marked as a retry */
 	int attempts;               /* attempts made so far (>= 1) */
 	enum method_class method;
+	bool idempotent_path;       /* the path starts with one of retry.idempotent_paths (rule 4) */
 	bool has_key;               /* non-empty idempotency header */
 	bool body_replayable;       /* no body, or fully buffered and <= retry.max_body */
 	int64_t now_us;

@@ -53,6 +53,7 @@ struct row {
 	enum outcome outcome;       /* OUT_NONE here means OUT_STATUS */
 	int status;                 /* 0: 503 */
 	const char *method;         /* NULL: GET */
+	bool idempotent_path;       /* the path matched retry.idempotent_paths */
 	bool has_key;
 	bool body_big;
 	bool nested;
@@ -134,6 +135,10 @@ static const struct row rows[] = {
 	{ .why = "GET under never is still idempotent", .ni = NI_NEVER, .want = RR_NONE },
 	{ .why = "max-attempts beats non-idempotent", .method = "POST", .attempts = 3,
 	  .want = RR_MAX_ATTEMPTS },
+	{ .why = "POST on an idempotent path after reset: retry", .method = "POST",
+	  .idempotent_path = true, .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "an idempotent path is idempotent whatever non_idempotent says", .method = "POST",
+	  .idempotent_path = true, .ni = NI_NEVER, .want = RR_NONE },
 
 	/* rule 5: body */
 	{ .why = "a body over retry.max_body: body-too-large", .body_big = true,
@@ -189,6 +194,8 @@ static const struct row rows[] = {
 	{ .why = "deadline already gone: deadline", .deadline_in_us = -1, .want = RR_DEADLINE },
 	{ .why = "body-too-large beats the wait", .body_big = true, .deadline_in_us = -1,
 	  .want = RR_BODY_TOO_LARGE },
+	{ .why = "an idempotent path still needs a replayable body", .method = "POST",
+	  .idempotent_path = true, .body_big = true, .want = RR_BODY_TOO_LARGE },
 };
 
 static enum refusal run_row(const struct row *t, int64_t *start)
@@ -208,6 +215,7 @@ static enum refusal run_row(const struct row *t, int64_t *start)
 	f.nested = t->nested;
 	f.attempts = t->attempts ? t->attempts : 1;
 	f.method = retry_method_class(t->method ? t->method : "GET");
+	f.idempotent_path = t->idempotent_path;
 	f.has_key = t->has_key;
 	f.body_replayable = !t->body_big;
 	f.now_us = NOW;
