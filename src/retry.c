@@ -1,5 +1,5 @@
 /*
- * retry: the retry decision of SPEC §4, rules 1-6, as pure functions.
+ * retry: the retry policy of SPEC §4, rules 1-7, as pure functions.
  *
  * One static function per rule, each returning RR_NONE (passes) or its refusal, so that other
  * entry points can share them. The rules are checked in SPEC order and the first failing one
@@ -163,6 +163,18 @@ static enum refusal rule_wait(const struct cfg_retry *r, const struct cfg_deadli
 	return RR_NONE;
 }
 
+/* Rule 7 over the snapshot: the budget first, then the slot, as SPEC §4 lists them. */
+static enum refusal rule_gates(const struct retry_facts *f)
+{
+	if (!f->have_gates)
+		return RR_NONE;
+	if (f->gates.tokens < 1.0)
+		return RR_BUDGET;
+	if (f->gates.retries_in_flight >= f->gates.max_retries_in_flight)
+		return RR_RETRIES_IN_FLIGHT;
+	return RR_NONE;
+}
+
 enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *d,
                           const struct retry_facts *f, int64_t *start_us)
 {
@@ -182,5 +194,18 @@ enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *
 	 * date means no wait beyond the backoff", so a hint of 0 does not skip the jitter. */
 	int64_t wait = f->retry_after_us > 0 ? f->retry_after_us
 	                                     : retry_backoff(r, f->attempts, f->rand);
-	return rule_wait(r, d, f, wait, start_us);
+	int64_t start;
+	why = rule_wait(r, d, f, wait, &start);
+	if (why == RR_NONE)
+		why = rule_gates(f);
+	if (why == RR_NONE)
+		*start_us = start;
+	return why;
+}
+
+enum refusal retry_gate_taken(bool slot_taken, bool token_taken)
+{
+	if (!slot_taken)
+		return RR_RETRIES_IN_FLIGHT;
+	return token_taken ? RR_NONE : RR_BUDGET;
 }

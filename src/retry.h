@@ -1,8 +1,9 @@
 /*
- * retry: the retry decision of SPEC §4. retry_decide() is pure: policy + facts in, a start
- * time or a refusal reason out; it applies rules 1-6 in order. Rule 7 (budget token and
- * retries-in-flight slot) needs the shared gates and is the caller's, after retry_decide()
- * said yes, so that tokens are taken only once every other rule has passed.
+ * retry: the retry policy of SPEC §4, in one place and pure: policy + facts in, a start time
+ * or a refusal reason out. retry_decide() applies rules 1-7 in SPEC order, so the first
+ * failing rule names the refusal. No globals, no atomics, no clock reads: the caller
+ * snapshots the shared counters (budget_peek(), the retries-in-flight count) and takes the
+ * token and the slot only after a yes (retry_gate_taken() names a race lost while taking).
  */
 #ifndef RG_RETRY_H
 #define RG_RETRY_H
@@ -46,6 +47,15 @@ enum method_class {
 	MC_OTHER,                   /* anything else (POST, PATCH, ...) */
 };
 
+/* Rule 7's inputs, read from the shared state just before the decision. */
+struct retry_gate_snapshot {
+	double tokens;              /* budget_peek(): tokens in the bucket now, refill included */
+	int retries_in_flight;      /* retries holding a max_retries_in_flight slot now */
+	int max_retries_in_flight;  /* the effective cap; 0 refuses every retry */
+};
+
+/* Zero-initialised fields mean "nothing special": no hint is -1, though, and rule 7 is judged
+ * only with have_gates (a zero snapshot would read as an empty bucket and a full cap). */
 struct retry_facts {
 	enum outcome outcome;
 	int status;                 /* with OUT_STATUS */
@@ -61,12 +71,22 @@ struct retry_facts {
 	int64_t retry_after_us;     /* -1: none; else the hint (already only for 429/503 with honor) */
 	int64_t hold_until_us;      /* hold of the endpoint the retry would go to; 0: none */
 	uint64_t rand;              /* random bits for the full jitter */
+	bool have_gates;            /* false: rule 7 is not judged (the caller gates on its own) */
+	struct retry_gate_snapshot gates;   /* with have_gates */
 };
 
-/* Rules 1-6. On RR_NONE sets *start_us: the earliest start of the retry (now + backoff or
- * the Retry-After hint, never before the hold). */
+/* Rules 1-6, then rule 7 when f->have_gates. On RR_NONE sets *start_us: the earliest start of
+ * the retry (now + backoff or the Retry-After hint, never before the hold). A yes from rule 7
+ * reserves nothing: the caller then takes the retries-in-flight slot and the token, in that
+ * order, and passes what it got to retry_gate_taken(). */
 enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *d,
                           const struct retry_facts *f, int64_t *start_us);
+
+/* Rule 7 after the taking, for a race lost since the snapshot: the slot first (it can be
+ * given back), then the token (it cannot; take it only with the slot in hand, and give the
+ * slot back when the token is refused). A slot not got is RR_RETRIES_IN_FLIGHT, a token not
+ * got RR_BUDGET, both got RR_NONE. */
+enum refusal retry_gate_taken(bool slot_taken, bool token_taken);
 
 /* The backoff cap before retry n: min(max, base * 2^(n-1)), saturating; n below 1 counts as
  * 1; 0 when base or max is not positive. */

@@ -1,5 +1,5 @@
 /*
- * test_retry: SPEC §4 rules 1-6 as one table, one row per rule, per refusal reason and per
+ * test_retry: SPEC §4 rules 1-7 as one table, one row per rule, per refusal reason and per
  * interaction between rules; then the backoff cap, the backoff distribution, the method
  * classes and the names.
  */
@@ -69,6 +69,10 @@ struct row {
 	int64_t deadline_in_us;     /* 0: 5 s */
 	uint64_t rand;
 	bool explicit_outcome_none; /* really OUT_NONE */
+	bool gates;                 /* rule 7 judged, over the three figures below */
+	double tokens;
+	int in_flight;              /* retries holding a slot */
+	int cap;                    /* max_retries_in_flight */
 	enum refusal want;
 	int64_t want_start_in;      /* checked when want is RR_NONE */
 };
@@ -196,6 +200,38 @@ static const struct row rows[] = {
 	  .want = RR_BODY_TOO_LARGE },
 	{ .why = "an idempotent path still needs a replayable body", .method = "POST",
 	  .idempotent_path = true, .body_big = true, .want = RR_BODY_TOO_LARGE },
+
+	/* rule 7: a token, then a slot, judged over a snapshot */
+	{ .why = "tokens and a slot: retry", .gates = true, .tokens = 5, .in_flight = 3, .cap = 32,
+	  .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 25 * MS },
+	{ .why = "budget empty: budget", .gates = true, .tokens = 0, .in_flight = 0, .cap = 32,
+	  .want = RR_BUDGET },
+	{ .why = "slots full: retries-in-flight", .gates = true, .tokens = 5, .in_flight = 32,
+	  .cap = 32, .want = RR_RETRIES_IN_FLIGHT },
+	{ .why = "budget empty and slots full: budget comes first", .gates = true, .tokens = 0,
+	  .in_flight = 32, .cap = 32, .want = RR_BUDGET },
+	{ .why = "0.99 of a token is no token: budget", .gates = true, .tokens = 0.99,
+	  .in_flight = 0, .cap = 32, .want = RR_BUDGET },
+	{ .why = "exactly one token: retry", .gates = true, .tokens = 1.0, .in_flight = 0,
+	  .cap = 32, .want = RR_NONE },
+	{ .why = "the last free slot: retry", .gates = true, .tokens = 1.0, .in_flight = 31,
+	  .cap = 32, .want = RR_NONE },
+	{ .why = "more in flight than a lowered cap: retries-in-flight", .gates = true,
+	  .tokens = 5, .in_flight = 40, .cap = 32, .want = RR_RETRIES_IN_FLIGHT },
+	{ .why = "max_retries_in_flight 0 refuses every retry", .gates = true, .tokens = 5,
+	  .in_flight = 0, .cap = 0, .want = RR_RETRIES_IN_FLIGHT },
+	{ .why = "without a snapshot rule 7 is the caller's: a zero snapshot is ignored",
+	  .gates = false, .tokens = 0, .in_flight = 0, .cap = 0, .want = RR_NONE },
+	{ .why = "not listed beats budget: no refusal", .status = 500, .gates = true, .tokens = 0,
+	  .cap = 32, .want = RR_NOT_LISTED },
+	{ .why = "non-idempotent beats budget", .method = "POST", .outcome = OUT_RESET,
+	  .gates = true, .tokens = 0, .cap = 32, .want = RR_NON_IDEMPOTENT },
+	{ .why = "retry-after beats retries-in-flight", .has_ra = true, .ra_us = 11 * S,
+	  .gates = true, .tokens = 5, .in_flight = 32, .cap = 32, .want = RR_RETRY_AFTER },
+	{ .why = "deadline beats budget", .deadline_in_us = 4 * MS, .gates = true, .tokens = 0,
+	  .cap = 32, .want = RR_DEADLINE },
+	{ .why = "a hold past the deadline beats a full cap: deadline", .hold_in_us = 6 * S,
+	  .gates = true, .tokens = 5, .in_flight = 32, .cap = 32, .want = RR_DEADLINE },
 };
 
 static enum refusal run_row(const struct row *t, int64_t *start)
@@ -223,6 +259,10 @@ static enum refusal run_row(const struct row *t, int64_t *start)
 	f.retry_after_us = t->has_ra ? t->ra_us : -1;
 	f.hold_until_us = t->hold_in_us ? NOW + t->hold_in_us : 0;
 	f.rand = t->rand;
+	f.have_gates = t->gates;
+	f.gates = (struct retry_gate_snapshot){ .tokens = t->tokens,
+	                                        .retries_in_flight = t->in_flight,
+	                                        .max_retries_in_flight = t->cap };
 	return retry_decide(&r, &dcfg, &f, start);
 }
 
@@ -246,17 +286,49 @@ static void test_decide_table(void **state)
 	assert_int_equal(bad, 0);
 }
 
-/* Every refusal reason that rules 1-6 can give appears in the table. */
+/* Rule 7 with room to spare changes no answer of rules 1-6, nor the start. */
+static void test_roomy_gates_change_nothing(void **state)
+{
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct row t = rows[i];
+		if (t.gates)
+			continue;
+		int64_t start = -1, start_gated = -2;
+		enum refusal want = run_row(&t, &start);
+		t.gates = true;
+		t.tokens = 100;
+		t.in_flight = 0;
+		t.cap = 32;
+		enum refusal got = run_row(&t, &start_gated);
+		if (got != want || (got == RR_NONE && start != start_gated))
+			print_error("%s: %s with room in the gates, %s without\n", t.why,
+			            refusal_name(got), refusal_name(want));
+		assert_int_equal(got, want);
+		if (got == RR_NONE)
+			assert_int_equal(start_gated, start);
+	}
+}
+
+/* Every refusal reason appears in the table. */
 static void test_table_covers_every_reason(void **state)
 {
 	bool seen[RR_NREASONS] = { false };
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
 		seen[rows[i].want] = true;
-	for (int r = RR_NONE; r <= RR_DEADLINE; r++) {
+	for (int r = RR_NONE; r < RR_NREASONS; r++) {
 		if (!seen[r])
 			print_error("no row for reason %d \"%s\"\n", r, refusal_name((enum refusal)r));
 		assert_true(seen[r]);
 	}
+}
+
+/* A race lost between the snapshot and the taking is named by what was not got. */
+static void test_gate_taken(void **state)
+{
+	assert_int_equal(retry_gate_taken(true, true), RR_NONE);
+	assert_int_equal(retry_gate_taken(true, false), RR_BUDGET);
+	assert_int_equal(retry_gate_taken(false, false), RR_RETRIES_IN_FLIGHT);
+	assert_int_equal(retry_gate_taken(false, true), RR_RETRIES_IN_FLIGHT);
 }
 
 /* The cap min(max, base * 2^(n-1)) that the jitter is drawn under and the --check report
@@ -416,7 +488,9 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_decide_table),
+		cmocka_unit_test(test_roomy_gates_change_nothing),
 		cmocka_unit_test(test_table_covers_every_reason),
+		cmocka_unit_test(test_gate_taken),
 		cmocka_unit_test(test_backoff_cap_table),
 		cmocka_unit_test(test_backoff_bounds),
 		cmocka_unit_test(test_backoff_edges),
