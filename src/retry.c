@@ -1,11 +1,12 @@
 /*
  * retry: the retry policy of SPEC §4, rules 1-7, as pure functions.
  *
- * One static function per rule, each returning RR_NONE (passes) or its refusal, so that other
- * entry points can share them. The rules are checked in SPEC order and the first failing one
- * names the refusal, so the order of the chain in retry_decide() is part of the contract. All
- * time arithmetic saturates: a Retry-After of "99999999999999" or a hold far in the future
- * must refuse, never wrap into "retry now".
+ * One static function per rule, each returning RR_NONE (passes) or its refusal; the three
+ * entry points (retry_decide, retry_may_replay, retry_recheck_hold) are chains of them, so a
+ * rule is written once. The rules are checked in SPEC order and the first failing one names
+ * the refusal, so the order of the chain in retry_decide() is part of the contract. All time
+ * arithmetic saturates: a Retry-After of "99999999999999" or a hold far in the future must
+ * refuse, never wrap into "retry now".
  */
 #include "retry.h"
 
@@ -208,4 +209,26 @@ enum refusal retry_gate_taken(bool slot_taken, bool token_taken)
 	if (!slot_taken)
 		return RR_RETRIES_IN_FLIGHT;
 	return token_taken ? RR_NONE : RR_BUDGET;
+}
+
+bool retry_may_replay(const struct cfg_retry *r, const struct retry_facts *f)
+{
+	struct retry_facts reset = *f;
+	reset.outcome = OUT_RESET;
+	return rule_nested(&reset) == RR_NONE && rule_method(r, &reset) == RR_NONE &&
+	       rule_body(&reset) == RR_NONE;
+}
+
+enum refusal retry_recheck_hold(const struct cfg_retry *r, const struct cfg_deadline *d,
+                                int64_t now_us, int64_t deadline_us, int64_t hold_until_us,
+                                int64_t *start_us)
+{
+	/* the hint, if there was one, has been waited out and judged by retry_decide() */
+	struct retry_facts f = {
+		.now_us = now_us,
+		.deadline_us = deadline_us,
+		.retry_after_us = -1,
+		.hold_until_us = hold_until_us,
+	};
+	return rule_wait(r, d, &f, 0, start_us);
 }

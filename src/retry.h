@@ -1,7 +1,9 @@
 /*
  * retry: the retry policy of SPEC §4, in one place and pure: policy + facts in, a start time
  * or a refusal reason out. retry_decide() applies rules 1-7 in SPEC order, so the first
- * failing rule names the refusal. No globals, no atomics, no clock reads: the caller
+ * failing rule names the refusal; retry_may_replay() (rules 2, 4, 5 for a reset) and
+ * retry_recheck_hold() (rule 6 at the end of a wait) answer with the same rule functions, so
+ * no caller re-checks a rule itself. No globals, no atomics, no clock reads: the caller
  * snapshots the shared counters (budget_peek(), the retries-in-flight count) and takes the
  * token and the slot only after a yes (retry_gate_taken() names a race lost while taking).
  */
@@ -87,6 +89,23 @@ enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *
  * slot back when the token is refused). A slot not got is RR_RETRIES_IN_FLIGHT, a token not
  * got RR_BUDGET, both got RR_NONE. */
 enum refusal retry_gate_taken(bool slot_taken, bool token_taken);
+
+/* May this request be re-sent if its attempt ends in a reset? Rules 2, 4 and 5 as
+ * retry_decide() judges them for OUT_RESET: not nested, method repeatable (idempotent, an
+ * idempotent path, or non_idempotent permits), body replayable. Reads only nested, method,
+ * idempotent_path, has_key and body_replayable. A no means the attempt should not risk a
+ * pooled connection that may have gone stale. After a connect-failure any method may go
+ * again (rule 4), but that is retry_decide()'s to say, not this question's: nothing was sent.
+ * Rules 1 and 3 (enabled, attempts left) are not consulted. */
+bool retry_may_replay(const struct cfg_retry *r, const struct retry_facts *f);
+
+/* Rule 6 again at the end of a backoff wait, for the hold HOLD_UNTIL_US that the chosen
+ * endpoint carries now (0 or past: none): RR_NONE with *start_us = max(now, hold) when the
+ * hold is at most retry_after.max ahead and start + deadline.min fits the deadline, else
+ * RR_RETRY_AFTER or RR_DEADLINE. The wait itself has been served, so only the hold counts. */
+enum refusal retry_recheck_hold(const struct cfg_retry *r, const struct cfg_deadline *d,
+                                int64_t now_us, int64_t deadline_us, int64_t hold_until_us,
+                                int64_t *start_us);
 
 /* The backoff cap before retry n: min(max, base * 2^(n-1)), saturating; n below 1 counts as
  * 1; 0 when base or max is not positive. */

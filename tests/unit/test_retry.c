@@ -1,7 +1,8 @@
 /*
  * test_retry: SPEC §4 rules 1-7 as one table, one row per rule, per refusal reason and per
- * interaction between rules; then the backoff cap, the backoff distribution, the method
- * classes and the names.
+ * interaction between rules; then the tables of the other entry points (replay after a
+ * reset, the hold re-check after a wait, the backoff cap), the backoff distribution, the
+ * method classes and the names.
  */
 #include <limits.h>
 #include <setjmp.h>
@@ -331,6 +332,148 @@ static void test_gate_taken(void **state)
 	assert_int_equal(retry_gate_taken(false, true), RR_RETRIES_IN_FLIGHT);
 }
 
+/* May the request be re-sent after a reset (so a pooled connection is worth the risk)? The
+ * rows state what differs from "a GET without body, not nested, require-key". Whether a
+ * connect-failure may be retried is not this question: nothing was sent then, and
+ * retry_decide() lets any method go again. */
+static const struct replay_row {
+	const char *why;
+	const char *method;         /* NULL: GET */
+	bool has_key;
+	bool idempotent_path;
+	bool body_big;              /* streamed, or over retry.max_body */
+	bool nested;
+	enum non_idempotent ni;
+	enum outcome outcome;       /* ignored: the question is about a reset */
+	bool want;
+} replay_rows[] = {
+	{ .why = "GET after reset: yes", .want = true },
+	{ .why = "PUT after reset: yes", .method = "PUT", .want = true },
+	{ .why = "POST without key (require-key): no", .method = "POST", .want = false },
+	{ .why = "POST with key (require-key): yes", .method = "POST", .has_key = true,
+	  .want = true },
+	{ .why = "POST with key under never: no", .method = "POST", .has_key = true,
+	  .ni = NI_NEVER, .want = false },
+	{ .why = "POST without key under always: yes", .method = "POST", .ni = NI_ALWAYS,
+	  .want = true },
+	{ .why = "GET under never: yes", .ni = NI_NEVER, .want = true },
+	{ .why = "POST on an idempotent path: yes", .method = "POST", .idempotent_path = true,
+	  .want = true },
+	{ .why = "a streamed body: no", .body_big = true, .want = false },
+	{ .why = "a streamed body under always: no", .method = "POST", .ni = NI_ALWAYS,
+	  .body_big = true, .want = false },
+	{ .why = "a nested request: no", .nested = true, .want = false },
+	{ .why = "an outcome of connect-failure in the facts changes nothing: POST without key "
+	  "is no", .method = "POST", .outcome = OUT_CONNECT_FAILURE, .want = false },
+};
+
+static struct retry_facts replay_facts(const struct replay_row *t)
+{
+	struct retry_facts f;
+	memset(&f, 0, sizeof(f));
+	f.outcome = t->outcome;
+	f.method = retry_method_class(t->method ? t->method : "GET");
+	f.has_key = t->has_key;
+	f.idempotent_path = t->idempotent_path;
+	f.body_replayable = !t->body_big;
+	f.nested = t->nested;
+	return f;
+}
+
+static void test_may_replay_table(void **state)
+{
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(replay_rows) / sizeof(replay_rows[0]); i++) {
+		const struct replay_row *t = &replay_rows[i];
+		struct cfg_retry r = base_retry();
+		r.non_idempotent = t->ni;
+		struct retry_facts f = replay_facts(t);
+		if (retry_may_replay(&r, &f) != t->want) {
+			print_error("%s: got %d\n", t->why, !t->want);
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+}
+
+/* retry_may_replay() is retry_decide() for a reset with every other rule passing: over every
+ * combination of its inputs, yes exactly when retry_decide() would retry the reset. */
+static void test_may_replay_agrees_with_decide(void **state)
+{
+	static const char *const methods[] = { "GET", "POST" };
+	static const enum non_idempotent nis[] = { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+	for (unsigned bits = 0; bits < 16; bits++)
+		for (size_t m = 0; m < 2; m++)
+			for (size_t n = 0; n < 3; n++) {
+				struct replay_row t = {
+					.method = methods[m], .has_key = bits & 1,
+					.idempotent_path = bits & 2, .body_big = bits & 4,
+					.nested = bits & 8, .ni = nis[n],
+				};
+				struct cfg_retry r = base_retry();
+				r.non_idempotent = t.ni;
+				struct retry_facts f = replay_facts(&t);
+				bool replay = retry_may_replay(&r, &f);
+				f.outcome = OUT_RESET;
+				f.runtime_enabled = true;
+				f.attempts = 1;
+				f.now_us = NOW;
+				f.deadline_us = NOW + 5 * S;
+				f.retry_after_us = -1;
+				int64_t start;
+				assert_int_equal(replay, retry_decide(&r, &dcfg, &f, &start) == RR_NONE);
+			}
+}
+
+/* Rule 6 at the end of a backoff, for a hold that appeared during the wait. A 5 s deadline,
+ * deadline.min 5 ms, retry_after.max 10 s; times relative to NOW. */
+static const struct recheck_row {
+	const char *why;
+	int64_t hold_in_us;         /* 0: no hold */
+	int64_t deadline_in_us;     /* 0: 5 s */
+	enum refusal want;
+	int64_t want_start_in;      /* with RR_NONE */
+} recheck_rows[] = {
+	{ .why = "no hold: start now", .want = RR_NONE, .want_start_in = 0 },
+	{ .why = "a hold already over: start now", .hold_in_us = -2 * S, .want = RR_NONE,
+	  .want_start_in = 0 },
+	{ .why = "a hold within retry_after.max and the deadline: start at the hold",
+	  .hold_in_us = 2 * S, .want = RR_NONE, .want_start_in = 2 * S },
+	{ .why = "a hold exactly retry_after.max ahead: start at the hold", .hold_in_us = 10 * S,
+	  .deadline_in_us = 20 * S, .want = RR_NONE, .want_start_in = 10 * S },
+	{ .why = "a hold past retry_after.max: retry-after", .hold_in_us = 10 * S + 1,
+	  .deadline_in_us = 20 * S, .want = RR_RETRY_AFTER },
+	{ .why = "a hold past both: retry-after comes first", .hold_in_us = 12 * S,
+	  .want = RR_RETRY_AFTER },
+	{ .why = "a huge hold saturates into retry-after", .hold_in_us = INT64_MAX - NOW,
+	  .want = RR_RETRY_AFTER },
+	{ .why = "a hold exactly deadline less deadline.min: start at the hold",
+	  .hold_in_us = 5 * S - 5 * MS, .want = RR_NONE, .want_start_in = 5 * S - 5 * MS },
+	{ .why = "a hold past deadline less deadline.min: deadline", .hold_in_us = 5 * S - 4 * MS,
+	  .want = RR_DEADLINE },
+	{ .why = "no hold but less than deadline.min left: deadline", .deadline_in_us = 4 * MS,
+	  .want = RR_DEADLINE },
+};
+
+static void test_recheck_hold_table(void **state)
+{
+	struct cfg_retry r = base_retry();
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(recheck_rows) / sizeof(recheck_rows[0]); i++) {
+		const struct recheck_row *t = &recheck_rows[i];
+		int64_t start = -1;
+		int64_t deadline = NOW + (t->deadline_in_us ? t->deadline_in_us : 5 * S);
+		int64_t hold = t->hold_in_us ? NOW + t->hold_in_us : 0;
+		enum refusal got = retry_recheck_hold(&r, &dcfg, NOW, deadline, hold, &start);
+		if (got != t->want || (got == RR_NONE && start != NOW + t->want_start_in)) {
+			print_error("%s: got \"%s\" start +%lld us\n", t->why, refusal_name(got),
+			            (long long)(start - NOW));
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+}
+
 /* The cap min(max, base * 2^(n-1)) that the jitter is drawn under and the --check report
  * sums. */
 static void test_backoff_cap_table(void **state)
@@ -491,6 +634,9 @@ int main(void)
 		cmocka_unit_test(test_roomy_gates_change_nothing),
 		cmocka_unit_test(test_table_covers_every_reason),
 		cmocka_unit_test(test_gate_taken),
+		cmocka_unit_test(test_may_replay_table),
+		cmocka_unit_test(test_may_replay_agrees_with_decide),
+		cmocka_unit_test(test_recheck_hold_table),
 		cmocka_unit_test(test_backoff_cap_table),
 		cmocka_unit_test(test_backoff_bounds),
 		cmocka_unit_test(test_backoff_edges),
