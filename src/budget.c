@@ -42,6 +42,32 @@ static void tokens_add(struct budget *b, int64_t delta, int64_t cap)
 	}
 }
 
+/* What the stretch [LAST, NOW) earns at min_per_second into ROOM free units: the credit in
+ * units, and in *paid_to the time up to which that credit is paid for (LAST: nothing earned
+ * yet, keep the time for later). Pure: refill() applies it, budget_peek() only reads it. */
+static int64_t refill_credit(const struct cfg_retry *r, int64_t last, int64_t now_us,
+                             int64_t room, int64_t *paid_to)
+{
+	int64_t dt;
+	if (__builtin_sub_overflow(now_us, last, &dt))
+		dt = INT64_MAX;
+	double rate = r->budget_min_per_second;     /* tokens/s = BUDGET_ONE units per µs */
+	*paid_to = now_us;  /* by default the whole interval is used up */
+	if (rate <= 0 || room <= 0)
+		return 0;
+	double earned = (double)dt * rate;
+	if (earned >= (double)room)
+		return room;    /* the bucket fills up: the rest of the interval is worth nothing,
+		                 * as time always is while a bucket is full */
+	int64_t credit = (int64_t)earned;   /* floor: never credit more than earned */
+	/* charge only the time this whole-unit credit is worth and keep the remainder for
+	 * later, or a fractional rate called often would never earn anything */
+	double paid = ceil((double)credit / rate);
+	if (paid < (double)dt)
+		*paid_to = last + (int64_t)paid;
+	return credit;
+}
+
 /* Credit min_per_second tokens per second for the time since refill_us, up to NOW. */
 static void refill(struct budget *b, const struct cfg_retry *r, int64_t now_us, int64_t cap)
 {
@@ -51,29 +77,8 @@ static void refill(struct budget *b, const struct cfg_retry *r, int64_t now_us, 
 	/* the room is read before the claim: takes between here and the add only make it an
 	 * overestimate of the level, i.e. the credit an underestimate, never the reverse */
 	int64_t before = atomic_load(&b->tokens);
-	int64_t dt;
-	if (__builtin_sub_overflow(now_us, last, &dt))
-		dt = INT64_MAX;
-	int64_t room = before < cap ? cap - before : 0;
-	double rate = r->budget_min_per_second;     /* tokens/s = BUDGET_ONE units per µs */
-	int64_t credit = 0;
-	int64_t paid_to = now_us;   /* by default the whole interval is used up */
-	if (rate > 0 && room > 0) {
-		double earned = (double)dt * rate;
-		if (earned >= (double)room) {
-			/* the bucket fills up: the rest of the interval is worth nothing, as
-			 * time always is while a bucket is full */
-			credit = room;
-		} else {
-			credit = (int64_t)earned;   /* floor: never credit more than earned */
-			/* charge only the time this whole-unit credit is worth and keep the
-			 * remainder for later, or a fractional rate called often would never
-			 * earn anything */
-			double paid = ceil((double)credit / rate);
-			if (paid < (double)dt)
-				paid_to = last + (int64_t)paid;
-		}
-	}
+	int64_t paid_to;
+	int64_t credit = refill_credit(r, last, now_us, before < cap ? cap - before : 0, &paid_to);
 	if (paid_to == last)
 		return;     /* less than one unit earned yet: leave the time for a later call */
 	/* claim [last, paid_to): only one caller can move refill_us from LAST, so no interval
@@ -124,4 +129,17 @@ double budget_tokens(struct budget *b, const struct cfg_retry *r, int64_t now_us
 	tokens_add(b, 0, cap);
 	int64_t cur = atomic_load(&b->tokens);
 	return (double)(cur < cap ? cur : cap) / (double)BUDGET_ONE;
+}
+
+double budget_peek(const struct budget *b, const struct cfg_retry *r, int64_t now_us)
+{
+	int64_t cap = cap_of(r);
+	int64_t last = atomic_load(&b->refill_us);
+	int64_t cur = atomic_load(&b->tokens);
+	int64_t level = cur < cap ? cur : cap;
+	if (now_us > last) {
+		int64_t paid_to;
+		level += refill_credit(r, last, now_us, cap - level, &paid_to);
+	}
+	return (double)level / (double)BUDGET_ONE;
 }

@@ -26,7 +26,11 @@ void budget_init(struct budget *b, const struct cfg_retry *r, int64_t now_us);
 void budget_deposit(struct budget *b, const struct cfg_retry *r, int64_t now_us);
 /* A retry: takes one whole token if there is one. */
 bool budget_take(struct budget *b, const struct cfg_retry *r, int64_t now_us);
-/* Current tokens (after refill), for the gauge. */
+/* Current tokens (after refill), for the gauge. Refills and clamps the shared state. */
 double budget_tokens(struct budget *b, const struct cfg_retry *r, int64_t now_us);
+/* The same figure without writing anything: the level plus what the time up to NOW would
+ * credit. For the rule-7 snapshot of retry_decide(); a yes from it reserves nothing, the
+ * token is still budget_take()'s. */
+double budget_peek(const struct budget *b, const struct cfg_retry *r, int64_t now_us);
 
 #endif

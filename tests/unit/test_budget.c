@@ -3,7 +3,8 @@
  * adds ratio tokens; time adds min_per_second tokens per second; it never holds more than
  * max_tokens; a retry takes one whole token or does not happen. So over any interval of
  * length t: retries <= max_tokens + ratio * (first attempts) + min_per_second * t, which the
- * threaded tests check with several workers hammering one bucket under a fake clock.
+ * threaded tests check with several workers hammering one bucket under a fake clock. A peek
+ * (the rule-7 snapshot) reads the same figure and writes nothing.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -218,6 +219,59 @@ static void test_matches_ideal_bucket(void **state)
 	assert_true(budget_tokens(&b, &r, now) == (double)level / BUDGET_ONE);
 }
 
+/* budget_peek() is budget_tokens() without the writes: at every step of a random life (takes,
+ * deposits, time, a fractional rate, a reload lowering the cap), the two agree, a peek
+ * changes neither atomic, and peek >= 1 is exactly when the next take succeeds. */
+static void test_peek_reads_without_writing(void **state)
+{
+	struct cfg_retry big = policy(0.2, 0.7, 20);
+	struct cfg_retry small = policy(0.2, 0.7, 5);
+	struct budget b, shadow;
+	budget_init(&b, &big, 0);
+	budget_init(&shadow, &big, 0);
+	uint64_t seed = 777;
+	int64_t now = 0;
+	for (int i = 0; i < 100000; i++) {
+		uint64_t x = xorshift(&seed);
+		const struct cfg_retry *r = (x >> 8) % 16 == 0 ? &small : &big;
+		now += (int64_t)(x % 700000);   /* up to 0.7 s: half a token at most */
+		int64_t tokens = atomic_load(&b.tokens), refill = atomic_load(&b.refill_us);
+		double peek = budget_peek(&b, r, now);
+		assert_true(budget_peek(&b, r, now) == peek);
+		assert_int_equal(atomic_load(&b.tokens), tokens);
+		assert_int_equal(atomic_load(&b.refill_us), refill);
+		/* the shadow bucket lives the same life but is looked at by budget_tokens() */
+		assert_true(budget_tokens(&shadow, r, now) == peek);
+		switch (x >> 62) {
+		case 0:
+			budget_deposit(&b, r, now);
+			budget_deposit(&shadow, r, now);
+			break;
+		default:
+			assert_int_equal(budget_take(&b, r, now), peek >= 1.0);
+			assert_int_equal(budget_take(&shadow, r, now), peek >= 1.0);
+			break;
+		}
+	}
+}
+
+/* A peek sees the refill that time has earned, capped, and an older "now" adds nothing. */
+static void test_peek_sees_refill(void **state)
+{
+	struct cfg_retry r = policy(0, 10, 100);
+	struct budget b;
+	budget_init(&b, &r, 10 * S);
+	assert_true(budget_peek(&b, &r, 10 * S) == 100.0);
+	take_all(&b, &r, 10 * S);
+	assert_true(budget_peek(&b, &r, 10 * S) == 0.0);
+	assert_true(budget_peek(&b, &r, 9 * S) == 0.0);
+	assert_true(budget_peek(&b, &r, 10 * S + 50 * MS) == 0.5);
+	assert_true(budget_peek(&b, &r, 10 * S + 100 * MS) == 1.0);
+	assert_true(budget_peek(&b, &r, 3600 * S) == 100.0);
+	/* none of it was taken: the bucket is still empty at 10 s */
+	assert_false(budget_take(&b, &r, 10 * S));
+}
+
 /* ---------------------------------------------------------------- threads */
 
 #define NTHREADS 4
@@ -364,6 +418,8 @@ int main(void)
 		cmocka_unit_test(test_zero_max_tokens_never_retries),
 		cmocka_unit_test(test_clock_seen_out_of_order),
 		cmocka_unit_test(test_matches_ideal_bucket),
+		cmocka_unit_test(test_peek_reads_without_writing),
+		cmocka_unit_test(test_peek_sees_refill),
 		cmocka_unit_test(test_threads_respect_bound),
 		cmocka_unit_test(test_threads_stale_refill_burst),
 	};

@@ -1,6 +1,8 @@
 /*
- * test_retry: SPEC §4 rules 1-6 as one table, one row per rule, per refusal reason and per
- * interaction between rules; then the backoff distribution, the method classes and the names.
+ * test_retry: SPEC §4 rules 1-7 as one table, one row per rule, per refusal reason and per
+ * interaction between rules; then the tables of the other entry points (replay after a
+ * reset, the hold re-check after a wait, the backoff cap), the backoff distribution, the
+ * method classes and the names.
  */
 #include <limits.h>
 #include <setjmp.h>
@@ -52,6 +54,7 @@ struct row {
 	enum outcome outcome;       /* OUT_NONE here means OUT_STATUS */
 	int status;                 /* 0: 503 */
 	const char *method;         /* NULL: GET */
+	bool idempotent_path;       /* the path matched retry.idempotent_paths */
 	bool has_key;
 	bool body_big;
 	bool nested;
@@ -67,6 +70,10 @@ struct row {
 	int64_t deadline_in_us;     /* 0: 5 s */
 	uint64_t rand;
 	bool explicit_outcome_none; /* really OUT_NONE */
+	bool gates;                 /* rule 7 judged, over the three figures below */
+	double tokens;
+	int in_flight;              /* retries holding a slot */
+	int cap;                    /* max_retries_in_flight */
 	enum refusal want;
 	int64_t want_start_in;      /* checked when want is RR_NONE */
 };
@@ -133,6 +140,10 @@ static const struct row rows[] = {
 	{ .why = "GET under never is still idempotent", .ni = NI_NEVER, .want = RR_NONE },
 	{ .why = "max-attempts beats non-idempotent", .method = "POST", .attempts = 3,
 	  .want = RR_MAX_ATTEMPTS },
+	{ .why = "POST on an idempotent path after reset: retry", .method = "POST",
+	  .idempotent_path = true, .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "an idempotent path is idempotent whatever non_idempotent says", .method = "POST",
+	  .idempotent_path = true, .ni = NI_NEVER, .want = RR_NONE },
 
 	/* rule 5: body */
 	{ .why = "a body over retry.max_body: body-too-large", .body_big = true,
@@ -188,6 +199,40 @@ static const struct row rows[] = {
 	{ .why = "deadline already gone: deadline", .deadline_in_us = -1, .want = RR_DEADLINE },
 	{ .why = "body-too-large beats the wait", .body_big = true, .deadline_in_us = -1,
 	  .want = RR_BODY_TOO_LARGE },
+	{ .why = "an idempotent path still needs a replayable body", .method = "POST",
+	  .idempotent_path = true, .body_big = true, .want = RR_BODY_TOO_LARGE },
+
+	/* rule 7: a token, then a slot, judged over a snapshot */
+	{ .why = "tokens and a slot: retry", .gates = true, .tokens = 5, .in_flight = 3, .cap = 32,
+	  .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 25 * MS },
+	{ .why = "budget empty: budget", .gates = true, .tokens = 0, .in_flight = 0, .cap = 32,
+	  .want = RR_BUDGET },
+	{ .why = "slots full: retries-in-flight", .gates = true, .tokens = 5, .in_flight = 32,
+	  .cap = 32, .want = RR_RETRIES_IN_FLIGHT },
+	{ .why = "budget empty and slots full: budget comes first", .gates = true, .tokens = 0,
+	  .in_flight = 32, .cap = 32, .want = RR_BUDGET },
+	{ .why = "0.99 of a token is no token: budget", .gates = true, .tokens = 0.99,
+	  .in_flight = 0, .cap = 32, .want = RR_BUDGET },
+	{ .why = "exactly one token: retry", .gates = true, .tokens = 1.0, .in_flight = 0,
+	  .cap = 32, .want = RR_NONE },
+	{ .why = "the last free slot: retry", .gates = true, .tokens = 1.0, .in_flight = 31,
+	  .cap = 32, .want = RR_NONE },
+	{ .why = "more in flight than a lowered cap: retries-in-flight", .gates = true,
+	  .tokens = 5, .in_flight = 40, .cap = 32, .want = RR_RETRIES_IN_FLIGHT },
+	{ .why = "max_retries_in_flight 0 refuses every retry", .gates = true, .tokens = 5,
+	  .in_flight = 0, .cap = 0, .want = RR_RETRIES_IN_FLIGHT },
+	{ .why = "without a snapshot rule 7 is the caller's: a zero snapshot is ignored",
+	  .gates = false, .tokens = 0, .in_flight = 0, .cap = 0, .want = RR_NONE },
+	{ .why = "not listed beats budget: no refusal", .status = 500, .gates = true, .tokens = 0,
+	  .cap = 32, .want = RR_NOT_LISTED },
+	{ .why = "non-idempotent beats budget", .method = "POST", .outcome = OUT_RESET,
+	  .gates = true, .tokens = 0, .cap = 32, .want = RR_NON_IDEMPOTENT },
+	{ .why = "retry-after beats retries-in-flight", .has_ra = true, .ra_us = 11 * S,
+	  .gates = true, .tokens = 5, .in_flight = 32, .cap = 32, .want = RR_RETRY_AFTER },
+	{ .why = "deadline beats budget", .deadline_in_us = 4 * MS, .gates = true, .tokens = 0,
+	  .cap = 32, .want = RR_DEADLINE },
+	{ .why = "a hold past the deadline beats a full cap: deadline", .hold_in_us = 6 * S,
+	  .gates = true, .tokens = 5, .in_flight = 32, .cap = 32, .want = RR_DEADLINE },
 };
 
 static enum refusal run_row(const struct row *t, int64_t *start)
@@ -207,6 +252,7 @@ static enum refusal run_row(const struct row *t, int64_t *start)
 	f.nested = t->nested;
 	f.attempts = t->attempts ? t->attempts : 1;
 	f.method = retry_method_class(t->method ? t->method : "GET");
+	f.idempotent_path = t->idempotent_path;
 	f.has_key = t->has_key;
 	f.body_replayable = !t->body_big;
 	f.now_us = NOW;
@@ -214,6 +260,10 @@ static enum refusal run_row(const struct row *t, int64_t *start)
 	f.retry_after_us = t->has_ra ? t->ra_us : -1;
 	f.hold_until_us = t->hold_in_us ? NOW + t->hold_in_us : 0;
 	f.rand = t->rand;
+	f.have_gates = t->gates;
+	f.gates = (struct retry_gate_snapshot){ .tokens = t->tokens,
+	                                        .retries_in_flight = t->in_flight,
+	                                        .max_retries_in_flight = t->cap };
 	return retry_decide(&r, &dcfg, &f, start);
 }
 
@@ -237,16 +287,235 @@ static void test_decide_table(void **state)
 	assert_int_equal(bad, 0);
 }
 
-/* Every refusal reason that rules 1-6 can give appears in the table. */
+/* Rule 7 with room to spare changes no answer of rules 1-6, nor the start. */
+static void test_roomy_gates_change_nothing(void **state)
+{
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct row t = rows[i];
+		if (t.gates)
+			continue;
+		int64_t start = -1, start_gated = -2;
+		enum refusal want = run_row(&t, &start);
+		t.gates = true;
+		t.tokens = 100;
+		t.in_flight = 0;
+		t.cap = 32;
+		enum refusal got = run_row(&t, &start_gated);
+		if (got != want || (got == RR_NONE && start != start_gated))
+			print_error("%s: %s with room in the gates, %s without\n", t.why,
+			            refusal_name(got), refusal_name(want));
+		assert_int_equal(got, want);
+		if (got == RR_NONE)
+			assert_int_equal(start_gated, start);
+	}
+}
+
+/* Every refusal reason appears in the table. */
 static void test_table_covers_every_reason(void **state)
 {
 	bool seen[RR_NREASONS] = { false };
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
 		seen[rows[i].want] = true;
-	for (int r = RR_NONE; r <= RR_DEADLINE; r++) {
+	for (int r = RR_NONE; r < RR_NREASONS; r++) {
 		if (!seen[r])
 			print_error("no row for reason %d \"%s\"\n", r, refusal_name((enum refusal)r));
 		assert_true(seen[r]);
+	}
+}
+
+/* A race lost between the snapshot and the taking is named by what was not got. */
+static void test_gate_taken(void **state)
+{
+	assert_int_equal(retry_gate_taken(true, true), RR_NONE);
+	assert_int_equal(retry_gate_taken(true, false), RR_BUDGET);
+	assert_int_equal(retry_gate_taken(false, false), RR_RETRIES_IN_FLIGHT);
+	assert_int_equal(retry_gate_taken(false, true), RR_RETRIES_IN_FLIGHT);
+}
+
+/* May the request be re-sent after a reset (so a pooled connection is worth the risk)? The
+ * rows state what differs from "a GET without body, not nested, require-key". Whether a
+ * connect-failure may be retried is not this question: nothing was sent then, and
+ * retry_decide() lets any method go again. */
+static const struct replay_row {
+	const char *why;
+	const char *method;         /* NULL: GET */
+	bool has_key;
+	bool idempotent_path;
+	bool body_big;              /* streamed, or over retry.max_body */
+	bool nested;
+	enum non_idempotent ni;
+	enum outcome outcome;       /* ignored: the question is about a reset */
+	bool want;
+} replay_rows[] = {
+	{ .why = "GET after reset: yes", .want = true },
+	{ .why = "PUT after reset: yes", .method = "PUT", .want = true },
+	{ .why = "POST without key (require-key): no", .method = "POST", .want = false },
+	{ .why = "POST with key (require-key): yes", .method = "POST", .has_key = true,
+	  .want = true },
+	{ .why = "POST with key under never: no", .method = "POST", .has_key = true,
+	  .ni = NI_NEVER, .want = false },
+	{ .why = "POST without key under always: yes", .method = "POST", .ni = NI_ALWAYS,
+	  .want = true },
+	{ .why = "GET under never: yes", .ni = NI_NEVER, .want = true },
+	{ .why = "POST on an idempotent path: yes", .method = "POST", .idempotent_path = true,
+	  .want = true },
+	{ .why = "a streamed body: no", .body_big = true, .want = false },
+	{ .why = "a streamed body under always: no", .method = "POST", .ni = NI_ALWAYS,
+	  .body_big = true, .want = false },
+	{ .why = "a nested request: no", .nested = true, .want = false },
+	{ .why = "an outcome of connect-failure in the facts changes nothing: POST without key "
+	  "is no", .method = "POST", .outcome = OUT_CONNECT_FAILURE, .want = false },
+};
+
+static struct retry_facts replay_facts(const struct replay_row *t)
+{
+	struct retry_facts f;
+	memset(&f, 0, sizeof(f));
+	f.outcome = t->outcome;
+	f.method = retry_method_class(t->method ? t->method : "GET");
+	f.has_key = t->has_key;
+	f.idempotent_path = t->idempotent_path;
+	f.body_replayable = !t->body_big;
+	f.nested = t->nested;
+	return f;
+}
+
+static void test_may_replay_table(void **state)
+{
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(replay_rows) / sizeof(replay_rows[0]); i++) {
+		const struct replay_row *t = &replay_rows[i];
+		struct cfg_retry r = base_retry();
+		r.non_idempotent = t->ni;
+		struct retry_facts f = replay_facts(t);
+		if (retry_may_replay(&r, &f) != t->want) {
+			print_error("%s: got %d\n", t->why, !t->want);
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+}
+
+/* retry_may_replay() is retry_decide() for a reset with every other rule passing: over every
+ * combination of its inputs, yes exactly when retry_decide() would retry the reset. */
+static void test_may_replay_agrees_with_decide(void **state)
+{
+	static const char *const methods[] = { "GET", "POST" };
+	static const enum non_idempotent nis[] = { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+	for (unsigned bits = 0; bits < 16; bits++)
+		for (size_t m = 0; m < 2; m++)
+			for (size_t n = 0; n < 3; n++) {
+				struct replay_row t = {
+					.method = methods[m], .has_key = bits & 1,
+					.idempotent_path = bits & 2, .body_big = bits & 4,
+					.nested = bits & 8, .ni = nis[n],
+				};
+				struct cfg_retry r = base_retry();
+				r.non_idempotent = t.ni;
+				struct retry_facts f = replay_facts(&t);
+				bool replay = retry_may_replay(&r, &f);
+				f.outcome = OUT_RESET;
+				f.runtime_enabled = true;
+				f.attempts = 1;
+				f.now_us = NOW;
+				f.deadline_us = NOW + 5 * S;
+				f.retry_after_us = -1;
+				int64_t start;
+				assert_int_equal(replay, retry_decide(&r, &dcfg, &f, &start) == RR_NONE);
+			}
+}
+
+/* Rule 6 at the end of a backoff, for a hold that appeared during the wait. A 5 s deadline,
+ * deadline.min 5 ms, retry_after.max 10 s; times relative to NOW. */
+static const struct recheck_row {
+	const char *why;
+	int64_t hold_in_us;         /* 0: no hold */
+	int64_t deadline_in_us;     /* 0: 5 s */
+	enum refusal want;
+	int64_t want_start_in;      /* with RR_NONE */
+} recheck_rows[] = {
+	{ .why = "no hold: start now", .want = RR_NONE, .want_start_in = 0 },
+	{ .why = "a hold already over: start now", .hold_in_us = -2 * S, .want = RR_NONE,
+	  .want_start_in = 0 },
+	{ .why = "a hold within retry_after.max and the deadline: start at the hold",
+	  .hold_in_us = 2 * S, .want = RR_NONE, .want_start_in = 2 * S },
+	{ .why = "a hold exactly retry_after.max ahead: start at the hold", .hold_in_us = 10 * S,
+	  .deadline_in_us = 20 * S, .want = RR_NONE, .want_start_in = 10 * S },
+	{ .why = "a hold past retry_after.max: retry-after", .hold_in_us = 10 * S + 1,
+	  .deadline_in_us = 20 * S, .want = RR_RETRY_AFTER },
+	{ .why = "a hold past both: retry-after comes first", .hold_in_us = 12 * S,
+	  .want = RR_RETRY_AFTER },
+	{ .why = "a huge hold saturates into retry-after", .hold_in_us = INT64_MAX - NOW,
+	  .want = RR_RETRY_AFTER },
+	{ .why = "a hold exactly deadline less deadline.min: start at the hold",
+	  .hold_in_us = 5 * S - 5 * MS, .want = RR_NONE, .want_start_in = 5 * S - 5 * MS },
+	{ .why = "a hold past deadline less deadline.min: deadline", .hold_in_us = 5 * S - 4 * MS,
+	  .want = RR_DEADLINE },
+	{ .why = "no hold but less than deadline.min left: deadline", .deadline_in_us = 4 * MS,
+	  .want = RR_DEADLINE },
+};
+
+static void test_recheck_hold_table(void **state)
+{
+	struct cfg_retry r = base_retry();
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(recheck_rows) / sizeof(recheck_rows[0]); i++) {
+		const struct recheck_row *t = &recheck_rows[i];
+		int64_t start = -1;
+		int64_t deadline = NOW + (t->deadline_in_us ? t->deadline_in_us : 5 * S);
+		int64_t hold = t->hold_in_us ? NOW + t->hold_in_us : 0;
+		enum refusal got = retry_recheck_hold(&r, &dcfg, NOW, deadline, hold, &start);
+		if (got != t->want || (got == RR_NONE && start != NOW + t->want_start_in)) {
+			print_error("%s: got \"%s\" start +%lld us\n", t->why, refusal_name(got),
+			            (long long)(start - NOW));
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+}
+
+/* The cap min(max, base * 2^(n-1)) that the jitter is drawn under and the --check report
+ * sums. */
+static void test_backoff_cap_table(void **state)
+{
+	static const struct {
+		const char *why;
+		int64_t base_us, max_us;
+		int n;
+		int64_t want;
+	} t[] = {
+		{ "n=1: base", 25 * MS, 250 * MS, 1, 25 * MS },
+		{ "n=2: doubles", 25 * MS, 250 * MS, 2, 50 * MS },
+		{ "n=3", 25 * MS, 250 * MS, 3, 100 * MS },
+		{ "n=4", 25 * MS, 250 * MS, 4, 200 * MS },
+		{ "n=5: max governs", 25 * MS, 250 * MS, 5, 250 * MS },
+		{ "n=6", 25 * MS, 250 * MS, 6, 250 * MS },
+		{ "n=7", 25 * MS, 250 * MS, 7, 250 * MS },
+		{ "n=8", 25 * MS, 250 * MS, 8, 250 * MS },
+		{ "n=9", 25 * MS, 250 * MS, 9, 250 * MS },
+		{ "n=10", 25 * MS, 250 * MS, 10, 250 * MS },
+		{ "n=0 counts as 1", 25 * MS, 250 * MS, 0, 25 * MS },
+		{ "n=INT_MAX does not overflow", 25 * MS, 250 * MS, INT_MAX, 250 * MS },
+		{ "base above max: max from n=1", 300 * MS, 250 * MS, 1, 250 * MS },
+		{ "base above max: max at n=4", 300 * MS, 250 * MS, 4, 250 * MS },
+		{ "base equal to max", 100 * MS, 100 * MS, 7, 100 * MS },
+		{ "zero base: no backoff", 0, 250 * MS, 1, 0 },
+		{ "zero base at n=10: no backoff", 0, 250 * MS, 10, 0 },
+		{ "zero max: no backoff", 25 * MS, 0, 3, 0 },
+		{ "2^62 under an INT64_MAX max", 1, INT64_MAX, 63, INT64_C(1) << 62 },
+		{ "doubling past 2^62 saturates", 1, INT64_MAX, 64, INT64_MAX },
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct cfg_retry r = base_retry();
+		r.backoff_base_us = t[i].base_us;
+		r.backoff_max_us = t[i].max_us;
+		int64_t got = retry_backoff_cap(&r, t[i].n);
+		if (got != t[i].want)
+			print_error("%s: got %lld\n", t[i].why, (long long)got);
+		assert_int_equal(got, t[i].want);
+		/* the jitter spans exactly [0, cap] */
+		assert_int_equal(retry_backoff(&r, t[i].n, UINT64_MAX), t[i].want);
+		assert_int_equal(retry_backoff(&r, t[i].n, 0), 0);
 	}
 }
 
@@ -362,7 +631,13 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_decide_table),
+		cmocka_unit_test(test_roomy_gates_change_nothing),
 		cmocka_unit_test(test_table_covers_every_reason),
+		cmocka_unit_test(test_gate_taken),
+		cmocka_unit_test(test_may_replay_table),
+		cmocka_unit_test(test_may_replay_agrees_with_decide),
+		cmocka_unit_test(test_recheck_hold_table),
+		cmocka_unit_test(test_backoff_cap_table),
 		cmocka_unit_test(test_backoff_bounds),
 		cmocka_unit_test(test_backoff_edges),
 		cmocka_unit_test(test_method_class),
