@@ -24,7 +24,9 @@
 #include <event2/event.h>
 
 #include "accesslog.h"
+#include "admit.h"
 #include "attempt.h"
+#include "balance.h"
 #include "clock.h"
 #include "config.h"
 #include "deadline.h"
@@ -36,7 +38,6 @@
 #include "loop.h"
 #include "respond.h"
 #include "retry.h"
-#include "route.h"
 #include "saved_response.h"
 #include "stats.h"
 #include "tls.h"
@@ -48,7 +49,6 @@
 #define STREAM_HIGH   (256 * 1024)    /* upstream output above this: stop reading the client */
 
 enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
-enum bmode { B_NONE, B_BUFFER, B_STREAM };
 
 struct exchange {
 	uint32_t magic;
@@ -68,10 +68,10 @@ struct exchange {
 
 	int64_t t0_us, deadline_us, given_us;
 	bool dl_present[DL_NKINDS];
-	bool req_nested, has_key;
+	bool req_nested, has_key, enforce_idem;
 	enum method_class mclass;
 
-	enum bmode bmode;
+	enum body_mode bmode;
 	struct evbuffer *body;
 	int64_t body_len;
 	bool body_done, has_body;
@@ -91,7 +91,7 @@ struct exchange {
 	struct event *deadline_ev, *backoff_ev;
 	bool head_sent, close_after;
 	int resp_status;
-	char reqid[132];                /* the client's X-Request-Id (truncated), else ours */
+	char reqid[FORWARD_ID_MAX];     /* the client's X-Request-Id (truncated), else ours */
 	struct access_rec log;
 
 	struct idem_job *idem;          /* SPEC §6 enforcement at this hop, or NULL */
@@ -119,21 +119,6 @@ static void set_state(struct exchange *ex, enum xstate st)
 
 /* ------------------------------------------------------------------ helpers */
 
-static int64_t hdr_int(const struct http_head *h, const char *name)
-{
-	size_t n;
-	const char *v = http_head_get(h, name, &n);
-	if (!v || n == 0 || n > 18)
-		return -1;
-	int64_t x = 0;
-	for (size_t i = 0; i < n; i++) {
-		if (v[i] < '0' || v[i] > '9')
-			return -1;
-		x = x * 10 + (v[i] - '0');
-	}
-	return x;
-}
-
 static void release_slots(struct exchange *ex)
 {
 	if (ex->slot_in_flight) {
@@ -151,7 +136,7 @@ static void release_slots(struct exchange *ex)
  * response this is (OURS: retrygate answers itself, so nothing will read the rest). */
 static bool body_left_unread(const struct exchange *ex, bool ours)
 {
-	return ex->has_body && !ex->body_done && (ours || ex->bmode != B_STREAM);
+	return ex->has_body && !ex->body_done && (ours || ex->bmode != BODY_STREAM);
 }
 
 static const char *own_refusal(const struct exchange *ex)
@@ -225,11 +210,7 @@ static void finish_error(struct exchange *ex, int status, const char *reason, bo
 	ex->log.reason = reason;
 	ex->head_sent = true;
 	ex->close_after = m.head.close;
-	ex->rsp.head(ex->rsp.arg, &m.head);
-	struct evbuffer *b = evbuffer_new();
-	evbuffer_add(b, m.body, m.body_len);
-	ex->rsp.body(ex->rsp.arg, b);
-	evbuffer_free(b);
+	respond_send(&ex->rsp, &m.head, m.body, m.body_len);
 	finish(ex, true, false);
 }
 
@@ -237,26 +218,16 @@ static void finish_error(struct exchange *ex, int status, const char *reason, bo
 
 static void send_head(struct exchange *ex, const struct http_head *h, enum refusal reason)
 {
-	struct http_hdr fields[HTTP_MAX_HEADERS + 2];
-	char num[24];
 	const char *refused = reason != RR_NONE && reason != RR_NOT_LISTED ? refusal_name(reason) : NULL;
-	int n = respond_relay_fields(h, ex->attempts, refused, num, fields, HTTP_MAX_HEADERS + 2);
 	if (body_left_unread(ex, false))
 		ex->close_after = true;
-	struct resp_head rh = {
-		.status = h->status,
-		.reason = h->reason,
-		.reason_len = h->reason_len,
-		.hdrs = fields,
-		.nhdrs = n,
-		.content_length = h->content_length,
-		.close = ex->close_after,
-	};
-	idem_job_record_head(ex->idem, &rh);
+	struct relayed_head rh;
+	respond_relayed(&rh, h, ex->attempts, refused, ex->close_after, false);
+	idem_job_record_head(ex->idem, &rh.head);
 	ex->head_sent = true;
 	ex->resp_status = h->status;
 	ex->log.ok_response = true;
-	ex->rsp.head(ex->rsp.arg, &rh);
+	ex->rsp.head(ex->rsp.arg, &rh.head);
 }
 
 static void relay_body(struct exchange *ex, struct evbuffer *data)
@@ -324,46 +295,24 @@ static void deliver_last(struct exchange *ex)
 
 /* ------------------------------------------------------------------ endpoints */
 
-/* SPEC §4 rule 6, for a retry: unheld before held, then not yet tried before tried, then the
- * hold that ends first; ties go round-robin. A first attempt ignores holds (it is the caller's
- * own traffic, not amplification): plain round-robin. */
 static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
-	int n = ex->up->nendpoints;
-	if (n > MAX_ENDPOINTS)
-		n = MAX_ENDPOINTS;
+	int n = ex->up->nendpoints < MAX_ENDPOINTS ? ex->up->nendpoints : MAX_ENDPOINTS;
 	uint64_t start = atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
-	struct ep_state *best = NULL;
-	int best_rank = 0;
-	int64_t best_hold = 0;
-	for (int i = 0; i < n; i++) {
-		struct ep_state *ep = ex->ub->ep[(start + (uint64_t)i) % (uint64_t)n];
-		int64_t hold = atomic_load_explicit(&ep->hold_until_us, memory_order_relaxed);
-		bool held = retry && hold > now;
-		bool tried = (ex->tried >> ep->index) & 1;
-		int rank = (held ? 2 : 0) + (tried ? 1 : 0);
-		if (!best || rank < best_rank || (held && rank == best_rank && hold < best_hold)) {
-			best = ep;
-			best_rank = rank;
-			best_hold = hold;
-		}
-	}
-	return best;
+	return balance_pick(ex->ub->ep, n, start, ex->tried, now, retry);
 }
 
 /* ------------------------------------------------------------------ attempts */
 
-static bool may_replay_after_reset(const struct exchange *ex)
+/* The facts of SPEC §4 rules 2, 4 and 5 that belong to the request, the same for every
+ * question asked of retry.c. */
+static void request_facts(const struct exchange *ex, struct retry_facts *f)
 {
-	if (ex->bmode == B_STREAM || ex->req_nested || ex->body_len > ex->up->retry.max_body)
-		return false;
-	if (ex->mclass == MC_IDEMPOTENT)
-		return true;
-	switch (ex->up->retry.non_idempotent) {
-	case NI_ALWAYS: return true;
-	case NI_REQUIRE_KEY: return ex->has_key;
-	default: return false;
-	}
+	f->nested = ex->req_nested;
+	f->method = ex->mclass;
+	f->has_key = ex->has_key;
+	f->idempotent_path = false;   /* until config has retry.idempotent_paths */
+	f->body_replayable = ex->bmode != BODY_STREAM && ex->body_len <= ex->up->retry.max_body;
 }
 
 /* No attempt can start: the deadline is too close, or no in-flight slot is free. */
@@ -423,19 +372,21 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.wait_us = wait,
 		.attempt = ex->attempts,
 		.nested = ex->req_nested,
-		.streamed = ex->bmode == B_STREAM,
+		.streamed = ex->bmode == BODY_STREAM,
 		.body_len = ex->body_len,
 	};
 	struct evbuffer *head = evbuffer_new();
 	forward_h1_head(&fw, head);
+	struct retry_facts rf = { 0 };
+	request_facts(ex, &rf);
 	char sni[256];
 	struct attempt_req rq = {
 		.head = head,
-		.body = (ex->bmode == B_BUFFER && ex->body_len > 0) ? ex->body : NULL,
-		.streaming = ex->bmode == B_STREAM,
-		.chunked = ex->bmode == B_STREAM && ex->req->content_length < 0,
+		.body = (ex->bmode == BODY_BUFFER && ex->body_len > 0) ? ex->body : NULL,
+		.streaming = ex->bmode == BODY_STREAM,
+		.chunked = ex->bmode == BODY_STREAM && ex->req->content_length < 0,
 		.is_head = ex->req->method_head,
-		.fresh_conn = !may_replay_after_reset(ex),
+		.fresh_conn = !retry_may_replay(&ex->up->retry, &rf),
 		.connect_timeout_us = ex->up->connect_timeout_us,
 		.head_timeout_us = per_try < remaining ? per_try : 0,
 		.tls = ex->ub->tls,
@@ -445,7 +396,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	set_state(ex, X_ATTEMPT);
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
 	access_add_attempt(&ex->log, ep->name);
-	if (ex->bmode == B_STREAM) {
+	if (ex->bmode == BODY_STREAM) {
 		if (evbuffer_get_length(ex->body) > 0)
 			attempt_send_body(ex->att, ex->body);
 		if (ex->body_done)
@@ -459,20 +410,16 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
 	if (ex->state != X_BACKOFF)
 		return;
-	/* another request may have put a hold on the endpoint during our wait */
-	int64_t now = clock_now_us();
-	int64_t hold = atomic_load(&ex->next_ep->hold_until_us);
-	if (hold > now) {
-		enum refusal r = RR_NONE;
-		if (hold - now > ex->up->retry.retry_after_max_us)
-			r = RR_RETRY_AFTER;
-		else if (hold + ex->up->deadline.min_us > ex->deadline_us)
-			r = RR_DEADLINE;
-		if (r == RR_NONE) {
-			struct timeval tv = clock_tv(hold - now);
-			evtimer_add(ex->backoff_ev, &tv);
-			return;
-		}
+	/* another request may have put a hold on the endpoint during our wait: rule 6 again */
+	int64_t now = clock_now_us(), start;
+	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
+	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
+	if (r == RR_NONE && start > now) {
+		struct timeval tv = clock_tv(start - now);
+		evtimer_add(ex->backoff_ev, &tv);
+		return;
+	}
+	if (r != RR_NONE) {
 		release_slots(ex);
 		ex->refused = r;
 		STAT_INC(ex->us->refused[r]);
@@ -512,18 +459,22 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		.outcome = out,
 		.status = h ? h->status : 0,
 		.runtime_enabled = atomic_load_explicit(&ex->st->runtime_enabled, memory_order_relaxed),
-		.nested = ex->req_nested,
 		.attempts = ex->attempts,
-		.method = ex->mclass,
-		.has_key = ex->has_key,
-		.body_replayable = ex->bmode != B_STREAM && ex->body_len <= rc->max_body,
 		.now_us = now,
 		.deadline_us = ex->deadline_us,
 		.retry_after_us = -1,
 		.rand = rand_next(&ex->loop->rng),
+		.have_gates = true,
+		.gates = {
+			.tokens = budget_peek(&ex->st->budget, rc, now),
+			.retries_in_flight = atomic_load_explicit(&ex->st->retries_in_flight,
+			                                          memory_order_relaxed),
+			.max_retries_in_flight = ex->up->max_retries_in_flight,
+		},
 	};
+	request_facts(ex, &f);
 	if (h) {
-		if (hdr_int(h, "X-Retrygate-Attempts") > 1 || http_head_get(h, "X-Retrygate-Retry-Refused", NULL))
+		if (admit_response_nested(h))
 			f.nested = true;
 		f.retry_after_us = retry_after_hint(ex, h, now);
 	}
@@ -536,17 +487,14 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	enum refusal reason = ex->req->upgrade ? RR_NOT_LISTED
 	                                       : retry_decide(rc, &ex->up->deadline, &f, &start);
 	if (reason == RR_NONE) {
-		int cap = ex->up->max_retries_in_flight;
-		if (!upstream_take_retry_slot(ex->st, cap)) {
-			/* both gates may refuse: the budget comes first in SPEC §4's list */
-			reason = budget_tokens(&ex->st->budget, rc, now) < 1.0 ? RR_BUDGET
-			                                                       : RR_RETRIES_IN_FLIGHT;
-		} else if (!budget_take(&ex->st->budget, rc, now)) {
+		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
+		 * be given back); another worker may have won the race meanwhile */
+		bool slot = upstream_take_retry_slot(ex->st, ex->up->max_retries_in_flight);
+		bool token = slot && budget_take(&ex->st->budget, rc, now);
+		if (slot && !token)
 			upstream_release_retry_slot(ex->st);
-			reason = RR_BUDGET;
-		} else {
-			ex->slot_retry = true;
-		}
+		reason = retry_gate_taken(slot, token);
+		ex->slot_retry = reason == RR_NONE;
 	}
 	if (reason == RR_NONE) {
 		if (h)
@@ -579,18 +527,8 @@ static void start_tunnel(struct exchange *ex, struct attempt *a, const struct ht
 {
 	STAT_INC(ex->us->responses[1]);
 	access_set_status(&ex->log, 101);
-	struct http_hdr fields[HTTP_MAX_HEADERS + 4];
-	char num[24];
-	int n = respond_relay_fields(h, ex->attempts, NULL, num, fields, HTTP_MAX_HEADERS + 2);
-	size_t ulen = 0;
-	const char *up = http_head_get(h, "Upgrade", &ulen);
-	fields[n++] = (struct http_hdr){ .name = "Connection", .nlen = 10, .value = "upgrade", .vlen = 7 };
-	fields[n++] = (struct http_hdr){ .name = "Upgrade", .nlen = 7, .value = up ? up : "",
-	                                 .vlen = (uint32_t)(up ? ulen : 0) };
-	struct resp_head rh = {
-		.status = 101, .reason = h->reason, .reason_len = h->reason_len,
-		.hdrs = fields, .nhdrs = n, .content_length = -1,
-	};
+	struct relayed_head rh;
+	respond_relayed(&rh, h, ex->attempts, NULL, false, true);
 	struct stream *ubev = attempt_take_bev(a);
 	ex->att = NULL;
 	attempt_free(a);
@@ -602,7 +540,7 @@ static void start_tunnel(struct exchange *ex, struct attempt *a, const struct ht
 	int64_t now = clock_now_us();
 	count_end(ex, now);
 	log_request(ex, now);
-	ex->rsp.tunnel(ex->rsp.arg, &rh, ubev);
+	ex->rsp.tunnel(ex->rsp.arg, &rh.head, ubev);
 }
 
 /* 1xx: 100 only for a client that asked (and that we did not answer ourselves), 103 always;
@@ -611,7 +549,7 @@ static void relay_informational(struct exchange *ex, const struct http_head *h)
 {
 	if (ex->head_sent)
 		return;
-	bool asked = h->status == 100 && ex->req->expect_continue && ex->bmode == B_STREAM;
+	bool asked = h->status == 100 && ex->req->expect_continue && ex->bmode == BODY_STREAM;
 	if (!asked && h->status != 103)
 		return;
 	struct resp_head rh = {
@@ -686,7 +624,7 @@ static void att_drain(void *arg, struct attempt *a)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state != X_DONE && ex->bmode == B_STREAM && !ex->body_done)
+	if (ex->state != X_DONE && ex->bmode == BODY_STREAM && !ex->body_done)
 		ex->rsp.want_body(ex->rsp.arg);
 }
 
@@ -789,101 +727,44 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->body = evbuffer_new();
 	ex->has_body = req->chunked || req->content_length > 0;
 	ex->body_done = !ex->has_body;
-	size_t idlen = 0;
-	const char *cid = http_head_get(req, "X-Request-Id", &idlen);
-	if (cid && idlen > 0) {
-		/* the log names the request by the id it carries upstream (SPEC §8 keeps it) */
-		if (idlen > sizeof(ex->reqid) - 1)
-			idlen = sizeof(ex->reqid) - 1;
-		memcpy(ex->reqid, cid, idlen);
-		ex->reqid[idlen] = 0;
-	} else {
-		request_id_new(ex->reqid, &loop->rng);
-	}
+	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
 	return ex;
 }
 
-static bool request_marked_retry(const struct http_head *r)
-{
-	return hdr_int(r, "X-Retrygate-Attempt") > 1 || hdr_int(r, "x-envoy-attempt-count") > 1 ||
-	       hdr_int(r, "grpc-previous-rpc-attempts") > 0;
-}
-
-/* Route, deadline, limits and idempotency checks; 0 when the request may go on. */
-static int exchange_admit(struct exchange *ex)
-{
-	const struct http_head *r = ex->req;
-	struct cfg_route *route = route_match(ex->l, r->host, r->host_len, r->path, r->path_len);
-	if (!route) {
-		finish_error(ex, 404, "no-route", false, NULL);
-		return -1;
-	}
-	ex->up = route->upstream;
-	ex->ub = runtime_upstream(ex->rt, ex->up);
-	ex->st = ex->ub->st;
-	ex->us = &ex->st->stats[ex->loop->id];
-	access_set_route(&ex->log, route, ex->up->name);
-
-	struct dl_value vals[DL_NKINDS];
-	deadline_collect(r->hdrs, r->nhdrs, vals, ex->dl_present);
-	int64_t budget;
-	int kind;
-	if (deadline_resolve(vals, &ex->up->deadline, &budget, &kind) != DL_OK) {
-		finish_error(ex, 400, "bad-deadline", true, NULL);
-		return -1;
-	}
-	ex->given_us = budget;
-	ex->deadline_us = ex->t0_us + budget;
-	ex->log.deadline_given_us = budget;
-	if (budget < ex->up->deadline.min_us || budget < 1000) {
-		STAT_INC(ex->us->rejected[REJ_DEADLINE]);
-		finish_error(ex, 504, "deadline-exceeded", false, NULL);
-		return -1;
-	}
-	ex->req_nested = request_marked_retry(r);
-	ex->mclass = retry_method_class(r->method);
-	size_t klen = 0;
-	const char *key = http_head_get(r, ex->up->idem.header, &klen);
-	ex->has_key = key && klen > 0;
-	if (ex->has_key)
-		access_set_key(&ex->log, key, klen);
-
-	int64_t lmax = ex->l->limits.max_body;
-	if (lmax > 0 && r->content_length > lmax) {
-		finish_error(ex, 413, "body-too-large", true, NULL);
-		return -1;
-	}
-	const struct cfg_idempotency *ic = &ex->up->idem;
-	if (idem_job_applies(ic, r->method, true) && !ex->has_key && ic->require_key) {
-		finish_error(ex, 400, "idempotency-key-required", true, NULL);
-		return -1;
-	}
-	/* the fingerprint hashes the whole body: it is buffered, up to idempotency.max_body */
-	if (idem_job_applies(ic, r->method, ex->has_key) && r->content_length > ic->max_body) {
-		finish_error(ex, 413, "body-too-large", true, NULL);
-		return -1;
-	}
-	return 0;
-}
-
 void exchange_start(struct exchange *ex)
 {
-	if (exchange_admit(ex) != 0)
-		return;
 	const struct http_head *r = ex->req;
-	bool idem = idem_job_applies(&ex->up->idem, r->method, ex->has_key);
-	if (!ex->has_body)
-		ex->bmode = B_NONE;
-	else if (idem || r->chunked || r->content_length <= ex->up->retry.max_body)
-		ex->bmode = B_BUFFER;
-	else
-		ex->bmode = B_STREAM;
-
+	struct admission ad;
+	admit_request(ex->l, r, &ad);
+	if (ad.route) {
+		ex->up = ad.route->upstream;
+		ex->ub = runtime_upstream(ex->rt, ex->up);
+		ex->st = ex->ub->st;
+		ex->us = &ex->st->stats[ex->loop->id];
+		access_set_route(&ex->log, ad.route, ex->up->name);
+	}
+	ex->given_us = ad.budget_us;
+	ex->deadline_us = ex->t0_us + ad.budget_us;
+	ex->log.deadline_given_us = ad.budget_us;
+	memcpy(ex->dl_present, ad.dl_present, sizeof(ex->dl_present));
+	ex->req_nested = ad.nested;
+	ex->mclass = ad.mclass;
+	ex->has_key = ad.key != NULL;
+	if (ex->has_key)
+		access_set_key(&ex->log, ad.key, ad.keylen);
+	ex->enforce_idem = ad.idem;
+	ex->bmode = ad.bmode;
+	if (ad.status) {
+		if (ad.too_late)
+			STAT_INC(ex->us->rejected[REJ_DEADLINE]);
+		finish_error(ex, ad.status, ad.reason, ad.close, NULL);
+		return;
+	}
 	struct timeval tv = clock_tv(ex->given_us);
 	evtimer_add(ex->deadline_ev, &tv);
 
-	if (ex->bmode == B_BUFFER) {
+	if (ex->bmode == BODY_BUFFER) {
 		/* we want the whole body before the first attempt: say so ourselves */
 		if (r->expect_continue) {
 			struct resp_head cont = { .status = 100, .content_length = -1 };
@@ -913,13 +794,8 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		ex->resp_status = stored->status;
 		ex->log.reason = "idempotency-replayed";
 		ex->head_sent = true;
-		ex->rsp.head(ex->rsp.arg, &m.head);
-		if (m.head.content_length > 0) {
-			struct evbuffer *b = evbuffer_new();
-			evbuffer_add(b, stored->body, stored->body_len);
-			ex->rsp.body(ex->rsp.arg, b);
-			evbuffer_free(b);
-		}
+		respond_send(&ex->rsp, &m.head, stored->body,
+		             m.head.content_length > 0 ? stored->body_len : 0);
 		finish(ex, true, false);
 		return;
 	}
@@ -941,7 +817,7 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 static void exchange_go(struct exchange *ex)
 {
 	const struct cfg_idempotency *ic = &ex->up->idem;
-	if (!idem_job_applies(ic, ex->req->method, ex->has_key)) {
+	if (!ex->enforce_idem) {
 		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
 		return;
 	}
@@ -978,23 +854,23 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 		finish_error(ex, 413, "body-too-large", true, NULL);
 		return;
 	}
-	if (ex->bmode == B_BUFFER) {
+	if (ex->bmode == BODY_BUFFER) {
 		evbuffer_add_buffer(ex->body, data);
-		if (idem_job_applies(&ex->up->idem, ex->req->method, ex->has_key)) {
+		if (ex->enforce_idem) {
 			if (ex->body_len > ex->up->idem.max_body)
 				finish_error(ex, 413, "body-too-large", true, NULL);
 			return;
 		}
 		if (ex->body_len > ex->up->retry.max_body) {
 			/* a chunked body outgrew retry.max_body: stream it, it will never be re-sent */
-			ex->bmode = B_STREAM;
+			ex->bmode = BODY_STREAM;
 			start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
 		}
 		return;
 	}
-	if (ex->bmode == B_STREAM && ex->att)
+	if (ex->bmode == BODY_STREAM && ex->att)
 		attempt_send_body(ex->att, data);
-	else if (ex->bmode == B_STREAM && ex->relay)
+	else if (ex->bmode == BODY_STREAM && ex->relay)
 		attempt_send_body(ex->relay, data);
 	else
 		evbuffer_drain(data, n);
@@ -1005,11 +881,11 @@ void exchange_body_end(struct exchange *ex)
 	ex->body_done = true;
 	if (ex->state == X_DONE)
 		return;
-	if (ex->bmode == B_BUFFER && ex->state == X_WAIT_BODY) {
+	if (ex->bmode == BODY_BUFFER && ex->state == X_WAIT_BODY) {
 		exchange_go(ex);
 		return;
 	}
-	if (ex->bmode == B_STREAM) {
+	if (ex->bmode == BODY_STREAM) {
 		if (ex->att)
 			attempt_send_body_end(ex->att);
 		else if (ex->relay)
@@ -1021,7 +897,7 @@ size_t exchange_body_room(const struct exchange *ex)
 {
 	if (ex->state == X_DONE)
 		return 64 * 1024;       /* discard what is left, the connection closes after */
-	if (ex->bmode != B_STREAM)
+	if (ex->bmode != BODY_STREAM)
 		return 64 * 1024;
 	const struct attempt *a = ex->att ? ex->att : ex->relay;
 	if (!a)

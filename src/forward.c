@@ -118,3 +118,17 @@ void forward_h1_head(const struct forward_req *f, struct evbuffer *b)
 	framing(f, b);
 	evbuffer_add(b, "\r\n", 2);
 }
+
+void forward_request_id(const struct http_head *req, char out[FORWARD_ID_MAX], uint64_t *rng)
+{
+	size_t n = 0;
+	const char *cid = http_head_get(req, "X-Request-Id", &n);
+	if (!cid || n == 0) {
+		request_id_new(out, rng);
+		return;
+	}
+	if (n > FORWARD_ID_MAX - 1)
+		n = FORWARD_ID_MAX - 1;
+	memcpy(out, cid, n);
+	out[n] = 0;
+}

@@ -33,6 +33,12 @@ struct forward_req {
 	int64_t body_len;               /* buffered body: Content-Length (if any body or framing) */
 };
 
+#define FORWARD_ID_MAX 132
+
+/* The request's id: the client's X-Request-Id (truncated to fit), else 32 random hex digits
+ * (added upstream, SPEC §8). The access log names the request by it. */
+void forward_request_id(const struct http_head *req, char out[FORWARD_ID_MAX], uint64_t *rng);
+
 /* Append the HTTP/1.1 request head to OUT. */
 void forward_h1_head(const struct forward_req *f, struct evbuffer *out);
 

@@ -3,6 +3,8 @@
  */
 #include <string.h>
 
+#include <event2/buffer.h>
+
 #include "h1_write.h"
 #include "idempotency.h"
 #include "respond.h"
@@ -115,8 +117,8 @@ static bool named(const struct http_hdr *h, const char *name, size_t nlen)
 
 #define NAMED(h, lit) named((h), lit, sizeof(lit) - 1)
 
-int respond_relay_fields(const struct http_head *up, int attempts, const char *refused,
-                         char num[24], struct http_hdr *out, int cap)
+static int relay_fields(const struct http_head *up, int attempts, const char *refused,
+                        char num[24], struct http_hdr *out, int cap)
 {
 	int k = 0;
 	for (int i = 0; i < up->nhdrs && k < cap - 2; i++) {
@@ -131,6 +133,40 @@ int respond_relay_fields(const struct http_head *up, int attempts, const char *r
 	if (refused)
 		set_field(&out[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
 	return k;
+}
+
+void respond_relayed(struct relayed_head *r, const struct http_head *up, int attempts,
+                     const char *refused, bool close, bool tunnel)
+{
+	int cap = HTTP_MAX_HEADERS + 2;
+	int n = relay_fields(up, attempts, refused, r->num, r->fields, cap);
+	if (tunnel) {
+		size_t ulen = 0;
+		const char *u = http_head_get(up, "Upgrade", &ulen);
+		set_field(&r->fields[n++], "Connection", "upgrade", 7);
+		set_field(&r->fields[n++], "Upgrade", u ? u : "", u ? ulen : 0);
+	}
+	r->head = (struct resp_head){
+		.status = up->status,
+		.reason = up->reason,
+		.reason_len = up->reason_len,
+		.hdrs = r->fields,
+		.nhdrs = n,
+		.content_length = tunnel ? -1 : up->content_length,
+		.close = close,
+	};
+}
+
+void respond_send(const struct responder *rsp, const struct resp_head *h, const char *body,
+                  size_t len)
+{
+	rsp->head(rsp->arg, h);
+	if (len > 0) {
+		struct evbuffer *b = evbuffer_new();
+		evbuffer_add(b, body, len);
+		rsp->body(rsp->arg, b);
+		evbuffer_free(b);
+	}
 }
 
 void respond_replay(struct replay_response *m, const struct idem_response *stored)

@@ -34,12 +34,23 @@ struct made_response {
 void respond_error(struct made_response *m, int status, const char *reason, const char *upstream,
                    int attempts, const char *refused, const char *retry_after, bool close);
 
-/* The fields of upstream response UP as they go to the client: hop-by-hop ones dropped, the
- * upstream's X-Retrygate-Attempts replaced by ours (ATTEMPTS), its X-Retrygate-Retry-Refused
- * passed through unless this hop refused a retry itself (REFUSED non-NULL: ours replaces it).
- * NUM: storage for the number. OUT must hold up->nhdrs + 2 entries; returns the count. */
-int respond_relay_fields(const struct http_head *up, int attempts, const char *refused,
-                         char num[24], struct http_hdr *out, int cap);
+struct relayed_head {
+	struct resp_head head;
+	struct http_hdr fields[HTTP_MAX_HEADERS + 4];
+	char num[24];
+};
+
+/* Upstream response UP as it goes to the client: hop-by-hop fields dropped, the upstream's
+ * X-Retrygate-Attempts replaced by ours (ATTEMPTS), its X-Retrygate-Retry-Refused passed
+ * through unless this hop refused a retry itself (REFUSED non-NULL: ours replaces it). TUNNEL:
+ * a 101 to an Upgrade request, which also carries Connection: upgrade and its Upgrade token.
+ * UP stays referenced. */
+void respond_relayed(struct relayed_head *r, const struct http_head *up, int attempts,
+                     const char *refused, bool close, bool tunnel);
+
+/* Send a whole response (head, then BODY of LEN bytes) through RSP. */
+void respond_send(const struct responder *rsp, const struct resp_head *h, const char *body,
+                  size_t len);
 
 struct replay_response {
 	struct resp_head head;
