@@ -21,6 +21,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 
 #include "attempt.h"
 #include "clock.h"
@@ -55,7 +56,7 @@ struct attempt {
 	bool streaming, chunked, is_head, body_ended;
 	bool wrote_any, reused, paused, eof, freed;
 	int64_t start_us, connect_timeout_us, head_timeout_us;
-	struct event *timer;
+	struct event timer;             /* embedded: no allocation per attempt */
 	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
 	const char *fail_detail;
 	struct pool_waiter wt;
@@ -91,7 +92,7 @@ static void attempt_free_cb(void *p)
 {
 	struct attempt *a = p;
 	a->magic = 0;
-	free(a);
+	loop_obj_put(a->loop, LOOP_ATTEMPT, a);
 }
 
 static void conn_detach(struct attempt *a, bool reuse)
@@ -117,7 +118,7 @@ static void attempt_end(struct attempt *a, enum outcome out, bool bad, const cha
 	if (a->state == A_DONE)
 		return;
 	set_state(a, A_DONE);
-	evtimer_del(a->timer);
+	evtimer_del(&a->timer);
 	if (a->pe && a->wt.fn)
 		pool_resolve_cancel(a->pe, &a->wt);
 	conn_detach(a, false);
@@ -129,7 +130,7 @@ static void attempt_fail_soon(struct attempt *a, enum outcome out, const char *d
 	a->fail_out = out;
 	a->fail_detail = detail;
 	struct timeval tv = { 0, 0 };
-	evtimer_add(a->timer, &tv);
+	evtimer_add(&a->timer, &tv);
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -151,11 +152,11 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 
 static void arm_head_timer(struct attempt *a)
 {
-	evtimer_del(a->timer);
+	evtimer_del(&a->timer);
 	if (a->head_timeout_us <= 0)
 		return;
 	struct timeval tv = clock_tv(a->start_us + a->head_timeout_us - clock_now_us());
-	evtimer_add(a->timer, &tv);
+	evtimer_add(&a->timer, &tv);
 }
 
 static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
@@ -303,7 +304,7 @@ static void replace_conn(struct attempt *a)
 struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,
                               const struct attempt_cbs *cbs, void *arg)
 {
-	struct attempt *a = xcalloc(1, sizeof(*a));
+	struct attempt *a = loop_obj_get(loop, LOOP_ATTEMPT, sizeof(*a));
 	a->magic = ATTEMPT_MAGIC;
 	a->loop = loop;
 	a->ep = ep;
@@ -325,16 +326,16 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 	memcpy(a->sni, req->sni ? req->sni : "", snilen);
 	a->sni[snilen] = 0;
 	a->start_us = clock_now_us();
-	a->decoded = evbuffer_new();
+	a->decoded = loop_buf_get(loop);
 	if (a->streaming)
-		a->pending = evbuffer_new();
-	a->timer = evtimer_new(loop->base, timer_cb, a);
+		a->pending = loop_buf_get(loop);
+	evtimer_assign(&a->timer, loop->base, timer_cb, a);
 
 	int64_t t = a->connect_timeout_us;
 	if (a->head_timeout_us > 0 && a->head_timeout_us < t)
 		t = a->head_timeout_us;
 	struct timeval tv = clock_tv(t);
-	evtimer_add(a->timer, &tv);
+	evtimer_add(&a->timer, &tv);
 
 	struct upconn *c = req->fresh_conn ? NULL : pool_get(a->pe);
 	if (c) {
@@ -361,15 +362,10 @@ void attempt_free(struct attempt *a)
 			pool_resolve_cancel(a->pe, &a->wt);
 		conn_detach(a, false);
 	}
-	if (a->timer)
-		event_free(a->timer);
-	a->timer = NULL;
-	if (a->head)
-		evbuffer_free(a->head);
-	if (a->pending)
-		evbuffer_free(a->pending);
-	if (a->decoded)
-		evbuffer_free(a->decoded);
+	evtimer_del(&a->timer);
+	loop_buf_put(a->loop, a->head);
+	loop_buf_put(a->loop, a->pending);
+	loop_buf_put(a->loop, a->decoded);
 	a->head = a->pending = a->decoded = NULL;
 	loop_defer_free(a->loop, attempt_free_cb, a);
 }
@@ -434,7 +430,7 @@ struct stream *attempt_take_bev(struct attempt *a)
 	a->c = NULL;
 	upconn_close(c);
 	set_state(a, A_DONE);
-	evtimer_del(a->timer);
+	evtimer_del(&a->timer);
 	return bev;
 }
 
@@ -446,7 +442,7 @@ static void attempt_complete(struct attempt *a, bool keep_alive)
 	             evbuffer_get_length(stream_output(a->c->bev)) == 0 &&
 	             (!a->pending || evbuffer_get_length(a->pending) == 0);
 	set_state(a, A_DONE);
-	evtimer_del(a->timer);
+	evtimer_del(&a->timer);
 	conn_detach(a, reuse);
 	a->cbs.on_end(a->arg, a, OUT_NONE, false, NULL);
 }
@@ -509,7 +505,7 @@ static void attempt_process(struct attempt *a)
 				return;
 			}
 			set_state(a, A_BODY);
-			evtimer_del(a->timer);
+			evtimer_del(&a->timer);
 			a->cbs.on_head(a->arg, a, h);
 			if (a->freed || a->state == A_DONE || h->status == 101)
 				return;

@@ -22,6 +22,7 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 
 #include "accesslog.h"
 #include "admit.h"
@@ -36,6 +37,7 @@
 #include "idem_job.h"
 #include "log.h"
 #include "loop.h"
+#include "reqbody.h"
 #include "respond.h"
 #include "retry.h"
 #include "saved_response.h"
@@ -46,7 +48,6 @@
 
 #define EXCHANGE_MAGIC 0xe8c4a46eu
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
-#define STREAM_HIGH   (256 * 1024)    /* upstream output above this: stop reading the client */
 
 enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
 
@@ -71,10 +72,7 @@ struct exchange {
 	bool req_nested, has_key, enforce_idem;
 	enum method_class mclass;
 
-	enum body_mode bmode;
-	struct evbuffer *body;
-	int64_t body_len;
-	bool body_done, has_body;
+	struct reqbody rb;              /* the request body: buffered for replay, or streamed */
 
 	struct attempt *att;            /* the attempt waiting for its head */
 	struct attempt *relay;          /* the attempt whose response goes to the client */
@@ -88,7 +86,7 @@ struct exchange {
 	struct saved_response saved;  /* the last retried response, in case no later one comes */
 	enum refusal refused;
 
-	struct event *deadline_ev, *backoff_ev;
+	struct event deadline_ev, backoff_ev;   /* embedded: no allocation per request */
 	bool head_sent, close_after;
 	int resp_status;
 	char reqid[FORWARD_ID_MAX];     /* the client's X-Request-Id (truncated), else ours */
@@ -136,7 +134,7 @@ static void release_slots(struct exchange *ex)
  * response this is (OURS: retrygate answers itself, so nothing will read the rest). */
 static bool body_left_unread(const struct exchange *ex, bool ours)
 {
-	return ex->has_body && !ex->body_done && (ours || ex->bmode != BODY_STREAM);
+	return reqbody_left_unread(&ex->rb, ours);
 }
 
 static const char *own_refusal(const struct exchange *ex)
@@ -153,8 +151,8 @@ static void exchange_end(struct exchange *ex)
 {
 	set_state(ex, X_DONE);
 	release_slots(ex);
-	evtimer_del(ex->deadline_ev);
-	evtimer_del(ex->backoff_ev);
+	evtimer_del(&ex->deadline_ev);
+	evtimer_del(&ex->backoff_ev);
 	attempt_free(ex->att);
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
@@ -312,7 +310,7 @@ static void request_facts(const struct exchange *ex, struct retry_facts *f)
 	f->method = ex->mclass;
 	f->has_key = ex->has_key;
 	f->idempotent_path = false;   /* until config has retry.idempotent_paths */
-	f->body_replayable = ex->bmode != BODY_STREAM && ex->body_len <= ex->up->retry.max_body;
+	f->body_replayable = reqbody_replayable(&ex->rb, ex->up->retry.max_body);
 }
 
 /* No attempt can start: the deadline is too close, or no in-flight slot is free. */
@@ -372,19 +370,19 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.wait_us = wait,
 		.attempt = ex->attempts,
 		.nested = ex->req_nested,
-		.streamed = ex->bmode == BODY_STREAM,
-		.body_len = ex->body_len,
+		.streamed = ex->rb.mode == BODY_STREAM,
+		.body_len = ex->rb.len,
 	};
-	struct evbuffer *head = evbuffer_new();
+	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
 	forward_h1_head(&fw, head);
 	struct retry_facts rf = { 0 };
 	request_facts(ex, &rf);
 	char sni[256];
 	struct attempt_req rq = {
 		.head = head,
-		.body = (ex->bmode == BODY_BUFFER && ex->body_len > 0) ? ex->body : NULL,
-		.streaming = ex->bmode == BODY_STREAM,
-		.chunked = ex->bmode == BODY_STREAM && ex->req->content_length < 0,
+		.body = (ex->rb.mode == BODY_BUFFER && ex->rb.len > 0) ? ex->rb.buf : NULL,
+		.streaming = ex->rb.mode == BODY_STREAM,
+		.chunked = ex->rb.mode == BODY_STREAM && ex->req->content_length < 0,
 		.is_head = ex->req->method_head,
 		.fresh_conn = !retry_may_replay(&ex->up->retry, &rf),
 		.connect_timeout_us = ex->up->connect_timeout_us,
@@ -396,12 +394,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	set_state(ex, X_ATTEMPT);
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
 	access_add_attempt(&ex->log, ep->name);
-	if (ex->bmode == BODY_STREAM) {
-		if (evbuffer_get_length(ex->body) > 0)
-			attempt_send_body(ex->att, ex->body);
-		if (ex->body_done)
-			attempt_send_body_end(ex->att);
-	}
+	reqbody_stream_to(&ex->rb, ex->att);
 }
 
 static void backoff_cb(evutil_socket_t fd, short what, void *arg)
@@ -416,7 +409,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
 	if (r == RR_NONE && start > now) {
 		struct timeval tv = clock_tv(start - now);
-		evtimer_add(ex->backoff_ev, &tv);
+		evtimer_add(&ex->backoff_ev, &tv);
 		return;
 	}
 	if (r != RR_NONE) {
@@ -504,7 +497,7 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		ex->next_ep = next;
 		set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
-		evtimer_add(ex->backoff_ev, &tv);
+		evtimer_add(&ex->backoff_ev, &tv);
 		return;
 	}
 	if (reason != RR_NOT_LISTED) {
@@ -549,7 +542,7 @@ static void relay_informational(struct exchange *ex, const struct http_head *h)
 {
 	if (ex->head_sent)
 		return;
-	bool asked = h->status == 100 && ex->req->expect_continue && ex->bmode == BODY_STREAM;
+	bool asked = h->status == 100 && ex->req->expect_continue && ex->rb.mode == BODY_STREAM;
 	if (!asked && h->status != 103)
 		return;
 	struct resp_head rh = {
@@ -624,7 +617,7 @@ static void att_drain(void *arg, struct attempt *a)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state != X_DONE && ex->bmode == BODY_STREAM && !ex->body_done)
+	if (ex->state != X_DONE && ex->rb.mode == BODY_STREAM && !ex->rb.done)
 		ex->rsp.want_body(ex->rsp.arg);
 }
 
@@ -680,7 +673,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
 	if (ex->state == X_DONE || ex->state == X_RELAY)
 		return;     /* a response whose head arrived in time is not cut off */
-	if (!ex->body_done && ex->has_body)
+	if (reqbody_left_unread(&ex->rb, true))
 		ex->close_after = true;
 	if (ex->att) {
 		/* SPEC §4: cut before any byte was written it is a connect-failure, else a timeout */
@@ -707,7 +700,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
                               const struct client_info *ci, const struct http_head *req,
                               const struct responder *rsp)
 {
-	struct exchange *ex = xcalloc(1, sizeof(*ex));
+	struct exchange *ex = loop_obj_get(loop, LOOP_EXCHANGE, sizeof(*ex));
 	atomic_fetch_add(&g_gstats[loop->id].exchanges_active, 1);
 	ex->magic = EXCHANGE_MAGIC;
 	ex->loop = loop;
@@ -722,11 +715,9 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->req = req;
 	ex->rsp = *rsp;
 	ex->t0_us = clock_now_us();
-	ex->deadline_ev = evtimer_new(loop->base, deadline_cb, ex);
-	ex->backoff_ev = evtimer_new(loop->base, backoff_cb, ex);
-	ex->body = evbuffer_new();
-	ex->has_body = req->chunked || req->content_length > 0;
-	ex->body_done = !ex->has_body;
+	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
+	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
+	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
 	return ex;
@@ -754,7 +745,7 @@ void exchange_start(struct exchange *ex)
 	if (ex->has_key)
 		access_set_key(&ex->log, ad.key, ad.keylen);
 	ex->enforce_idem = ad.idem;
-	ex->bmode = ad.bmode;
+	ex->rb.mode = ex->rb.present ? ad.bmode : BODY_NONE;
 	if (ad.status) {
 		if (ad.too_late)
 			STAT_INC(ex->us->rejected[REJ_DEADLINE]);
@@ -762,9 +753,9 @@ void exchange_start(struct exchange *ex)
 		return;
 	}
 	struct timeval tv = clock_tv(ex->given_us);
-	evtimer_add(ex->deadline_ev, &tv);
+	evtimer_add(&ex->deadline_ev, &tv);
 
-	if (ex->bmode == BODY_BUFFER) {
+	if (ex->rb.mode == BODY_BUFFER) {
 		/* we want the whole body before the first attempt: say so ourselves */
 		if (r->expect_continue) {
 			struct resp_head cont = { .status = 100, .content_length = -1 };
@@ -823,7 +814,7 @@ static void exchange_go(struct exchange *ex)
 	}
 	const char *err = NULL;
 	set_state(ex, X_CLAIM);
-	ex->idem = idem_job_claim(ex->loop, ic, ex->up->name, ex->req, ex->body, idem_claimed_cb, ex,
+	ex->idem = idem_job_claim(ex->loop, ic, ex->up->name, ex->req, ex->rb.buf, idem_claimed_cb, ex,
 	                          &err);
 	if (!ex->idem) {
 		slog(LOG_ERROR, ex->ci.sid, "idempotency store %s: %s", ic->store, err ? err : "unavailable");
@@ -831,79 +822,50 @@ static void exchange_go(struct exchange *ex)
 	}
 }
 
+static struct attempt *streaming_attempt(const struct exchange *ex)
+{
+	return ex->att ? ex->att : ex->relay;
+}
+
 void exchange_body(struct exchange *ex, struct evbuffer *data)
 {
-	size_t n = evbuffer_get_length(data);
-	ex->body_len += (int64_t)n;
-	ex->log.body_bytes = ex->body_len;
 	if (ex->state == X_DONE) {
-		evbuffer_drain(data, n);
+		ex->rb.len += (int64_t)evbuffer_get_length(data);
+		ex->log.body_bytes = ex->rb.len;
+		evbuffer_drain(data, evbuffer_get_length(data));
 		return;
 	}
-	int64_t lmax = ex->l->limits.max_body;
-	if (lmax > 0 && ex->body_len > lmax) {
-		evbuffer_drain(data, n);
-		if (ex->head_sent) {
-			finish(ex, false, true);
-			return;
-		}
-		if (ex->att) {
-			attempt_free(ex->att);
-			ex->att = NULL;
-		}
+	int64_t keep = ex->enforce_idem ? ex->up->idem.max_body : ex->up->retry.max_body;
+	enum reqbody_event e = reqbody_take(&ex->rb, data, ex->l->limits.max_body, keep,
+	                                    ex->enforce_idem, streaming_attempt(ex));
+	ex->log.body_bytes = ex->rb.len;
+	if (e == RB_OUTGREW) {
+		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+	} else if (e == RB_OVER_LIMIT && ex->head_sent) {
+		finish(ex, false, true);
+	} else if (e == RB_OVER_LIMIT) {
+		attempt_free(ex->att);
+		ex->att = NULL;
 		finish_error(ex, 413, "body-too-large", true, NULL);
-		return;
 	}
-	if (ex->bmode == BODY_BUFFER) {
-		evbuffer_add_buffer(ex->body, data);
-		if (ex->enforce_idem) {
-			if (ex->body_len > ex->up->idem.max_body)
-				finish_error(ex, 413, "body-too-large", true, NULL);
-			return;
-		}
-		if (ex->body_len > ex->up->retry.max_body) {
-			/* a chunked body outgrew retry.max_body: stream it, it will never be re-sent */
-			ex->bmode = BODY_STREAM;
-			start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
-		}
-		return;
-	}
-	if (ex->bmode == BODY_STREAM && ex->att)
-		attempt_send_body(ex->att, data);
-	else if (ex->bmode == BODY_STREAM && ex->relay)
-		attempt_send_body(ex->relay, data);
-	else
-		evbuffer_drain(data, n);
 }
 
 void exchange_body_end(struct exchange *ex)
 {
-	ex->body_done = true;
-	if (ex->state == X_DONE)
+	if (ex->state == X_DONE) {
+		ex->rb.done = true;
 		return;
-	if (ex->bmode == BODY_BUFFER && ex->state == X_WAIT_BODY) {
+	}
+	reqbody_end(&ex->rb, streaming_attempt(ex));
+	if (ex->rb.mode == BODY_BUFFER && ex->state == X_WAIT_BODY)
 		exchange_go(ex);
-		return;
-	}
-	if (ex->bmode == BODY_STREAM) {
-		if (ex->att)
-			attempt_send_body_end(ex->att);
-		else if (ex->relay)
-			attempt_send_body_end(ex->relay);
-	}
 }
 
 size_t exchange_body_room(const struct exchange *ex)
 {
 	if (ex->state == X_DONE)
 		return 64 * 1024;       /* discard what is left, the connection closes after */
-	if (ex->bmode != BODY_STREAM)
-		return 64 * 1024;
-	const struct attempt *a = ex->att ? ex->att : ex->relay;
-	if (!a)
-		return 0;
-	size_t pending = attempt_send_pending(a);
-	return pending < STREAM_HIGH ? STREAM_HIGH - pending : 0;
+	return reqbody_room(&ex->rb, streaming_attempt(ex));
 }
 
 void exchange_client_drained(struct exchange *ex)
@@ -929,7 +891,7 @@ static void exchange_free_cb(void *p)
 {
 	struct exchange *ex = p;
 	ex->magic = 0;
-	free(ex);
+	loop_obj_put(ex->loop, LOOP_EXCHANGE, ex);
 }
 
 void exchange_free(struct exchange *ex)
@@ -938,9 +900,9 @@ void exchange_free(struct exchange *ex)
 		return;
 	if (ex->state != X_DONE)
 		exchange_abort(ex);
-	event_free(ex->deadline_ev);
-	event_free(ex->backoff_ev);
-	evbuffer_free(ex->body);
+	evtimer_del(&ex->deadline_ev);
+	evtimer_del(&ex->backoff_ev);
+	loop_buf_put(ex->loop, ex->rb.buf);
 	idem_job_free(ex->idem);
 	runtime_unref(ex->rt);
 	atomic_fetch_sub(&g_gstats[ex->loop->id].exchanges_active, 1);

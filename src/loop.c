@@ -3,6 +3,9 @@
  */
 #include <stdlib.h>
 
+#include <string.h>
+
+#include <event2/buffer.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 
@@ -72,6 +75,19 @@ void loop_fini(struct loop *l)
 	loop_run_deferred(l);
 	event_free(l->dq_ev);
 	l->dq_ev = NULL;
+	for (int k = 0; k < LOOP_NKINDS; k++) {
+		struct loop_free *f;
+		while ((f = l->cache[k])) {
+			l->cache[k] = f->next;
+			free(f);
+		}
+		l->ncache[k] = 0;
+	}
+	for (int i = 0; i < l->nbufs; i++)
+		evbuffer_free(l->bufs[i]);
+	free(l->bufs);
+	l->bufs = NULL;
+	l->nbufs = 0;
 	free(l->dq);
 	l->dq = NULL;
 	l->ndq = l->capdq = 0;
@@ -82,4 +98,56 @@ void loop_free_base(struct loop *l)
 	if (l->base)
 		event_base_free(l->base);
 	l->base = NULL;
+}
+
+void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size)
+{
+	struct loop_free *f = l->cache[kind];
+	if (!f)
+		return xcalloc(1, size);
+	l->cache[kind] = f->next;
+	l->ncache[kind]--;
+	memset(f, 0, size);
+	return f;
+}
+
+/* The sanitizer build (RG_CHECK_MAGIC) keeps nothing: reused memory would hide a
+ * use-after-free from AddressSanitizer. */
+#ifdef RG_CHECK_MAGIC
+#define KEEP_FREED 0
+#else
+#define KEEP_FREED 1
+#endif
+
+void loop_obj_put(struct loop *l, enum loop_kind kind, void *p)
+{
+	if (!KEEP_FREED || l->ncache[kind] >= LOOP_CACHE_MAX) {
+		free(p);
+		return;
+	}
+	struct loop_free *f = p;
+	f->next = l->cache[kind];
+	l->cache[kind] = f;
+	l->ncache[kind]++;
+}
+
+struct evbuffer *loop_buf_get(struct loop *l)
+{
+	if (l->nbufs > 0)
+		return l->bufs[--l->nbufs];
+	return evbuffer_new();
+}
+
+void loop_buf_put(struct loop *l, struct evbuffer *b)
+{
+	if (!b)
+		return;
+	if (!KEEP_FREED || l->nbufs >= LOOP_BUF_MAX) {
+		evbuffer_free(b);
+		return;
+	}
+	if (!l->bufs)
+		l->bufs = xcalloc(LOOP_BUF_MAX, sizeof(*l->bufs));
+	evbuffer_drain(b, evbuffer_get_length(b));
+	l->bufs[l->nbufs++] = b;
 }

@@ -17,6 +17,18 @@ struct event_base;
 struct evdns_base;
 struct event;
 struct pool_table;
+struct evbuffer;
+
+/* Per-loop free lists for what every request allocates: its exchange and attempts, and the
+ * evbuffers they use. Bounded (LOOP_CACHE_MAX objects a kind, LOOP_BUF_MAX buffers), so a
+ * burst leaves no more than that behind; loop_fini frees them. */
+enum loop_kind { LOOP_EXCHANGE, LOOP_ATTEMPT, LOOP_NKINDS };
+#define LOOP_CACHE_MAX 64
+#define LOOP_BUF_MAX 256
+
+struct loop_free {
+	struct loop_free *next;
+};
 
 struct loop_deferred {
 	void (*fn)(void *);
@@ -32,6 +44,10 @@ struct loop {
 	struct loop_deferred *dq;
 	int ndq, capdq;
 	struct event *dq_ev;
+	struct loop_free *cache[LOOP_NKINDS];
+	int ncache[LOOP_NKINDS];
+	struct evbuffer **bufs;         /* empty evbuffers, for reuse */
+	int nbufs;
 };
 
 /* Create the event base (no locks: one thread per loop) and DNS base. 0 or -1. */
@@ -46,5 +62,13 @@ void loop_fini(struct loop *l);
 void loop_free_base(struct loop *l);
 
 void loop_defer_free(struct loop *l, void (*fn)(void *), void *p);
+
+/* SIZE zeroed bytes for an object of KIND (every object of a kind has the same size). */
+void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);
+/* Give it back (only from the loop's thread; immediately reusable, so free it late). */
+void loop_obj_put(struct loop *l, enum loop_kind kind, void *p);
+/* An empty evbuffer; and give one back (drained here). */
+struct evbuffer *loop_buf_get(struct loop *l);
+void loop_buf_put(struct loop *l, struct evbuffer *b);
 
 #endif
