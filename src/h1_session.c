@@ -518,12 +518,24 @@ struct session *h1_session_new(struct loop *loop, const struct session_owner *ow
 	return s;
 }
 
+/* Bytes the client sent that we have not read yet (the kernel's receive buffer). */
+static bool unread_input(struct session *s)
+{
+	char b;
+	int fd = stream_fd(s->bev);
+	return fd >= 0 && recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 void h1_session_drain(struct session *s, bool close_idle)
 {
-	if (close_idle && s->state == S_HEAD && (!s->req || http_msg_head_bytes(s->req) == 0) &&
-	    evbuffer_get_length(stream_input(s->bev)) == 0) {
-		h1_session_close(s, "draining");
+	s->close_after = true;      /* every response from now on says Connection: close */
+	if (!close_idle || s->state != S_HEAD || (s->req && http_msg_head_bytes(s->req) > 0) ||
+	    evbuffer_get_length(stream_input(s->bev)) > 0)
+		return;
+	/* a request already on its way is served (with Connection: close), never reset */
+	if (unread_input(s)) {
+		stream_trigger_read(s->bev);
 		return;
 	}
-	s->close_after = true;
+	h1_session_close(s, "draining");
 }

@@ -28,6 +28,10 @@
 _Atomic bool g_draining;
 
 #define DRAIN_POLL_US (20 * 1000)
+/* After a drain begins, idle keep-alive connections stay open this long (at most a quarter of
+ * drain_timeout): a request already on its way on one is served with Connection: close instead
+ * of meeting a closed socket. */
+#define DRAIN_GRACE_US (1000 * 1000)
 
 struct worker_conn {
 	struct worker *w;
@@ -112,10 +116,18 @@ static const struct config *listener_cfg(void *arg)
 /* SPEC §1: while in-flight requests finish, an open keep-alive connection stays open (a
  * request arriving on it is served with "Connection: close"); once no request is in flight
  * in any worker, idle connections close and the worker stops when it has none left. */
+static bool may_close_idle(struct worker *w)
+{
+	int64_t grace = w->rt->cfg->drain_timeout_us / 4;
+	if (grace > DRAIN_GRACE_US)
+		grace = DRAIN_GRACE_US;
+	return !requests_in_flight() && clock_now_us() - w->drain_start_us >= grace;
+}
+
 static void drain_poll_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
-	drain_sessions(w, !requests_in_flight());
+	drain_sessions(w, may_close_idle(w));
 	maybe_exit(w);
 }
 
@@ -124,10 +136,11 @@ static void begin_drain(struct worker *w)
 	if (w->draining)
 		return;
 	w->draining = true;
+	w->drain_start_us = clock_now_us();
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_stop(w->listeners[i]);
 	pool_drain(&w->loop);
-	drain_sessions(w, !requests_in_flight());
+	drain_sessions(w, may_close_idle(w));
 	maybe_exit(w);
 	if (w->nconns > 0) {
 		w->drain_ev = event_new(w->loop.base, -1, EV_PERSIST, drain_poll_cb, w);

@@ -38,6 +38,7 @@ struct worker {
 	struct event *drain_ev;         /* while draining: closes idle connections once no
 	                                 * request is in flight anywhere */
 	bool draining;
+	int64_t drain_start_us;
 	uint64_t next_sid;
 	int *listen_fds;                /* bound by main, one per configured listener */
 	char **listen_names;
