@@ -1,10 +1,11 @@
 /*
  * util: small pure helpers shared by several files: duration and size syntax (SPEC §2),
- * case-insensitive comparisons, host:port splitting, a fast PRNG.
+ * case-insensitive comparisons, host:port splitting, a fast PRNG, a growing string.
  */
 #ifndef RG_UTIL_H
 #define RG_UTIL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,5 +33,17 @@ void *xcalloc(size_t n, size_t m);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *xstrndup(const char *s, size_t n);
+
+/* A growing NUL-terminated string: { 0 } is empty (s NULL until the first append); the owner
+ * frees s. */
+struct strbuf {
+	char *s;
+	size_t len, cap;
+};
+
+void sb_putn(struct strbuf *b, const char *s, size_t n);
+void sb_puts(struct strbuf *b, const char *s);
+void sb_vprintf(struct strbuf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+void sb_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif
