@@ -314,6 +314,12 @@ static void load_strings(struct load *ld, const struct key *k, void *base, const
 	*count = n;
 	if (n == 0 && (k->flags & KF_NONEMPTY))
 		value_error(ld, v, "empty (expected at least one %s)", k->expect ? k->expect : "value");
+	if (k->max && n > k->max) {
+		/* at the first one past the bound, which is where the list has to be cut */
+		value_error(ld, v->kids[k->max], "%d entries are too many (expected at most %lld)", n,
+		            (long long)k->max);
+		return;
+	}
 	for (int i = 0; i < n; i++) {
 		const struct node *item = v->kids[i];
 		const char *s = scalar_text(ld, item, k->expect ? k->expect : "a string"), *why;

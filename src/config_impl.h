@@ -74,7 +74,8 @@ enum key_type {
 	K_DUR,      /* int64_t microseconds in [min, max] */
 	K_SIZE,     /* int64_t bytes in [min, max] */
 	K_ENUM,     /* int, the index of the word in `names` */
-	K_STRS,     /* char ** at off, int count at off2; `check` validates each */
+	K_STRS,     /* char ** at off, int count at off2; `check` validates each; at most `max`
+	             * items when max is set */
 	K_BLOCK,    /* a nested mapping filling `sub` at base + off; KF_GIVEN: bool at off2 */
 	K_LIST,     /* sequence of mappings: array at off, int count at off2, elements `sub` */
 	K_NAMED,    /* mapping of name -> mapping: as K_LIST, names checked by `check` */
@@ -107,7 +108,7 @@ struct key {
 	size_t off2;                /* see enum key_type */
 	const char *def;            /* default as YAML text ("[a, b]" for lists); NULL: none */
 	unsigned flags;
-	int64_t min, max;           /* numbers, durations, sizes */
+	int64_t min, max;           /* numbers, durations, sizes; K_STRS: max items (0: any) */
 	check_fn check;
 	const char *const *names;   /* K_ENUM */
 	const struct block *sub;

@@ -9,7 +9,8 @@
  *    address, a unique name (default: its address) and at least one route;
  *  - every route's upstream points into config->upstreams; host is NULL (any) or lower-case,
  *    either a name, "*.suffix" or "[v6]"; path_prefix starts with "/";
- *  - every upstream has at least one endpoint "host:port" with port 1-65535;
+ *  - workers 1-CFG_MAX_WORKERS; every upstream has 1-CFG_MAX_ENDPOINTS endpoints "host:port"
+ *    with port 1-65535;
  *  - every timeout is > 0 (drain_timeout, backoff and retry_after.max may be 0), every
  *    duration <= 365 days, so adding two to a monotonic clock cannot overflow;
  *    deadline.min < deadline.default <= deadline.max; backoff.base <= backoff.max;
@@ -725,7 +726,8 @@ static const struct block upstream_tls_block = { .keys = upstream_tls_keys };
 
 static const struct key upstream_keys[] = {
 	{ "endpoints", K_STRS, OFF(cfg_upstream, endpoints), OFF(cfg_upstream, nendpoints),
-	  .flags = KF_REQUIRED | KF_NONEMPTY, .check = check_endpoint, .expect = "host:port" },
+	  .flags = KF_REQUIRED | KF_NONEMPTY, .max = CFG_MAX_ENDPOINTS, .check = check_endpoint,
+	  .expect = "host:port" },
 	{ "tls", K_BLOCK, 0, OFF(cfg_upstream, tls), .flags = KF_GIVEN, .sub = &upstream_tls_block },
 	{ "host_rewrite", K_STR, OFF(cfg_upstream, host_rewrite), .def = "", .check = check_visible,
 	  .expect = "a Host header value" },
@@ -800,7 +802,7 @@ static const struct block admin_block = { .keys = admin_keys };
 
 static const struct key root_keys[] = {
 	{ "admin", K_BLOCK, 0, .sub = &admin_block },
-	{ "workers", K_CUSTOM, OFF(config, workers), .def = "1", .min = 1, .max = 1024,
+	{ "workers", K_CUSTOM, OFF(config, workers), .def = "1", .min = 1, .max = CFG_MAX_WORKERS,
 	  .parse = workers_parse, .emit = emit_workers },
 	{ "drain_timeout", K_DUR, OFF(config, drain_timeout_us), .def = "15s", WAIT },
 	{ "access_log", K_STR, OFF(config, access_log), .def = "off", .flags = KF_NONEMPTY,

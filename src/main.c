@@ -177,7 +177,7 @@ int main(int argc, char **argv)
 	if (lvl && strcmp(lvl, "debug") == 0)
 		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
-	g_nworkers = cfg->workers < 1 ? 1 : (cfg->workers > MAX_WORKERS ? MAX_WORKERS : cfg->workers);
+	g_nworkers = cfg->workers;     /* 1..CFG_MAX_WORKERS: the schema rejects more */
 	main_base = event_base_new();
 	char terr[512];
 	struct runtime *rt0 = runtime_new(cfg, terr, sizeof(terr));

@@ -18,7 +18,13 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "stats.h"
+#include "upstream.h"
 #include "util.h"
+
+/* the schema's bounds are the sizes of the arrays that hold what they bound */
+_Static_assert(CFG_MAX_WORKERS == MAX_WORKERS, "config.h and stats.h disagree on workers");
+_Static_assert(CFG_MAX_ENDPOINTS == MAX_ENDPOINTS, "config.h and upstream.h disagree on endpoints");
 
 #define MS 1000LL
 #define S  1000000LL
@@ -198,7 +204,7 @@ static void test_values(void **state)
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cfg_upstream *b = config_upstream(c, "b");
 
-	assert_int_equal(c->workers, cpus < 1 ? 1 : cpus > 1024 ? 1024 : cpus);
+	assert_int_equal(c->workers, cpus < 1 ? 1 : cpus > CFG_MAX_WORKERS ? CFG_MAX_WORKERS : cpus);
 	assert_int_equal(c->drain_timeout_us, 0);
 	assert_string_equal(c->admin_token, "t0k");
 	assert_true(c->listeners[0].tls);
@@ -407,6 +413,62 @@ static void test_structure_limits(void **state)
 
 	/* the error stream is optional */
 	assert_null(config_load_buffer("x", "workers: [", 10, NULL));
+}
+
+/* ------------------------------------------------------------------ bounds */
+
+/* minimal_yaml with WORKERS workers and N endpoints, one a line from line 7 on */
+static char *bounds_yaml(const char *workers, int n)
+{
+	struct strbuf b = { 0 };
+
+	sb_printf(&b, "workers: %s\nlisteners:\n  - listen: \"127.0.0.1:15001\"\n"
+	          "    routes: [{ upstream: a }]\nupstreams:\n  a:\n    endpoints:\n", workers);
+	for (int i = 0; i < n; i++)
+		sb_printf(&b, "      - \"10.0.%d.%d:80\"\n", i / 250, i % 250 + 1);
+	return b.s;
+}
+
+/* Workers and endpoints live in fixed arrays: the schema refuses what they cannot hold, with
+ * the maximum in the message, instead of a silent clamp at startup. */
+static void test_bounds(void **state)
+{
+	static const struct {
+		const char *workers;
+		int endpoints;
+		const char *err;        /* NULL: loads */
+	} rows[] = {
+		{ "1", 1, NULL },
+		{ "64", 1, NULL },
+		{ "auto", 1, NULL },
+		{ "65", 1, "t.yaml:1:10: workers: \"65\" is too large (expected at most 64)\n" },
+		{ "1024", 1, "t.yaml:1:10: workers: \"1024\" is too large (expected at most 64)\n" },
+		{ "1", 64, NULL },
+		/* endpoint i is on line 8 + i: the error is at the 65th (i = 64) */
+		{ "1", 65, "t.yaml:72:9: upstreams.a.endpoints: 65 entries are too many "
+		           "(expected at most 64)\n" },
+		{ "1", 200, "t.yaml:72:9: upstreams.a.endpoints: 200 entries are too many "
+		            "(expected at most 64)\n" },
+	};
+
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+		char *text = bounds_yaml(rows[i].workers, rows[i].endpoints), *errs = NULL;
+		struct config *c = load_text(text, &errs);
+
+		if (!rows[i].err) {
+			if (!c)
+				fail_msg("row %zu: did not load:\n%s", i, errs);
+			assert_string_equal(errs, "");
+			assert_true(c->workers >= 1 && c->workers <= CFG_MAX_WORKERS);
+			assert_int_equal(c->upstreams[0].nendpoints, rows[i].endpoints);
+			config_unref(c);
+		} else {
+			assert_null(c);
+			assert_string_equal(errs, rows[i].err);
+		}
+		free(errs);
+		free(text);
+	}
 }
 
 /* ------------------------------------------------------------------ shipped configs */
@@ -678,6 +740,7 @@ int main(void)
 		cmocka_unit_test(test_bad_files),
 		cmocka_unit_test(test_all_errors_reported),
 		cmocka_unit_test(test_structure_limits),
+		cmocka_unit_test(test_bounds),
 		cmocka_unit_test(test_shipped_configs),
 		cmocka_unit_test(test_reference_config),
 		cmocka_unit_test(test_every_key_documented),
