@@ -8,6 +8,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct json {
 	FILE *f;
@@ -17,21 +18,12 @@ struct json {
 
 static void json_string(struct json *j, const char *s)
 {
-	fputc('"', j->f);
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			fprintf(j->f, "\\%c", c);
-		else if (c == '\n')
-			fputs("\\n", j->f);
-		else if (c == '\t')
-			fputs("\\t", j->f);
-		else if (c < 0x20 || c == 0x7f)
-			fprintf(j->f, "\\u%04x", c);
-		else
-			fputc(c, j->f);   /* libyaml only hands out valid UTF-8 */
-	}
-	fputc('"', j->f);
+	size_t n = strlen(s), cap = 6 * n + 1;
+	char *buf = xmalloc(cap);
+
+	json_escape(buf, cap, s, n);
+	fprintf(j->f, "\"%s\"", buf);
+	free(buf);
 }
 
 /* Starts an item of the current container: separator, newline, indent, "key": */

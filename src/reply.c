@@ -7,6 +7,7 @@
 #include <event2/buffer.h>
 
 #include "reply.h"
+#include "util.h"
 
 const char *reply_status_text(int status)
 {
@@ -34,29 +35,12 @@ const char *reply_status_text(int status)
 	}
 }
 
-static void json_str(char *dst, size_t cap, const char *s)
-{
-	size_t n = 0;
-	for (; s && *s && n + 7 < cap; s++) {
-		unsigned char ch = (unsigned char)*s;
-		if (ch == '"' || ch == '\\') {
-			dst[n++] = '\\';
-			dst[n++] = (char)ch;
-		} else if (ch < 0x20) {
-			n += (size_t)snprintf(dst + n, cap - n, "\\u%04x", ch);
-		} else {
-			dst[n++] = (char)ch;
-		}
-	}
-	dst[n] = 0;
-}
-
 static void reply_error_impl(struct evbuffer *out, int status, const char *reason,
                              const char *upstream, int attempts, bool close, bool keep_alive_10,
                              const char *extra, bool content)
 {
 	char body[512], up[256];
-	json_str(up, sizeof(up), upstream ? upstream : "");
+	json_escape(up, sizeof(up), upstream, upstream ? strlen(upstream) : 0);
 	int blen = snprintf(body, sizeof(body), "{\"error\":\"%s\",\"upstream\":\"%s\",\"attempts\":%d}\n",
 	                    reason, up, attempts);
 	evbuffer_add_printf(out,

@@ -1,6 +1,7 @@
 /*
  * util: small pure helpers shared by several files: duration and size syntax (SPEC §2),
- * case-insensitive comparisons, host:port splitting, a fast PRNG, a growing string.
+ * case-insensitive comparisons, host:port splitting, a fast PRNG, a growing string, JSON
+ * string escaping.
  */
 #ifndef RG_UTIL_H
 #define RG_UTIL_H
@@ -33,6 +34,13 @@ void *xcalloc(size_t n, size_t m);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *xstrndup(const char *s, size_t n);
+
+/* The body of a JSON string (no quotes) for the N bytes at S (NULL: none), into DST: '"' and
+ * '\\' escaped, control bytes as \n \r \t \b \f or \u00XX, DEL as \u007f, bytes >= 0x80 kept
+ * where they form valid UTF-8 and each other byte replaced by \ufffd, so the output is always
+ * valid JSON. At most CAP-1 bytes and a NUL, never cutting an escape or a character (6 * N + 1
+ * always holds it all). Returns the length written. */
+size_t json_escape(char *dst, size_t cap, const char *s, size_t n);
 
 /* A growing NUL-terminated string: { 0 } is empty (s NULL until the first append); the owner
  * frees s. */
