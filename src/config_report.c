@@ -73,6 +73,22 @@ static bool retry_on_any(const struct cfg_retry *r)
 	return r->on_flags != 0;
 }
 
+/* The budget's long-run bound per first attempt at a traffic of RATE first attempts a second:
+ * each adds `ratio` tokens and time adds min_per_second, so 1 + ratio + min_per_second / rate,
+ * never above the N attempts of one request. Low traffic is where the time term dominates. */
+static void report_sustained(FILE *out, const struct cfg_retry *r, int n)
+{
+	static const int rates[] = { 1, 10, 100, 1000 };
+
+	fputs("  sustained     ", out);
+	for (size_t i = 0; i < sizeof rates / sizeof *rates; i++) {
+		double x = 1 + r->budget_ratio + r->budget_min_per_second / rates[i];
+		fprintf(out, "%s %.2fx at %d%s%s", i ? "," : "", x < n ? x : n, rates[i],
+		        i ? "/s" : " first attempt/s", x < n ? "" : " (max_attempts)");
+	}
+	fputc('\n', out);
+}
+
 static void report_upstream(FILE *out, const struct cfg_upstream *u)
 {
 	const struct cfg_retry *r = &u->retry;
@@ -106,11 +122,11 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 		fprintf(out, "; POST/PATCH %s\n", r->non_idempotent == NI_ALWAYS ? "always re-sent" :
 		        r->non_idempotent == NI_NEVER ? "only after connect-failure" :
 		        "only with a key or after connect-failure");
-		double sustained = 1 + r->budget_ratio;
-		fprintf(out, "  amplification  retries <= %lld + %g x requests + %g/s; sustained "
-		        "amplification <= %.2fx%s\n", (long long)r->budget_max_tokens, r->budget_ratio,
-		        r->budget_min_per_second, sustained < n ? sustained : n,
-		        sustained < n ? "" : " (max_attempts)");
+		fprintf(out, "  amplification  retries <= %lld + %g x requests + %g/s: a burst of %lld "
+		        "retries (max_tokens), never above %dx per request (max_attempts)\n",
+		        (long long)r->budget_max_tokens, r->budget_ratio, r->budget_min_per_second,
+		        (long long)r->budget_max_tokens, n);
+		report_sustained(out, r, n);
 	}
 	fprintf(out, "  concurrency    %d attempts in flight, %d of them retries\n", u->max_in_flight,
 	        u->max_retries_in_flight);

@@ -127,6 +127,23 @@ def test_check_ok_prints_worst_case_per_upstream_then_ok(tmp_path):
         assert "deadline" in section, "no latency-vs-deadline line for %s:\n%s" % (name, section)
 
 
+def test_check_amplification_by_traffic(tmp_path):
+    # the budget bound is 1 + ratio + min_per_second / rate, capped at max_attempts: at low
+    # traffic the time term dominates, so "1 + ratio" alone would understate it
+    cfg = make_config(upstreams={
+        "api": {"endpoints": ["127.0.0.1:9001"],
+                "retry": {"max_attempts": 3,
+                          "budget": {"ratio": 0.1, "min_per_second": 4, "max_tokens": 50}}},
+    })
+    cp = check_config(cfg, workdir=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    section = _section(cp.stdout, "api")
+    assert "a burst of 50 retries (max_tokens), never above 3x per request (max_attempts)" \
+        in section, section
+    assert ("sustained      3.00x at 1 first attempt/s (max_attempts), 1.50x at 10/s, "
+            "1.14x at 100/s, 1.10x at 1000/s") in section, section
+
+
 def test_check_latency_line_reflects_attempts_and_deadline(tmp_path):
     # 3 attempts of 1s cannot fit a 2s default deadline: the report must say something about it
     tight = make_config(upstreams={"api": {"endpoints": ["127.0.0.1:9001"],

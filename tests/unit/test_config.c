@@ -611,7 +611,11 @@ static void test_report(void **state)
 
 	assert_contains(r, "upstream a: 1 endpoint (127.0.0.1:9001)");
 	assert_contains(r, "up to 3 per request, on connect-failure, reset, timeout, 502, 503, 504");
-	assert_contains(r, "retries <= 100 + 0.2 x requests + 10/s; sustained amplification <= 1.20x");
+	assert_contains(r, "retries <= 100 + 0.2 x requests + 10/s: a burst of 100 retries (max_tokens), "
+	                   "never above 3x per request (max_attempts)\n");
+	/* 1 + ratio + min_per_second / rate: the time term dominates at low traffic */
+	assert_contains(r, "  sustained      3.00x at 1 first attempt/s (max_attempts), 2.20x at 10/s, "
+	                   "1.30x at 100/s, 1.21x at 1000/s\n");
 	assert_contains(r, "worst case 3 x 1s + 75ms backoff = 3.075s; fits deadline.default 5s and "
 	                   "deadline.max 30s");
 	assert_contains(r, "hints up to 10s are waited for");
@@ -642,7 +646,9 @@ static void test_report(void **state)
 		"  lonely:\n"
 		"    endpoints: [\"c:1\"]\n");
 	r = report_of(c);
-	assert_contains(r, "retries <= 5000 + 0.7 x requests + 10/s; sustained amplification <= 1.70x");
+	assert_contains(r, "retries <= 5000 + 0.7 x requests + 10/s: a burst of 5000 retries");
+	assert_contains(r, "4.00x at 1 first attempt/s (max_attempts), 2.70x at 10/s, 1.80x at 100/s, "
+	                   "1.71x at 1000/s\n");
 	/* 0, 825ms, 1.675s, 2.575s: the third starts, is cut at 2s; the fourth never starts */
 	assert_contains(r, "worst case 4 x 800ms + 175ms backoff = 3.375s; deadline.default 2s cuts "
 	                   "attempt 3 of 4 short; deadline.max 3s cuts attempt 4 of 4 short");
