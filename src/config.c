@@ -510,12 +510,18 @@ static void load_value(struct load *ld, const struct key *k, void *base, const s
 			*FIELD(base, k->off, int64_t) = i64;
 		break;
 	case K_ENUM: {
+		const char *near;
 		char words[128];
 		for (int e = 0; k->names[e]; e++)
 			if (!strcmp(s, k->names[e])) {
 				*FIELD(base, k->off, int) = e;
 				return;
 			}
+		if ((near = closest_word(s, k->names))) {
+			value_error(ld, v, "unknown value %s (did you mean \"%s\"?)",
+			            cfg_quote(s, q, sizeof q), near);
+			break;
+		}
 		words_join(k->names, words, sizeof words);
 		value_error(ld, v, "unknown value %s (expected %s)", cfg_quote(s, q, sizeof q), words);
 		break;
@@ -577,7 +583,8 @@ static void load_block_defaults(struct load *ld, const struct block *b, void *ba
 	}
 }
 
-int edit_distance(const char *a, const char *b)
+/* Levenshtein distance, capped: for "did you mean" */
+static int edit_distance(const char *a, const char *b)
 {
 	int prev[40], cur[40];
 	size_t la = strlen(a), lb = strlen(b);
@@ -598,11 +605,26 @@ int edit_distance(const char *a, const char *b)
 	return prev[lb];
 }
 
+const char *closest_word(const char *s, const char *const *words)
+{
+	const char *best = NULL;
+	int bestd = 3;
+
+	for (int i = 0; words[i]; i++) {
+		int d = edit_distance(s, words[i]);
+		if (d < bestd) {
+			bestd = d;
+			best = words[i];
+		}
+	}
+	return best;
+}
+
 static void unknown_key(struct load *ld, const struct block *b, const struct node *kn)
 {
 	struct strbuf exp = { 0 };
-	const char *best = NULL;
-	int bestd = 3;
+	const char *names[MAX_TABLE_KEYS], *best;
+	int n = 0;
 	size_t mark = path_push(ld, kn->str);
 
 	if (!strcmp(kn->str, "<<")) {
@@ -612,14 +634,11 @@ static void unknown_key(struct load *ld, const struct block *b, const struct nod
 		return;
 	}
 	for (const struct key *k = b->keys; k->name; k++) {
-		int d = edit_distance(kn->str, k->name);
-		if (d < bestd) {
-			bestd = d;
-			best = k->name;
-		}
+		names[n++] = k->name;
 		sb_printf(&exp, "%s%s", k == b->keys ? "" : ", ", k->name);
 	}
-	if (best)
+	names[n] = NULL;
+	if ((best = closest_word(kn->str, names)))
 		value_error(ld, kn, "unknown key (did you mean %s?)", best);
 	else
 		value_error(ld, kn, "unknown key (expected one of: %s)", exp.s);

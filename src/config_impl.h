@@ -164,9 +164,9 @@ void format_value(enum key_type t, int64_t v, char *buf, size_t cap);
 /* V (as written: TEXT) against [k->min, k->max]; reports and returns false when outside. */
 bool range_ok(struct load *ld, const struct key *k, const struct node *v, double val,
               const char *text);
-/* Levenshtein distance of two short words (99 when either is 40 or longer), for "did you
- * mean". */
-int edit_distance(const char *a, const char *b);
+/* For "did you mean": the word of the NULL-terminated WORDS within two edits of S (the
+ * first of the nearest), or NULL. */
+const char *closest_word(const char *s, const char *const *words);
 /* In a block check: did KEY load without error (given or defaulted)? */
 bool key_ok(const struct load *ld, const char *key);
 /* An error about KEY of block MAP: at its value when written, else at the block. */

@@ -365,6 +365,7 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 	memset(r->on_status, 0, sizeof r->on_status);
 	for (int i = 0; v->kind == N_SEQ && i < v->nkids; i++) {
 		const struct node *item = v->kids[i];
+		const char *near;
 		int64_t status;
 		int w;
 
@@ -384,6 +385,9 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 		else if (scan_int(item->str, &status) == 0)
 			value_error(ld, item, "status %s cannot be retried (%s)",
 			            cfg_quote(item->str, q, sizeof q), expect);
+		else if ((near = closest_word(item->str, cfg_retry_on_words)))
+			value_error(ld, item, "unknown condition %s (did you mean \"%s\"?)",
+			            cfg_quote(item->str, q, sizeof q), near);
 		else
 			value_error(ld, item, "unknown condition %s (%s)", cfg_quote(item->str, q, sizeof q),
 			            expect);

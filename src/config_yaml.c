@@ -92,6 +92,10 @@ static void report_yaml_error(struct load *ld, const yaml_parser_t *p, const cha
 			}
 		load_error(ld, line, col, "YAML: %s (expected UTF-8 text without control characters)",
 		           what);
+	} else if (p->problem_mark.index < len && data[p->problem_mark.index] == '\t') {
+		/* libyaml's words for it: "found character that cannot start any token" */
+		load_error(ld, line, col, "YAML: a tab character (YAML forbids tabs for indentation: "
+		           "indent with spaces)");
 	} else if (p->context)
 		load_error(ld, line, col, "YAML: %s (%s at line %d column %d)", what, p->context,
 		           (int)p->context_mark.line + 1, (int)p->context_mark.column + 1);
