@@ -777,9 +777,10 @@ static void config_free(struct config *c)
 
 /* ------------------------------------------------------------------ load */
 
-struct config *config_load_buffer(const char *name, const char *data, size_t len, FILE *errs)
+static struct config *load_buffer(const char *name, const char *data, size_t len, FILE *errs,
+                                  bool check_files)
 {
-	struct load ld = { .file = name };
+	struct load ld = { .file = name, .check_files = check_files };
 	struct tree t = { 0 };
 	struct config *c = xcalloc(1, sizeof *c);
 
@@ -812,7 +813,12 @@ struct config *config_load_buffer(const char *name, const char *data, size_t len
 	return NULL;
 }
 
-struct config *config_load(const char *path, FILE *errs)
+struct config *config_load_buffer(const char *name, const char *data, size_t len, FILE *errs)
+{
+	return load_buffer(name, data, len, errs, false);
+}
+
+static struct config *load_file(const char *path, FILE *errs, bool check_files)
 {
 	FILE *f = fopen(path, "rb");
 	struct strbuf b = { 0 };
@@ -837,9 +843,19 @@ struct config *config_load(const char *path, FILE *errs)
 		return NULL;
 	}
 	fclose(f);
-	c = config_load_buffer(path, b.s, b.len, errs);
+	c = load_buffer(path, b.s, b.len, errs, check_files);
 	free(b.s);
 	return c;
+}
+
+struct config *config_load(const char *path, FILE *errs)
+{
+	return load_file(path, errs, false);
+}
+
+struct config *config_load_check(const char *path, FILE *errs)
+{
+	return load_file(path, errs, true);
 }
 
 struct config *config_ref(struct config *c)

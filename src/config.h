@@ -137,6 +137,10 @@ struct config {
 /* Load and validate PATH. On any error, print every one of them to ERRS and return NULL.
  * The result has one reference. */
 struct config *config_load(const char *path, FILE *errs);
+/* config_load for --check: also every file the config names must be usable (TLS certificate,
+ * key and CA files readable PEM, the access log's directory writable), each failure an
+ * error at the key that names it. */
+struct config *config_load_check(const char *path, FILE *errs);
 /* The same from memory (LEN bytes, need not be NUL-terminated); NAME is used in messages. */
 struct config *config_load_buffer(const char *name, const char *data, size_t len, FILE *errs);
 struct config *config_ref(struct config *c);

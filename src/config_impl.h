@@ -1,8 +1,9 @@
 /*
- * config_impl: what the five config files share and nobody else may use. The YAML tree
+ * config_impl: what the config files share and nobody else may use. The YAML tree
  * (config_yaml.c), the loader engine and public API (config.c), the schema tables and their
- * checks (config_schema.c), the /config JSON (config_json.c) and the --check report
- * (config_report.c) include this header and config.h; none includes another's .c-side header.
+ * checks (config_schema.c), the --check file checks (config_files.c), the /config JSON
+ * (config_json.c) and the --check report (config_report.c) include this header and config.h;
+ * none includes another's header.
  */
 #ifndef RG_CONFIG_IMPL_H
 #define RG_CONFIG_IMPL_H
@@ -131,6 +132,7 @@ struct load {
 	int nerrs, caperrs, dropped;
 	struct strbuf path;         /* "listeners[0].routes[1].upstream" while inside it */
 	bool in_default;            /* loading a table default: an error is a bug in the tables */
+	bool check_files;           /* --check: the files the config names are read too */
 	/* during a block's check: which of its keys failed to load, so that cross-key rules
 	 * do not pile a second, confusing error onto the first */
 	const struct key *check_keys;
@@ -191,6 +193,16 @@ struct store_url {
 
 /* "memory" | "redis://[user:password@]host[:port][/db]": true and *U filled when S is one. */
 bool store_split(const char *s, struct store_url *u);
+
+/* ------------------------------------------------------------------ files (config_files.c) */
+
+enum pem_kind { PEM_CERT, PEM_KEY, PEM_CA };
+
+/* With ld->check_files, and when KEY of block MAP loaded: PATH (its value) is a readable PEM
+ * file of KIND / the access log PATH can be created or appended to. Else nothing. */
+void files_check_pem(struct load *ld, const struct node *map, const char *key, const char *path,
+                     enum pem_kind kind);
+void files_check_log(struct load *ld, const struct node *map, const char *key, const char *path);
 
 /* ------------------------------------------------------------------ JSON (config_json.c) */
 

@@ -537,6 +537,20 @@ static void listener_check(struct load *ld, void *base, const struct node *map)
 		l->name = xstrdup(l->listen);
 }
 
+/* --check reads the files named here (config_files.c); a normal load leaves them to startup */
+static void upstream_tls_check(struct load *ld, void *base, const struct node *map)
+{
+	const struct cfg_upstream *u = base;
+	files_check_pem(ld, map, "ca", u->tls_ca, PEM_CA);
+}
+
+static void listener_tls_check(struct load *ld, void *base, const struct node *map)
+{
+	const struct cfg_listener *l = base;
+	files_check_pem(ld, map, "cert", l->tls_cert, PEM_CERT);
+	files_check_pem(ld, map, "key", l->tls_key, PEM_KEY);
+}
+
 struct bound {
 	char what[32];              /* "admin.listen", "listeners[1]" */
 	const char *listen;
@@ -563,7 +577,7 @@ static bool bound_clash(const struct bound *a, const struct bound *b)
 }
 
 /* Routes find their upstreams; listener names and addresses are unique, and no listener
- * takes the admin address. */
+ * takes the admin address; for --check, the access log can be written. */
 static void root_check(struct load *ld, void *base, const struct node *map)
 {
 	struct config *c = base;
@@ -629,6 +643,7 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 		path_pop(ld, mark);
 	}
 	free(bs);
+	files_check_log(ld, map, "access_log", c->access_log);
 }
 
 /* ------------------------------------------------------------------ the tables */
@@ -726,7 +741,8 @@ static const struct key upstream_tls_keys[] = {
 	{ "verify", K_BOOL, OFF(cfg_upstream, tls_verify), .def = "true" },
 	{ .name = NULL },
 };
-static const struct block upstream_tls_block = { .keys = upstream_tls_keys };
+static const struct block upstream_tls_block = { .keys = upstream_tls_keys,
+                                                 .check = upstream_tls_check };
 
 static const struct key upstream_keys[] = {
 	{ "endpoints", K_STRS, OFF(cfg_upstream, endpoints), OFF(cfg_upstream, nendpoints),
@@ -768,7 +784,8 @@ static const struct key listener_tls_keys[] = {
 	  .expect = "a PEM private key file" },
 	{ .name = NULL },
 };
-static const struct block listener_tls_block = { .keys = listener_tls_keys };
+static const struct block listener_tls_block = { .keys = listener_tls_keys,
+                                                 .check = listener_tls_check };
 
 static const struct key route_keys[] = {
 	{ "host", K_STR, OFF(cfg_route, host), .check = check_host, .expect = "a host name" },

@@ -161,7 +161,7 @@ int main(int argc, char **argv)
 		}
 	}
 
-	struct config *cfg = config_load(config_path, stderr);
+	struct config *cfg = (check ? config_load_check : config_load)(config_path, stderr);
 	if (!cfg)
 		return 1;
 	if (check) {

@@ -736,6 +736,78 @@ static void test_refcount(void **state)
 	config_unref(NULL);
 }
 
+/* ------------------------------------------------------------------ --check reads the files */
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* config_load_check (--check) reads every file the config names and reports each one that is
+ * unusable at the key naming it; config_load leaves them to startup. */
+static void test_check_files(void **state)
+{
+	char dir[] = "/tmp/rg-check-XXXXXX", cfg[96], junk[96], log_ok[96], text[2048], *errs = NULL;
+	size_t len = 0;
+	struct config *c;
+	FILE *f;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(cfg, sizeof cfg, "%s/c.yaml", dir);
+	snprintf(junk, sizeof junk, "%s/junk.pem", dir);
+	snprintf(log_ok, sizeof log_ok, "%s/access.log", dir);
+	write_file(junk, "not PEM\n");
+	snprintf(text, sizeof text,
+	         "access_log: %s/no/such/dir/access.log\n"                         /* 1 */
+	         "listeners:\n"                                                    /* 2 */
+	         "  - listen: \"127.0.0.1:15001\"\n"                               /* 3 */
+	         "    tls: { cert: %s, key: %s/missing.pem }\n"                    /* 4 */
+	         "    routes: [{ upstream: a }]\n"                                 /* 5 */
+	         "upstreams:\n"                                                    /* 6 */
+	         "  a:\n"                                                          /* 7 */
+	         "    endpoints: [\"127.0.0.1:9001\"]\n"                           /* 8 */
+	         "    tls: { ca: %s }\n",                                          /* 9 */
+	         dir, junk, dir, junk);
+	write_file(cfg, text);
+
+	/* a normal load does not look at them */
+	c = config_load(cfg, stderr);
+	assert_non_null(c);
+	config_unref(c);
+
+	f = open_memstream(&errs, &len);
+	assert_null(config_load_check(cfg, f));
+	fclose(f);
+	assert_contains(errs, ":1:13: access_log: cannot create \"");
+	assert_contains(errs, "/no/such/dir/access.log\": directory ");
+	assert_contains(errs, ":4:18: listeners[0].tls.cert: \"");
+	assert_contains(errs, "junk.pem\" does not hold a PEM certificate\n");
+	assert_contains(errs, "listeners[0].tls.key: cannot read \"");
+	assert_contains(errs, "missing.pem\": No such file or directory (expected a readable file "
+	                      "with a PEM private key without a passphrase)\n");
+	assert_contains(errs, ":9:16: upstreams.a.tls.ca: \"");
+	assert_contains(errs, "junk.pem\" does not hold PEM CA certificates\n");
+	free(errs);
+
+	/* no TLS, a log in a writable directory: nothing to say */
+	snprintf(text, sizeof text, "access_log: %s\n%s", log_ok, minimal_yaml);
+	write_file(cfg, text);
+	f = open_memstream(&errs, &len);
+	c = config_load_check(cfg, f);
+	fclose(f);
+	assert_non_null(c);
+	assert_string_equal(errs, "");
+	free(errs);
+	config_unref(c);
+
+	unlink(junk);
+	unlink(cfg);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -747,6 +819,7 @@ int main(void)
 		cmocka_unit_test(test_all_errors_reported),
 		cmocka_unit_test(test_structure_limits),
 		cmocka_unit_test(test_bounds),
+		cmocka_unit_test(test_check_files),
 		cmocka_unit_test(test_shipped_configs),
 		cmocka_unit_test(test_reference_config),
 		cmocka_unit_test(test_every_key_documented),
