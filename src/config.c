@@ -8,6 +8,7 @@
 #include "config_impl.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,9 @@ struct msg {
 	char *text;
 };
 
-void load_verror(struct load *ld, int line, int col, const char *fmt, va_list ap)
+static void load_verror(struct load *ld, int line, int col, const char *fmt, va_list ap)
+	__attribute__((format(printf, 4, 0)));
+static void load_verror(struct load *ld, int line, int col, const char *fmt, va_list ap)
 {
 	struct strbuf t = { 0 };
 

@@ -8,7 +8,6 @@
 #ifndef RG_CONFIG_IMPL_H
 #define RG_CONFIG_IMPL_H
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -140,8 +139,6 @@ struct load {
 };
 
 /* Every message is "FILE:LINE:COL: path: what"; the loader sorts and prints them at the end. */
-void load_verror(struct load *ld, int line, int col, const char *fmt, va_list ap)
-	__attribute__((format(printf, 4, 0)));
 void load_error(struct load *ld, int line, int col, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* at the mark of node V */
