@@ -25,8 +25,11 @@ static int no_passphrase_cb(char *buf, int size, int rwflag, void *u)
 void files_check_pem(struct load *ld, const struct node *map, const char *key, const char *path,
                      enum pem_kind kind)
 {
-	static const char *const what[] = { "a PEM certificate", "a PEM private key without a "
-	                                    "passphrase", "PEM CA certificates" };
+	static const char *const what[] = {
+		[PEM_CERT] = "a PEM certificate",
+		[PEM_KEY] = "a PEM private key without a passphrase",
+		[PEM_CA] = "PEM CA certificates",
+	};
 	char q[300];
 	bool ok;
 	FILE *f;
