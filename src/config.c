@@ -5,6 +5,7 @@
  * `check` runs after its keys. Every error is collected with its mark and key path, sorted by
  * position and printed at the end; a config with any error is freed, never returned.
  */
+#include "config.h"
 #include "config_impl.h"
 
 #include <errno.h>

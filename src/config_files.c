@@ -4,6 +4,7 @@
  * written. Only when the loader runs for --check (ld->check_files); a normal load leaves the
  * files to startup, which reads them anyway. Errors carry the mark of the key that names it.
  */
+#include "config.h"
 #include "config_impl.h"
 
 #include <errno.h>

@@ -2,8 +2,8 @@
  * config_impl: what the config files share and nobody else may use. The YAML tree
  * (config_yaml.c), the loader engine and public API (config.c), the schema tables and their
  * checks (config_schema.c), the --check file checks (config_files.c), the /config JSON
- * (config_json.c) and the --check report (config_report.c) include this header and config.h;
- * none includes another's header.
+ * (config_json.c) and the --check report (config_report.c) include config.h and this header,
+ * which includes no config header itself, so that no include loop can form.
  */
 #ifndef RG_CONFIG_IMPL_H
 #define RG_CONFIG_IMPL_H
@@ -12,7 +12,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
 #include "util.h"
 
 #define KiB             1024LL
@@ -20,6 +19,7 @@
 #define GiB             (1024LL * MiB)
 #define HOST_MAX        256         /* a host name or address, with its NUL */
 
+struct config;
 struct json;
 struct key;
 struct load;

@@ -4,6 +4,7 @@
  * Secrets never leave: admin.token becomes "<redacted>" and a redis store URL keeps all but
  * its password. Output is pretty-printed, two spaces an indent, and ends with a newline.
  */
+#include "config.h"
 #include "config_impl.h"
 
 #include <stdio.h>

@@ -4,6 +4,7 @@
  * Retry-After); then warnings: the loader's adjustments and policies that are legal but
  * probably not meant. Reads a loaded config only; prints to OUT, ends with "FILE: ok".
  */
+#include "config.h"
 #include "config_impl.h"
 
 #include <stdio.h>

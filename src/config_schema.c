@@ -19,6 +19,7 @@
  *    governs: the loader clamps and records a warning when the larger was written);
  *  - idempotency.store is "memory" (store_host NULL) or a decoded redis URL.
  */
+#include "config.h"
 #include "config_impl.h"
 
 #include <arpa/inet.h>

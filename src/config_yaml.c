@@ -4,6 +4,7 @@
  * second reference to its anchored node, never to an ancestor, so the tree has no cycles.
  * Depth, anchors and the alias-expanded size are bounded; errors go to the loader's list.
  */
+#include "config.h"
 #include "config_impl.h"
 
 #include <stdio.h>
