@@ -87,25 +87,6 @@ const char *access_outcome(const struct access_rec *r)
 	return "failed";
 }
 
-/* JSON string body (no quotes) of N bytes */
-static size_t jesc(char *dst, size_t cap, const char *s, size_t n)
-{
-	size_t o = 0;
-	for (size_t i = 0; s && i < n && o + 7 < cap; i++) {
-		unsigned char c = (unsigned char)s[i];
-		if (c == '"' || c == '\\') {
-			dst[o++] = '\\';
-			dst[o++] = (char)c;
-		} else if (c < 0x20 || c >= 0x7f) {
-			o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", c);
-		} else {
-			dst[o++] = (char)c;
-		}
-	}
-	dst[o] = 0;
-	return o;
-}
-
 static void append(char *line, size_t *n, size_t cap, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void append(char *line, size_t *n, size_t cap, const char *fmt, ...)
@@ -166,14 +147,14 @@ void accesslog_write(const struct access_rec *r)
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
 	n = strftime(line, sizeof(line), "{\"time\":\"%Y-%m-%dT%H:%M:%S", &tm);
-	jesc(esc, sizeof(esc), r->reqid, r->reqid ? strlen(r->reqid) : 0);
+	json_escape(esc, sizeof(esc), r->reqid, r->reqid ? strlen(r->reqid) : 0);
 	append(line, &n, sizeof(line), ".%03dZ\",\"request_id\":\"%s\",\"session\":%" PRIu64,
 	       (int)(tv.tv_usec / 1000), esc, r->sid);
-	jesc(esc, sizeof(esc), r->peer, r->peer ? strlen(r->peer) : 0);
+	json_escape(esc, sizeof(esc), r->peer, r->peer ? strlen(r->peer) : 0);
 	append(line, &n, sizeof(line), ",\"client\":\"%s\"", esc);
 	if (r->req) {
 		append(line, &n, sizeof(line), ",\"method\":\"%s\"", r->req->method);
-		jesc(esc, sizeof(esc), r->req->path, r->req->path_len);
+		json_escape(esc, sizeof(esc), r->req->path, r->req->path_len);
 		append(line, &n, sizeof(line), ",\"path\":\"%s\"", esc);
 	} else {
 		/* refused before the head was understood (malformed, oversized, header timeout) */
@@ -181,8 +162,8 @@ void accesslog_write(const struct access_rec *r)
 	}
 	if (r->upstream) {
 		char esc2[512];
-		jesc(esc, sizeof(esc), r->route_host ? r->route_host : "*", r->route_host ? strlen(r->route_host) : 1);
-		jesc(esc2, sizeof(esc2), r->route_prefix, r->route_prefix ? strlen(r->route_prefix) : 0);
+		json_escape(esc, sizeof(esc), r->route_host ? r->route_host : "*", r->route_host ? strlen(r->route_host) : 1);
+		json_escape(esc2, sizeof(esc2), r->route_prefix, r->route_prefix ? strlen(r->route_prefix) : 0);
 		append(line, &n, sizeof(line), ",\"route\":{\"host\":\"%s\",\"path_prefix\":\"%s\"},\"upstream\":\"%s\"",
 		       esc, esc2, r->upstream);
 	} else {
@@ -208,7 +189,7 @@ void accesslog_write(const struct access_rec *r)
 	       r->deadline_given_us / 1000, r->deadline_left_us / 1000, (double)r->duration_us / 1000.0,
 	       r->body_bytes);
 	if (r->key) {
-		jesc(esc, sizeof(esc), r->key, r->keylen > 256 ? 256 : r->keylen);
+		json_escape(esc, sizeof(esc), r->key, r->keylen > 256 ? 256 : r->keylen);
 		append(line, &n, sizeof(line), ",\"idempotency_key\":\"%s\"", esc);
 	} else {
 		append(line, &n, sizeof(line), ",\"idempotency_key\":null");

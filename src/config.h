@@ -20,6 +20,12 @@
 #define RETRY_ON_RESET           0x2u
 #define RETRY_ON_TIMEOUT         0x4u
 
+/* Bounds the schema enforces, so that no consumer clamps silently: the worker threads (main.c,
+ * stats.h's MAX_WORKERS) and the endpoints of one upstream (upstream.h's MAX_ENDPOINTS) live
+ * in fixed arrays of these sizes. tests/unit/test_config.c asserts that they agree. */
+#define CFG_MAX_WORKERS   64
+#define CFG_MAX_ENDPOINTS 64
+
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
 
 struct cfg_deadline {
@@ -69,7 +75,7 @@ struct cfg_idempotency {
 struct cfg_upstream {
 	char *name;
 	char **endpoints;           /* "host:port" as written; names resolved asynchronously */
-	int nendpoints;
+	int nendpoints;             /* 1..CFG_MAX_ENDPOINTS */
 	bool tls;                   /* a tls: block was given */
 	char *tls_sni;              /* NULL: none */
 	char *tls_ca;               /* NULL: system default store */
@@ -115,7 +121,7 @@ struct config {
 	char *path;                 /* the file it was loaded from */
 	char *admin_listen;         /* "127.0.0.1:9901"; "" disables the admin listener */
 	char *admin_token;          /* "" */
-	int workers;                /* resolved: "auto" becomes the CPU count */
+	int workers;                /* 1..CFG_MAX_WORKERS; "auto": the CPU count, capped there */
 	int64_t drain_timeout_us;   /* 15s */
 	char *access_log;           /* "off" | "stdout" | path */
 	struct cfg_listener *listeners;
@@ -131,6 +137,10 @@ struct config {
 /* Load and validate PATH. On any error, print every one of them to ERRS and return NULL.
  * The result has one reference. */
 struct config *config_load(const char *path, FILE *errs);
+/* config_load for --check: also every file the config names must be usable (TLS certificate,
+ * key and CA files readable PEM, the access log's directory writable), each failure an
+ * error at the key that names it. */
+struct config *config_load_check(const char *path, FILE *errs);
 /* The same from memory (LEN bytes, need not be NUL-terminated); NAME is used in messages. */
 struct config *config_load_buffer(const char *name, const char *data, size_t len, FILE *errs);
 struct config *config_ref(struct config *c);

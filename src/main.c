@@ -161,7 +161,7 @@ int main(int argc, char **argv)
 		}
 	}
 
-	struct config *cfg = config_load(config_path, stderr);
+	struct config *cfg = (check ? config_load_check : config_load)(config_path, stderr);
 	if (!cfg)
 		return 1;
 	if (check) {
@@ -177,7 +177,7 @@ int main(int argc, char **argv)
 	if (lvl && strcmp(lvl, "debug") == 0)
 		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
-	g_nworkers = cfg->workers < 1 ? 1 : (cfg->workers > MAX_WORKERS ? MAX_WORKERS : cfg->workers);
+	g_nworkers = cfg->workers;     /* 1..CFG_MAX_WORKERS: the schema rejects more */
 	main_base = event_base_new();
 	char terr[512];
 	struct runtime *rt0 = runtime_new(cfg, terr, sizeof(terr));

@@ -45,29 +45,6 @@ static void set_field(struct http_hdr *f, const char *name, const char *value, s
 	f->hop = false;
 }
 
-/* JSON string body (no quotes) of S into DST */
-static size_t json_str(char *dst, size_t cap, const char *s)
-{
-	size_t n = 0;
-	static const char hex[] = "0123456789abcdef";
-	for (; s && *s && n + 7 < cap; s++) {
-		unsigned char ch = (unsigned char)*s;
-		if (ch == '"' || ch == '\\') {
-			dst[n++] = '\\';
-			dst[n++] = (char)ch;
-		} else if (ch < 0x20) {
-			memcpy(dst + n, "\\u00", 4);
-			dst[n + 4] = hex[ch >> 4];
-			dst[n + 5] = hex[ch & 15];
-			n += 6;
-		} else {
-			dst[n++] = (char)ch;
-		}
-	}
-	dst[n] = 0;
-	return n;
-}
-
 static size_t put(char *dst, size_t at, size_t cap, const char *s, size_t n)
 {
 	if (at + n >= cap)
@@ -82,7 +59,7 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
                    int attempts, const char *refused, const char *retry_after, bool close)
 {
 	char up[256];
-	size_t ulen = json_str(up, sizeof(up), upstream ? upstream : "");
+	size_t ulen = json_escape(up, sizeof(up), upstream, upstream ? strlen(upstream) : 0);
 	size_t alen = h1_fmt_int(m->attempts, attempts);
 	size_t n = PUT(m->body, 0, "{\"error\":\"");
 	n = put(m->body, n, sizeof(m->body), reason, strlen(reason));

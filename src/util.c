@@ -1,10 +1,12 @@
 /*
- * util: small pure helpers (see util.h). Nothing here allocates except the x* wrappers, and
- * nothing depends on the locale: configuration and HTTP syntax are ASCII.
+ * util: small pure helpers (see util.h). Nothing here allocates except the x* wrappers and the
+ * growing string built on them, and nothing depends on the locale: configuration and HTTP
+ * syntax are ASCII.
  */
 #include "util.h"
 
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,4 +239,123 @@ void magic_fail(const char *file, int line, const char *what)
 	fprintf(stderr, "%s:%d: %s: bad magic (a callback on a freed or foreign object)\n", file, line,
 	        what);
 	abort();
+}
+
+/* ------------------------------------------------------------------ growing strings */
+
+void sb_putn(struct strbuf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		b->cap = (b->len + n + 1) * 2;
+		b->s = xrealloc(b->s, b->cap);
+	}
+	memcpy(b->s + b->len, s, n);
+	b->len += n;
+	b->s[b->len] = '\0';
+}
+
+void sb_puts(struct strbuf *b, const char *s)
+{
+	sb_putn(b, s, strlen(s));
+}
+
+void sb_vprintf(struct strbuf *b, const char *fmt, va_list ap)
+{
+	va_list ap2;
+	int n;
+
+	va_copy(ap2, ap);
+	n = vsnprintf(NULL, 0, fmt, ap2);
+	va_end(ap2);
+	if (n < 0)
+		return;
+	if (b->len + (size_t)n + 1 > b->cap) {
+		b->cap = (b->len + (size_t)n + 1) * 2;
+		b->s = xrealloc(b->s, b->cap);
+	}
+	vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+	b->len += (size_t)n;
+}
+
+void sb_printf(struct strbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	sb_vprintf(b, fmt, ap);
+	va_end(ap);
+}
+
+/* ------------------------------------------------------------------ JSON strings */
+
+/* The length of the valid UTF-8 sequence (2 to 4 bytes) at P, N bytes available; 0 when
+ * there is none: a stray continuation byte, an overlong form, a surrogate, above U+10FFFF,
+ * or cut short (RFC 3629 table 3-7). */
+static size_t utf8_seq(const unsigned char *p, size_t n)
+{
+	unsigned char c = p[0], lo = 0x80, hi = 0xbf;
+	size_t len;
+
+	if (c >= 0xc2 && c <= 0xdf)
+		len = 2;
+	else if (c >= 0xe0 && c <= 0xef) {
+		len = 3;
+		lo = c == 0xe0 ? 0xa0 : 0x80;      /* overlong */
+		hi = c == 0xed ? 0x9f : 0xbf;      /* surrogates */
+	} else if (c >= 0xf0 && c <= 0xf4) {
+		len = 4;
+		lo = c == 0xf0 ? 0x90 : 0x80;      /* overlong */
+		hi = c == 0xf4 ? 0x8f : 0xbf;      /* above U+10FFFF */
+	} else
+		return 0;
+	if (n < len || p[1] < lo || p[1] > hi)
+		return 0;
+	for (size_t i = 2; i < len; i++)
+		if (p[i] < 0x80 || p[i] > 0xbf)
+			return 0;
+	return len;
+}
+
+size_t json_escape(char *dst, size_t cap, const char *s, size_t n)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t o = 0;
+
+	if (cap == 0)
+		return 0;
+	for (size_t i = 0; s && i < n;) {
+		char tmp[8];
+		const char *piece = tmp;
+		size_t len = 1, used = 1;
+		unsigned char c = p[i];
+
+		if (c == '"' || c == '\\') {
+			tmp[0] = '\\';
+			tmp[1] = (char)c;
+			len = 2;
+		} else if (c < 0x20 || c == 0x7f) {
+			const char *esc = c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" :
+			                  c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+			if (esc)
+				piece = esc;
+			else
+				snprintf(tmp, sizeof tmp, "\\u%04x", c);
+			len = strlen(piece);
+		} else if (c < 0x80)
+			tmp[0] = (char)c;
+		else if ((used = utf8_seq(p + i, n - i))) {
+			piece = s + i;
+			len = used;
+		} else {
+			piece = "\\ufffd";
+			len = 6;
+			used = 1;
+		}
+		if (o + len >= cap)
+			break;
+		memcpy(dst + o, piece, len);
+		o += len;
+		i += used;
+	}
+	dst[o] = '\0';
+	return o;
 }

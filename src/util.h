@@ -1,10 +1,12 @@
 /*
  * util: small pure helpers shared by several files: duration and size syntax (SPEC §2),
- * case-insensitive comparisons, host:port splitting, a fast PRNG.
+ * case-insensitive comparisons, host:port splitting, a fast PRNG, a growing string, JSON
+ * string escaping.
  */
 #ifndef RG_UTIL_H
 #define RG_UTIL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,5 +46,24 @@ void *xcalloc(size_t n, size_t m);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *xstrndup(const char *s, size_t n);
+
+/* The body of a JSON string (no quotes) for the N bytes at S (NULL: none), into DST: '"' and
+ * '\\' escaped, control bytes as \n \r \t \b \f or \u00XX, DEL as \u007f, bytes >= 0x80 kept
+ * where they form valid UTF-8 and each other byte replaced by \ufffd, so the output is always
+ * valid JSON. At most CAP-1 bytes and a NUL, never cutting an escape or a character (6 * N + 1
+ * always holds it all). Returns the length written. */
+size_t json_escape(char *dst, size_t cap, const char *s, size_t n);
+
+/* A growing NUL-terminated string: { 0 } is empty (s NULL until the first append); the owner
+ * frees s. */
+struct strbuf {
+	char *s;
+	size_t len, cap;
+};
+
+void sb_putn(struct strbuf *b, const char *s, size_t n);
+void sb_puts(struct strbuf *b, const char *s);
+void sb_vprintf(struct strbuf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+void sb_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

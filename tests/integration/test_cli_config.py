@@ -127,6 +127,64 @@ def test_check_ok_prints_worst_case_per_upstream_then_ok(tmp_path):
         assert "deadline" in section, "no latency-vs-deadline line for %s:\n%s" % (name, section)
 
 
+def test_check_amplification_by_traffic(tmp_path):
+    # the budget bound is 1 + ratio + min_per_second / rate, capped at max_attempts: at low
+    # traffic the time term dominates, so "1 + ratio" alone would understate it
+    cfg = make_config(upstreams={
+        "api": {"endpoints": ["127.0.0.1:9001"],
+                "retry": {"max_attempts": 3,
+                          "budget": {"ratio": 0.1, "min_per_second": 4, "max_tokens": 50}}},
+    })
+    cp = check_config(cfg, workdir=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    section = _section(cp.stdout, "api")
+    assert "a burst of 50 retries (max_tokens), never above 3x per request (max_attempts)" \
+        in section, section
+    assert ("sustained      3.00x at 1 first attempt/s (max_attempts), 1.50x at 10/s, "
+            "1.14x at 100/s, 1.10x at 1000/s") in section, section
+
+
+CHECK_FILES = """\
+access_log: {log}
+listeners:
+  - listen: "127.0.0.1:@PORT@"
+    tls: {{ cert: {cert}, key: {key} }}
+    routes: [{{ upstream: a }}]
+upstreams:
+  a:
+    endpoints: ["127.0.0.1:9001"]
+    tls: {{ ca: {ca} }}
+"""
+
+
+def test_check_reads_every_file_the_config_names(tmp_path):
+    # --check opens what startup would: TLS cert/key/CA as PEM, the access log's directory
+    key, crt = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True, timeout=60)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    good = CHECK_FILES.format(log=tmp_path / "access.log", cert=crt, key=key, ca=crt)
+    cp = check_config(good, workdir=tmp_path / "good")
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.endswith("%s: ok\n" % cp.path)
+
+    bad = CHECK_FILES.format(log=tmp_path / "no" / "dir" / "access.log", cert=junk,
+                             key=tmp_path / "missing.pem", ca=key)
+    cp = check_config(bad, workdir=tmp_path / "bad")
+    assert cp.returncode == 1, cp.stdout
+    errs = _errors(cp.stderr)
+    got = {(line, msg.split(":")[0]) for _, line, _, msg in errs}
+    assert got == {(1, "access_log"), (4, "listeners[0].tls.cert"), (4, "listeners[0].tls.key"),
+                   (9, "upstreams.a.tls.ca")}, cp.stderr
+    text = cp.stderr
+    assert "junk.pem\" does not hold a PEM certificate" in text
+    assert "missing.pem\": No such file or directory" in text
+    assert "k.pem\" does not hold PEM CA certificates" in text
+    assert "directory" in text and "/no/dir" in text
+
+
 def test_check_latency_line_reflects_attempts_and_deadline(tmp_path):
     # 3 attempts of 1s cannot fit a 2s default deadline: the report must say something about it
     tight = make_config(upstreams={"api": {"endpoints": ["127.0.0.1:9001"],

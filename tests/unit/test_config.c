@@ -18,7 +18,13 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "stats.h"
+#include "upstream.h"
 #include "util.h"
+
+/* the schema's bounds are the sizes of the arrays that hold what they bound */
+_Static_assert(CFG_MAX_WORKERS == MAX_WORKERS, "config.h and stats.h disagree on workers");
+_Static_assert(CFG_MAX_ENDPOINTS == MAX_ENDPOINTS, "config.h and upstream.h disagree on endpoints");
 
 #define MS 1000LL
 #define S  1000000LL
@@ -198,7 +204,7 @@ static void test_values(void **state)
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cfg_upstream *b = config_upstream(c, "b");
 
-	assert_int_equal(c->workers, cpus < 1 ? 1 : cpus > 1024 ? 1024 : cpus);
+	assert_int_equal(c->workers, cpus < 1 ? 1 : cpus > CFG_MAX_WORKERS ? CFG_MAX_WORKERS : cpus);
 	assert_int_equal(c->drain_timeout_us, 0);
 	assert_string_equal(c->admin_token, "t0k");
 	assert_true(c->listeners[0].tls);
@@ -409,6 +415,62 @@ static void test_structure_limits(void **state)
 	assert_null(config_load_buffer("x", "workers: [", 10, NULL));
 }
 
+/* ------------------------------------------------------------------ bounds */
+
+/* minimal_yaml with WORKERS workers and N endpoints, one a line from line 7 on */
+static char *bounds_yaml(const char *workers, int n)
+{
+	struct strbuf b = { 0 };
+
+	sb_printf(&b, "workers: %s\nlisteners:\n  - listen: \"127.0.0.1:15001\"\n"
+	          "    routes: [{ upstream: a }]\nupstreams:\n  a:\n    endpoints:\n", workers);
+	for (int i = 0; i < n; i++)
+		sb_printf(&b, "      - \"10.0.%d.%d:80\"\n", i / 250, i % 250 + 1);
+	return b.s;
+}
+
+/* Workers and endpoints live in fixed arrays: the schema refuses what they cannot hold, with
+ * the maximum in the message, instead of a silent clamp at startup. */
+static void test_bounds(void **state)
+{
+	static const struct {
+		const char *workers;
+		int endpoints;
+		const char *err;        /* NULL: loads */
+	} rows[] = {
+		{ "1", 1, NULL },
+		{ "64", 1, NULL },
+		{ "auto", 1, NULL },
+		{ "65", 1, "t.yaml:1:10: workers: \"65\" is too large (expected at most 64)\n" },
+		{ "1024", 1, "t.yaml:1:10: workers: \"1024\" is too large (expected at most 64)\n" },
+		{ "1", 64, NULL },
+		/* endpoint i is on line 8 + i: the error is at the 65th (i = 64) */
+		{ "1", 65, "t.yaml:72:9: upstreams.a.endpoints: 65 entries are too many "
+		           "(expected at most 64)\n" },
+		{ "1", 200, "t.yaml:72:9: upstreams.a.endpoints: 200 entries are too many "
+		            "(expected at most 64)\n" },
+	};
+
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+		char *text = bounds_yaml(rows[i].workers, rows[i].endpoints), *errs = NULL;
+		struct config *c = load_text(text, &errs);
+
+		if (!rows[i].err) {
+			if (!c)
+				fail_msg("row %zu: did not load:\n%s", i, errs);
+			assert_string_equal(errs, "");
+			assert_true(c->workers >= 1 && c->workers <= CFG_MAX_WORKERS);
+			assert_int_equal(c->upstreams[0].nendpoints, rows[i].endpoints);
+			config_unref(c);
+		} else {
+			assert_null(c);
+			assert_string_equal(errs, rows[i].err);
+		}
+		free(errs);
+		free(text);
+	}
+}
+
 /* ------------------------------------------------------------------ shipped configs */
 
 static void test_shipped_configs(void **state)
@@ -549,7 +611,11 @@ static void test_report(void **state)
 
 	assert_contains(r, "upstream a: 1 endpoint (127.0.0.1:9001)");
 	assert_contains(r, "up to 3 per request, on connect-failure, reset, timeout, 502, 503, 504");
-	assert_contains(r, "retries <= 100 + 0.2 x requests + 10/s; sustained amplification <= 1.20x");
+	assert_contains(r, "retries <= 100 + 0.2 x requests + 10/s: a burst of 100 retries (max_tokens), "
+	                   "never above 3x per request (max_attempts)\n");
+	/* 1 + ratio + min_per_second / rate: the time term dominates at low traffic */
+	assert_contains(r, "  sustained      3.00x at 1 first attempt/s (max_attempts), 2.20x at 10/s, "
+	                   "1.30x at 100/s, 1.21x at 1000/s\n");
 	assert_contains(r, "worst case 3 x 1s + 75ms backoff = 3.075s; fits deadline.default 5s and "
 	                   "deadline.max 30s");
 	assert_contains(r, "hints up to 10s are waited for");
@@ -580,7 +646,9 @@ static void test_report(void **state)
 		"  lonely:\n"
 		"    endpoints: [\"c:1\"]\n");
 	r = report_of(c);
-	assert_contains(r, "retries <= 5000 + 0.7 x requests + 10/s; sustained amplification <= 1.70x");
+	assert_contains(r, "retries <= 5000 + 0.7 x requests + 10/s: a burst of 5000 retries");
+	assert_contains(r, "4.00x at 1 first attempt/s (max_attempts), 2.70x at 10/s, 1.80x at 100/s, "
+	                   "1.71x at 1000/s\n");
 	/* 0, 825ms, 1.675s, 2.575s: the third starts, is cut at 2s; the fourth never starts */
 	assert_contains(r, "worst case 4 x 800ms + 175ms backoff = 3.375s; deadline.default 2s cuts "
 	                   "attempt 3 of 4 short; deadline.max 3s cuts attempt 4 of 4 short");
@@ -668,6 +736,78 @@ static void test_refcount(void **state)
 	config_unref(NULL);
 }
 
+/* ------------------------------------------------------------------ --check reads the files */
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* config_load_check (--check) reads every file the config names and reports each one that is
+ * unusable at the key naming it; config_load leaves them to startup. */
+static void test_check_files(void **state)
+{
+	char dir[] = "/tmp/rg-check-XXXXXX", cfg[96], junk[96], log_ok[96], text[2048], *errs = NULL;
+	size_t len = 0;
+	struct config *c;
+	FILE *f;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(cfg, sizeof cfg, "%s/c.yaml", dir);
+	snprintf(junk, sizeof junk, "%s/junk.pem", dir);
+	snprintf(log_ok, sizeof log_ok, "%s/access.log", dir);
+	write_file(junk, "not PEM\n");
+	snprintf(text, sizeof text,
+	         "access_log: %s/no/such/dir/access.log\n"                         /* 1 */
+	         "listeners:\n"                                                    /* 2 */
+	         "  - listen: \"127.0.0.1:15001\"\n"                               /* 3 */
+	         "    tls: { cert: %s, key: %s/missing.pem }\n"                    /* 4 */
+	         "    routes: [{ upstream: a }]\n"                                 /* 5 */
+	         "upstreams:\n"                                                    /* 6 */
+	         "  a:\n"                                                          /* 7 */
+	         "    endpoints: [\"127.0.0.1:9001\"]\n"                           /* 8 */
+	         "    tls: { ca: %s }\n",                                          /* 9 */
+	         dir, junk, dir, junk);
+	write_file(cfg, text);
+
+	/* a normal load does not look at them */
+	c = config_load(cfg, stderr);
+	assert_non_null(c);
+	config_unref(c);
+
+	f = open_memstream(&errs, &len);
+	assert_null(config_load_check(cfg, f));
+	fclose(f);
+	assert_contains(errs, ":1:13: access_log: cannot create \"");
+	assert_contains(errs, "/no/such/dir/access.log\": directory ");
+	assert_contains(errs, ":4:18: listeners[0].tls.cert: \"");
+	assert_contains(errs, "junk.pem\" does not hold a PEM certificate\n");
+	assert_contains(errs, "listeners[0].tls.key: cannot read \"");
+	assert_contains(errs, "missing.pem\": No such file or directory (expected a readable file "
+	                      "with a PEM private key without a passphrase)\n");
+	assert_contains(errs, ":9:16: upstreams.a.tls.ca: \"");
+	assert_contains(errs, "junk.pem\" does not hold PEM CA certificates\n");
+	free(errs);
+
+	/* no TLS, a log in a writable directory: nothing to say */
+	snprintf(text, sizeof text, "access_log: %s\n%s", log_ok, minimal_yaml);
+	write_file(cfg, text);
+	f = open_memstream(&errs, &len);
+	c = config_load_check(cfg, f);
+	fclose(f);
+	assert_non_null(c);
+	assert_string_equal(errs, "");
+	free(errs);
+	config_unref(c);
+
+	unlink(junk);
+	unlink(cfg);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -678,6 +818,8 @@ int main(void)
 		cmocka_unit_test(test_bad_files),
 		cmocka_unit_test(test_all_errors_reported),
 		cmocka_unit_test(test_structure_limits),
+		cmocka_unit_test(test_bounds),
+		cmocka_unit_test(test_check_files),
 		cmocka_unit_test(test_shipped_configs),
 		cmocka_unit_test(test_reference_config),
 		cmocka_unit_test(test_every_key_documented),

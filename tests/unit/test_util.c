@@ -1,6 +1,6 @@
 /*
  * util: duration and size syntax (SPEC §2) row by row, host:port splitting, the small string
- * helpers and the PRNG.
+ * helpers, the PRNG and the JSON string escaper.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -239,6 +239,70 @@ static void test_xalloc(void **state)
 	free(p);
 }
 
+/* ------------------------------------------------------------------ json_escape */
+
+struct esc_row {
+	const char *name;
+	const char *in;
+	size_t len;                 /* of in: it may hold a NUL */
+	const char *out;
+};
+
+#define E(name, in, out) { name, in, sizeof(in) - 1, out }
+
+static const struct esc_row escape_rows[] = {
+	E("empty", "", ""),
+	E("ASCII", "GET /v1/pay?x=1&y=2", "GET /v1/pay?x=1&y=2"),
+	E("quote and backslash", "a\"b\\c", "a\\\"b\\\\c"),
+	E("short escapes", "\n\r\t\b\f", "\\n\\r\\t\\b\\f"),
+	E("other controls", "\x01\x1f", "\\u0001\\u001f"),
+	E("NUL inside", "a\0b", "a\\u0000b"),
+	E("DEL", "a\x7f", "a\\u007f"),
+	E("2-byte UTF-8", "caf\xc3\xa9", "caf\xc3\xa9"),
+	E("3-byte UTF-8", "\xe2\x82\xac 5", "\xe2\x82\xac 5"),
+	E("4-byte UTF-8", "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80"),
+	E("highest code point", "\xf4\x8f\xbf\xbf", "\xf4\x8f\xbf\xbf"),
+	E("stray continuation", "a\x80z", "a\\ufffdz"),
+	E("Latin-1 byte", "caf\xe9", "caf\\ufffd"),
+	E("truncated 3-byte at the end", "x\xe2\x82", "x\\ufffd\\ufffd"),
+	E("truncated 2-byte before ASCII", "\xc3z", "\\ufffdz"),
+	E("overlong 2-byte", "\xc0\xaf", "\\ufffd\\ufffd"),
+	E("overlong 3-byte", "\xe0\x80\xaf", "\\ufffd\\ufffd\\ufffd"),
+	E("surrogate", "\xed\xa0\x80", "\\ufffd\\ufffd\\ufffd"),
+	E("above U+10FFFF", "\xf4\x90\x80\x80", "\\ufffd\\ufffd\\ufffd\\ufffd"),
+	E("0xff", "\xff", "\\ufffd"),
+};
+
+static void test_json_escape(void **state)
+{
+	char out[128];
+
+	for (size_t i = 0; i < sizeof escape_rows / sizeof *escape_rows; i++) {
+		const struct esc_row *r = &escape_rows[i];
+		size_t n = json_escape(out, sizeof out, r->in, r->len);
+		if (strcmp(out, r->out) != 0 || n != strlen(r->out))
+			fail_msg("%s: got \"%s\" (%zu), want \"%s\"", r->name, out, n, r->out);
+		/* the documented worst case always holds the whole output */
+		char *big = malloc(6 * r->len + 1);
+		assert_int_equal(json_escape(big, 6 * r->len + 1, r->in, r->len), strlen(r->out));
+		free(big);
+	}
+	/* a short buffer cuts between pieces, never inside an escape or a character */
+	assert_int_equal(json_escape(out, 4, "ab\"c", 4), 2);
+	assert_string_equal(out, "ab");
+	assert_int_equal(json_escape(out, 4, "a\xc3\xa9", 3), 3);
+	assert_string_equal(out, "a\xc3\xa9");
+	assert_int_equal(json_escape(out, 3, "a\xc3\xa9", 3), 1);
+	assert_string_equal(out, "a");
+	assert_int_equal(json_escape(out, 7, "\x01", 1), 6);
+	assert_int_equal(json_escape(out, 6, "\x01", 1), 0);
+	assert_string_equal(out, "");
+	/* NULL is no bytes; a zero capacity writes nothing */
+	assert_int_equal(json_escape(out, sizeof out, NULL, 5), 0);
+	assert_string_equal(out, "");
+	assert_int_equal(json_escape(NULL, 0, "x", 1), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -249,6 +313,7 @@ int main(void)
 		cmocka_unit_test(test_str_helpers),
 		cmocka_unit_test(test_rand_next),
 		cmocka_unit_test(test_xalloc),
+		cmocka_unit_test(test_json_escape),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
