@@ -286,7 +286,7 @@ int admin_start(struct event_base *base, const struct config *cfg)
 	if (!cfg->admin_listen || !cfg->admin_listen[0])
 		return 0;
 	const char *err = NULL;
-	int fd = listener_bind(cfg->admin_listen, &err);
+	int fd = listener_bind_single(cfg->admin_listen, &err);
 	if (fd < 0) {
 		fprintf(stderr, "%s: admin: cannot listen on %s: %s\n", cfg->path, cfg->admin_listen, err);
 		return -1;

@@ -12,8 +12,12 @@ struct config;
 struct cfg_listener;
 struct listener;
 
-/* Bind one socket for listener L (main thread). Returns the fd or -1 with *err set. */
+/* Bind one socket for listener L (main thread). Returns the fd or -1 with *err set, also
+ * when another process listens on ADDR already (one instance per address; SO_REUSEPORT
+ * groups only this process's sockets). */
 int listener_bind(const char *addr, const char **err);
+/* Bind ADDR for one socket only, no SO_REUSEPORT (the admin listener). */
+int listener_bind_single(const char *addr, const char **err);
 
 /* Wrap FD for worker W; NAME is the listener's name (its config is looked up by it). */
 struct listener *listener_new(struct worker *w, const char *name, int fd);
