@@ -91,6 +91,31 @@ def test_restart_on_the_same_ports_after_a_stop(tmp_path, rg_factory, upstream):
     assert b.get("/x").status == 200
 
 
+# ------------------------------------------------------------------------------- command line
+
+def test_unknown_flag_is_named_with_the_usage():
+    cp = run_binary("--chek")
+    assert cp.returncode == 2
+    first = cp.stderr.splitlines()[0]
+    assert first == "retrygate: unknown option --chek"
+    assert "usage: retrygate" in cp.stderr
+
+
+def test_missing_value_and_stray_argument_are_named():
+    cp = run_binary("-c")
+    assert cp.returncode == 2 and "a value is missing after -c" in cp.stderr
+    cp = run_binary("conf/retrygate.yaml")
+    assert cp.returncode == 2 and "unexpected argument conf/retrygate.yaml" in cp.stderr
+
+
+def test_help_names_the_signals_and_the_environment():
+    cp = run_binary("--help")
+    assert cp.returncode == 0
+    for word in ("SIGHUP", "SIGTERM", "SIGINT", "SIGUSR1", "RETRYGATE_LOG=debug", "--health",
+                 "https://"):
+        assert word in cp.stdout, word
+
+
 def test_sigterm_still_exits_zero_after_a_refused_second_instance(tmp_path, rg_factory,
                                                                    upstream):
     a = rg_factory(upstreams={"up": upstream})
