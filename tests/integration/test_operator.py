@@ -116,6 +116,42 @@ def test_help_names_the_signals_and_the_environment():
         assert word in cp.stdout, word
 
 
+def test_health_http_against_admin_ready(rg):
+    cp = run_binary("--health", "http://%s:%d/ready" % (LOOPBACK, rg.admin_port))
+    assert cp.returncode == 0, cp.stderr
+    cp = run_binary("--health", "http://%s:%d/nope" % (LOOPBACK, rg.admin_port))
+    assert cp.returncode == 1 and "answered 404" in cp.stderr
+
+
+def test_health_closed_port_and_other_schemes_fail():
+    port = free_port()
+    cp = run_binary("--health", "https://%s:%d/ready" % (LOOPBACK, port))
+    assert cp.returncode == 1 and "cannot connect" in cp.stderr
+    cp = run_binary("--health", "ftp://%s:%d/" % (LOOPBACK, port))
+    assert cp.returncode == 1 and "only http:// and https://" in cp.stderr
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="openssl CLI not installed")
+def test_health_https_without_verification(tmp_path, rg_factory, upstream):
+    key, crt = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True, timeout=60)
+    rg = rg_factory(upstreams={"up": upstream}, listener_tls={"cert": str(crt), "key": str(key)})
+    cp = run_binary("--health", "https://localhost:%d/ready" % rg.port)
+    assert cp.returncode == 0, cp.stderr
+    req = upstream.wait_requests(1)[0]
+    assert req.path == "/ready"
+    # plain http to the TLS listener is no 2xx
+    cp = run_binary("--health", "http://%s:%d/ready" % (LOOPBACK, rg.port))
+    assert cp.returncode == 1
+
+
+def test_health_https_handshake_failure_is_reported(rg):
+    cp = run_binary("--health", "https://%s:%d/ready" % (LOOPBACK, rg.admin_port))
+    assert cp.returncode == 1 and "TLS handshake" in cp.stderr
+
+
 def test_sigterm_still_exits_zero_after_a_refused_second_instance(tmp_path, rg_factory,
                                                                    upstream):
     a = rg_factory(upstreams={"up": upstream})
