@@ -152,6 +152,23 @@ def test_health_https_handshake_failure_is_reported(rg):
     assert cp.returncode == 1 and "TLS handshake" in cp.stderr
 
 
+# ------------------------------------------------------------------------------- admin JSON
+
+def test_kill_switch_unknown_upstream_is_json(rg):
+    r = rg.set_retries(False, "nope")
+    assert r.status == 404
+    assert r.headers["Content-Type"] == "application/json"
+    assert r.json() == {"error": "unknown upstream", "upstream": "nope"}
+    assert rg.retries() == {"up": True}
+
+
+def test_kill_switch_unknown_upstream_name_is_escaped(rg):
+    r = rg.admin("POST", '/retries?upstream=a"b\\c&enabled=false', body=b"")
+    assert r.status in (400, 404)
+    if r.status == 404:
+        assert r.json() == {"error": "unknown upstream", "upstream": 'a"b\\c'}
+
+
 def test_sigterm_still_exits_zero_after_a_refused_second_instance(tmp_path, rg_factory,
                                                                    upstream):
     a = rg_factory(upstreams={"up": upstream})
