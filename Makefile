@@ -104,7 +104,7 @@ integration: $(BUILD)/retrygate
 	RETRYGATE_BIN=$(abspath $(BUILD)/retrygate) $(PYTEST) $(PYTEST_ARGS) tests/integration
 
 run: deps $(BUILD)/retrygate
-	/usr/bin/python3 tests/tools/upstream.py --listen 127.0.0.1:9001 --quiet & up=$$!; \
+	/usr/bin/python3 tests/tools/upstream.py --listen 127.0.0.1:9001 --flaky /flaky --quiet & up=$$!; \
 	trap "kill $$up 2>/dev/null" EXIT INT TERM; \
 	$(BUILD)/retrygate -c conf/retrygate.yaml
 
