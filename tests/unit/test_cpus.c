@@ -88,80 +88,69 @@ static void put(const char *rel, const char *text)
 	fclose(f);
 }
 
-static int tree_setup(void **state)
+static void tree_make(void)
 {
 	snprintf(root, sizeof(root), "/tmp/test_cpus.XXXXXX");
-	return mkdtemp(root) ? 0 : -1;
+	assert_non_null(mkdtemp(root));
 }
 
-static int tree_teardown(void **state)
+static void tree_remove(void)
 {
 	char cmd[300];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-	return system(cmd) == 0 ? 0 : -1;
+	assert_int_equal(system(cmd), 0);
 }
 
-static void test_v2_container_root(void **state)
-{
-	/* inside a container with a cgroup namespace: /proc/self/cgroup says "0::/" */
-	put("cpu.max", "150000 100000\n");
-	assert_int_equal(cpus_cgroup_limit(root, "0::/\n"), 2);
-}
+/* a tree: up to 6 files (path under the root, text), /proc/self/cgroup's text, the answer */
+struct tree_row {
+	const char *why;
+	const char *files[6][2];
+	const char *self;
+	int cpus;
+};
 
-static void test_v2_tightest_ancestor_wins(void **state)
-{
-	put("cpu.max", "max 100000\n");
-	put("kubepods/cpu.max", "300000 100000\n");
-	put("kubepods/pod1/cpu.max", "max 100000\n");
-	put("kubepods/pod1/sidecar/cpu.max", "max 100000\n");
-	assert_int_equal(cpus_cgroup_limit(root, "0::/kubepods/pod1/sidecar\n"), 3);
-}
+static const struct tree_row tree_rows[] = {
+	{ "v2 in a container with a cgroup namespace: \"0::/\" is the root",
+	  { { "cpu.max", "150000 100000\n" } }, "0::/\n", 2 },
+	{ "v2: the tightest quota on the way up wins",
+	  { { "cpu.max", "max 100000\n" }, { "kubepods/cpu.max", "300000 100000\n" },
+	    { "kubepods/pod1/cpu.max", "max 100000\n" },
+	    { "kubepods/pod1/sidecar/cpu.max", "max 100000\n" } },
+	  "0::/kubepods/pod1/sidecar\n", 3 },
+	{ "v2: max everywhere is no limit",
+	  { { "cpu.max", "max 100000\n" }, { "user.slice/cpu.max", "max 100000\n" } },
+	  "0::/user.slice\n", 0 },
+	{ "v2: a host path missing in the namespace falls back to the root",
+	  { { "cpu.max", "100000 100000\n" } }, "0::/not/here\n", 1 },
+	{ "v1: cpu,cpuacct with a quota on the container's cgroup",
+	  { { "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "50000\n" },
+	    { "cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n" },
+	    { "cpu,cpuacct/cpu.cfs_quota_us", "-1\n" },
+	    { "cpu,cpuacct/cpu.cfs_period_us", "100000\n" } },
+	  "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n", 1 },
+	{ "v1: cpu mounted on its own",
+	  { { "cpu/cpu.cfs_quota_us", "400000\n" }, { "cpu/cpu.cfs_period_us", "100000\n" } },
+	  "3:cpuset:/\n2:cpuacct:/\n1:cpu:/\n", 4 },
+	{ "v1: cpuacct alone is not the cpu controller",
+	  { { "cpuacct/cpu.cfs_quota_us", "100000\n" }, { "cpuacct/cpu.cfs_period_us", "100000\n" } },
+	  "2:cpuacct:/\n", 0 },
+	{ "nothing in /proc/self/cgroup", { { NULL, NULL } }, "", 0 },
+	{ "a line without colons", { { NULL, NULL } }, "garbage without colons", 0 },
+	{ "no /proc/self/cgroup text at all", { { NULL, NULL } }, NULL, 0 },
+};
 
-static void test_v2_no_limit_anywhere(void **state)
+static void test_tree_table(void **state)
 {
-	put("cpu.max", "max 100000\n");
-	put("user.slice/cpu.max", "max 100000\n");
-	assert_int_equal(cpus_cgroup_limit(root, "0::/user.slice\n"), 0);
-}
-
-static void test_v2_host_path_missing_in_namespace_reads_the_root(void **state)
-{
-	put("cpu.max", "100000 100000\n");
-	assert_int_equal(cpus_cgroup_limit(root, "0::/not/here\n"), 1);
-}
-
-static void test_v1_cpu_cpuacct(void **state)
-{
-	put("cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "50000\n");
-	put("cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n");
-	put("cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
-	put("cpu,cpuacct/cpu.cfs_period_us", "100000\n");
-	const char *self = "12:memory:/docker/abc\n"
-	                   "4:cpu,cpuacct:/docker/abc\n"
-	                   "1:name=systemd:/docker/abc\n"
-	                   "0::/\n";
-	assert_int_equal(cpus_cgroup_limit(root, self), 1);
-}
-
-static void test_v1_separate_cpu_mount(void **state)
-{
-	put("cpu/cpu.cfs_quota_us", "400000\n");
-	put("cpu/cpu.cfs_period_us", "100000\n");
-	assert_int_equal(cpus_cgroup_limit(root, "3:cpuset:/\n2:cpuacct:/\n1:cpu:/\n"), 4);
-}
-
-static void test_cpuacct_alone_is_not_cpu(void **state)
-{
-	put("cpuacct/cpu.cfs_quota_us", "100000\n");
-	put("cpuacct/cpu.cfs_period_us", "100000\n");
-	assert_int_equal(cpus_cgroup_limit(root, "2:cpuacct:/\n"), 0);
-}
-
-static void test_nothing_readable(void **state)
-{
-	assert_int_equal(cpus_cgroup_limit(root, ""), 0);
-	assert_int_equal(cpus_cgroup_limit(root, "garbage without colons"), 0);
-	assert_int_equal(cpus_cgroup_limit(root, NULL), 0);
+	for (size_t i = 0; i < sizeof(tree_rows) / sizeof(tree_rows[0]); i++) {
+		const struct tree_row *r = &tree_rows[i];
+		tree_make();
+		for (int f = 0; f < 6 && r->files[f][0]; f++)
+			put(r->files[f][0], r->files[f][1]);
+		int got = cpus_cgroup_limit(root, r->self);
+		tree_remove();
+		if (got != r->cpus)
+			fail_msg("%s: gave %d, want %d", r->why, got, r->cpus);
+	}
 }
 
 static void test_available_is_at_least_one(void **state)
@@ -174,15 +163,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cpu_max_table),
 		cmocka_unit_test(test_cfs_table),
-		cmocka_unit_test_setup_teardown(test_v2_container_root, tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_v2_tightest_ancestor_wins, tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_v2_no_limit_anywhere, tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_v2_host_path_missing_in_namespace_reads_the_root,
-		                                tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_v1_cpu_cpuacct, tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_v1_separate_cpu_mount, tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_cpuacct_alone_is_not_cpu, tree_setup, tree_teardown),
-		cmocka_unit_test_setup_teardown(test_nothing_readable, tree_setup, tree_teardown),
+		cmocka_unit_test(test_tree_table),
 		cmocka_unit_test(test_available_is_at_least_one),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
