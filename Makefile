@@ -1,7 +1,9 @@
 # retrygate — build, dependencies, tests.
 #
 #   make deps        install what is missing (Debian packages; llhttp 9.2 from Debian 13 on 12)
+#   make deps-build  the same for compiling only (no test tools): the image's build stage
 #   make             build/retrygate
+#   make strip       build/stripped/retrygate, without symbols (the image's binary)
 #   make test        unit + integration tests        (SANITIZE=address,undefined for the ASan/UBSan build)
 #   make run         start the bundled demo upstream and retrygate on conf/retrygate.yaml
 #   make fuzz        libFuzzer targets, bounded time  (FUZZ_SECONDS=60)
@@ -48,13 +50,19 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/unit/%)
 PYTEST    ?= /usr/bin/python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all deps test unit integration run clean fuzz bench demo
+.PHONY: all deps deps-build strip test unit integration run clean fuzz bench demo
 .SECONDARY:
 
 all: $(BUILD)/retrygate
 
 $(BUILD)/retrygate: $(OBJS) | $(LLHTTP_LIB)
 	$(CC) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
+
+strip: $(BUILD)/stripped/retrygate
+
+$(BUILD)/stripped/retrygate: $(BUILD)/retrygate
+	@mkdir -p $(dir $@)
+	strip --strip-unneeded -o $@ $<
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(LLHTTP_LIB)
 	@mkdir -p $(dir $@)
@@ -65,20 +73,28 @@ $(BUILD)/unit/%: tests/unit/%.c $(LIBOBJS)
 	$(CC) $(CFLAGS) -Isrc $(LDFLAGS) -o $@ $< $(LIBOBJS) $(LDLIBS) -lcmocka
 
 # ---------------------------------------------------------------- dependencies
-APT_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev \
-            libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang
-deps:
-	@missing=""; for p in $(APT_PKGS); do \
+# deps-build: what compiling the binary needs (the container's build stage); deps adds the
+# test, fuzz and bench tools (~1.6 GB more).
+APT_BUILD_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev
+APT_PKGS := $(APT_BUILD_PKGS) libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang
+# $(call apt_missing,PACKAGES,APT OPTIONS): install those not installed (as root), else say how
+apt_missing = missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "deps: installing$$missing"; \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing || exit 1; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2) $$missing || exit 1; \
 	  else \
 	    echo "deps: missing packages; run:  sudo apt-get install -y$$missing"; exit 1; \
 	  fi; \
 	fi
+deps:
+	@$(call apt_missing,$(APT_PKGS))
+	@$(MAKE) --no-print-directory $(LLHTTP_LIB)
+
+deps-build:
+	@$(call apt_missing,$(APT_BUILD_PKGS),--no-install-recommends)
 	@$(MAKE) --no-print-directory $(LLHTTP_LIB)
 
 # Debian 12 has no libllhttp-dev 9.x: fetch Debian 13's two packages with a private apt
@@ -104,7 +120,7 @@ integration: $(BUILD)/retrygate
 	RETRYGATE_BIN=$(abspath $(BUILD)/retrygate) $(PYTEST) $(PYTEST_ARGS) tests/integration
 
 run: deps $(BUILD)/retrygate
-	/usr/bin/python3 tests/tools/upstream.py --listen 127.0.0.1:9001 --quiet & up=$$!; \
+	/usr/bin/python3 tests/tools/upstream.py --listen 127.0.0.1:9001 --flaky /flaky --quiet & up=$$!; \
 	trap "kill $$up 2>/dev/null" EXIT INT TERM; \
 	$(BUILD)/retrygate -c conf/retrygate.yaml
 
@@ -117,7 +133,7 @@ demo: deps $(BUILD)/retrygate
 	/usr/bin/python3 tests/tools/demo.py
 
 clean:
-	rm -rf build/obj build/unit build/san build/retrygate build/fuzz
+	rm -rf build/obj build/unit build/san build/retrygate build/stripped build/fuzz
 
 # ---------------------------------------------------------------- fuzzing (clang, libFuzzer)
 FUZZ_SECONDS ?= 60

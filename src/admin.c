@@ -79,6 +79,25 @@ static void respond_text(struct admin_conn *c, int status, const char *text)
 	evbuffer_free(b);
 }
 
+/* 404 for POST /retries?upstream=NAME naming no upstream: JSON like the rest of /retries.
+ * NAME comes from the query as sent, so it is escaped. */
+static void respond_unknown_upstream(struct admin_conn *c, const char *name)
+{
+	struct evbuffer *b = evbuffer_new();
+	evbuffer_add_printf(b, "{\"error\":\"unknown upstream\",\"upstream\":\"");
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			evbuffer_add_printf(b, "\\%c", *p);
+		else if (*p < 0x20 || *p == 0x7f)
+			evbuffer_add_printf(b, "\\u%04x", *p);
+		else
+			evbuffer_add(b, p, 1);
+	}
+	evbuffer_add(b, "\"}\n", 3);
+	respond(c, 404, "application/json", b, false);
+	evbuffer_free(b);
+}
+
 static void render_retries(struct evbuffer *b)
 {
 	evbuffer_add(b, "{", 1);
@@ -151,7 +170,7 @@ static void post_retries(struct admin_conn *c, const struct http_head *h, const 
 	}
 	runtime_unref(rt);
 	if (one && !found) {
-		respond_text(c, 404, "unknown upstream");
+		respond_unknown_upstream(c, up);
 		return;
 	}
 	struct evbuffer *b = evbuffer_new();
@@ -291,7 +310,7 @@ int admin_start(struct event_base *base, const struct config *cfg)
 	if (!cfg->admin_listen || !cfg->admin_listen[0])
 		return 0;
 	const char *err = NULL;
-	int fd = listener_bind(cfg->admin_listen, &err);
+	int fd = listener_bind_single(cfg->admin_listen, &err);
 	if (fd < 0) {
 		fprintf(stderr, "%s: admin: cannot listen on %s: %s\n", cfg->path, cfg->admin_listen, err);
 		return -1;

@@ -74,6 +74,54 @@ struct listener {
 	int nparked;
 };
 
+/* Addresses this process has bound already (main thread, at startup only): the first socket
+ * of an address is the one that checks for another process; the workers' further sockets
+ * join it. */
+static struct bound_addr {
+	struct sockaddr_storage ss;
+	socklen_t len;
+} *bound;
+static int nbound;
+
+static bool bound_before(const struct sockaddr_storage *ss, socklen_t len)
+{
+	for (int i = 0; i < nbound; i++)
+		if (bound[i].len == len && memcmp(&bound[i].ss, ss, (size_t)len) == 0)
+			return true;
+	return false;
+}
+
+/* socket + SO_REUSEADDR (+ SO_REUSEPORT) + bind (+ listen). -1 with *err set. */
+static int bind_one(const struct sockaddr_storage *ss, socklen_t len, bool reuseport,
+                    bool do_listen, const char **err)
+{
+	int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		*err = strerror(errno);
+		return -1;
+	}
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (reuseport)
+		setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+	if (bind(fd, (const struct sockaddr *)ss, len) != 0 || (do_listen && listen(fd, 1024) != 0)) {
+		*err = errno == EADDRINUSE ? "address already in use (another process listens there)"
+		                           : strerror(errno);
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/*
+ * One instance per address: SO_REUSEPORT would let a second process (same user) join our
+ * group silently, and the kernel would share connections -- and admin POSTs -- between the
+ * two. So the first socket of an address is preceded by a probe bound without SO_REUSEPORT
+ * (SO_REUSEADDR only: TIME_WAIT leftovers of a previous run do not count), which fails with
+ * EADDRINUSE while any other socket listens there. The probe is closed and the SO_REUSEPORT
+ * socket bound and listening two system calls later: a process starting in that window
+ * (microseconds) could still join, which a concurrent double start alone can hit.
+ */
 int listener_bind(const char *addr, const char **err)
 {
 	struct sockaddr_storage ss;
@@ -82,20 +130,29 @@ int listener_bind(const char *addr, const char **err)
 		*err = "not an address:port";
 		return -1;
 	}
-	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		*err = strerror(errno);
+	bool port0 = (ss.ss_family == AF_INET && ((struct sockaddr_in *)&ss)->sin_port == 0) ||
+	             (ss.ss_family == AF_INET6 && ((struct sockaddr_in6 *)&ss)->sin6_port == 0);
+	if (!port0 && !bound_before(&ss, (socklen_t)len)) {
+		int probe = bind_one(&ss, (socklen_t)len, false, false, err);
+		if (probe < 0)
+			return -1;
+		close(probe);
+		bound = xrealloc(bound, (size_t)(nbound + 1) * sizeof(*bound));
+		bound[nbound].ss = ss;
+		bound[nbound++].len = (socklen_t)len;
+	}
+	return bind_one(&ss, (socklen_t)len, true, true, err);
+}
+
+int listener_bind_single(const char *addr, const char **err)
+{
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+	if (evutil_parse_sockaddr_port(addr, (struct sockaddr *)&ss, &len) != 0) {
+		*err = "not an address:port";
 		return -1;
 	}
-	int one = 1;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-	if (bind(fd, (struct sockaddr *)&ss, (socklen_t)len) != 0 || listen(fd, 1024) != 0) {
-		*err = strerror(errno);
-		close(fd);
-		return -1;
-	}
-	return fd;
+	return bind_one(&ss, (socklen_t)len, false, true, err);
 }
 
 struct cfg_listener *listener_config(struct listener *l, const struct config *cfg)

@@ -13,8 +13,12 @@ struct sockaddr;
 struct cfg_listener;
 struct listener;
 
-/* Bind one socket for listener L (main thread). Returns the fd or -1 with *err set. */
+/* Bind one socket for listener L (main thread). Returns the fd or -1 with *err set, also
+ * when another process listens on ADDR already (one instance per address; SO_REUSEPORT
+ * groups only this process's sockets). */
 int listener_bind(const char *addr, const char **err);
+/* Bind ADDR for one socket only, no SO_REUSEPORT (the admin listener). */
+int listener_bind_single(const char *addr, const char **err);
 
 /* What a listener reports up: each accepted connection (FD taken), and where it reads the
  * current config (its max_connections). */

@@ -35,10 +35,30 @@ static struct event *workers_done_ev, *drain_timer, *flush_timer;
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: retrygate [-c FILE] [--check] [--version] [--health URL]\n"
-	           "  -c FILE     config file (default conf/retrygate.yaml)\n"
-	           "  --check     validate FILE, print the worst case each upstream allows, exit\n"
-	           "  --version   print the version and exit\n"
-	           "  --health URL  GET URL (e.g. http://127.0.0.1:9901/ready): exit 0 on 2xx, else 1\n");
+	           "  -c FILE       config file (default conf/retrygate.yaml)\n"
+	           "  --check       validate FILE, print the worst case each upstream allows, exit\n"
+	           "  --version     print the version and exit\n"
+	           "  --health URL  GET URL (http:// or https://, e.g. http://127.0.0.1:9901/ready):\n"
+	           "                exit 0 on 2xx, else 1; https verifies no certificate\n"
+	           "  -h, --help    this text\n"
+	           "\n"
+	           "signals:\n"
+	           "  SIGHUP          reload FILE; on an error the old config keeps serving\n"
+	           "  SIGTERM, SIGINT close the listeners, /ready answers 503, drain up to\n"
+	           "                  drain_timeout, exit 0\n"
+	           "  SIGUSR1         reopen the access log (after logrotate has moved it)\n"
+	           "\n"
+	           "environment:\n"
+	           "  RETRYGATE_LOG=debug  add per-attempt debug lines to the stderr log\n"
+	           "                       (unset or any other value: info and above)\n");
+}
+
+/* A command-line mistake: "retrygate: WHAT ARG", then the usage; exit status 2. */
+static int usage_error(const char *what, const char *arg)
+{
+	fprintf(stderr, "retrygate: %s %s\n", what, arg);
+	usage(stderr);
+	return 2;
 }
 
 static void worker_exited(struct worker *w)
@@ -143,12 +163,16 @@ int main(int argc, char **argv)
 {
 	bool check = false;
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
-			config_path = argv[++i];
+		bool has_value = i + 1 < argc;
+		if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--health") == 0) {
+			if (!has_value)
+				return usage_error("a value is missing after", argv[i]);
+			if (argv[i][1] == 'c')
+				config_path = argv[++i];
+			else
+				return health_check(argv[i + 1]);
 		} else if (strcmp(argv[i], "--check") == 0) {
 			check = true;
-		} else if (strcmp(argv[i], "--health") == 0 && i + 1 < argc) {
-			return health_check(argv[i + 1]);
 		} else if (strcmp(argv[i], "--version") == 0) {
 			printf("retrygate %s\n", RETRYGATE_VERSION);
 			return 0;
@@ -156,8 +180,8 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return 0;
 		} else {
-			usage(stderr);
-			return 2;
+			return usage_error(argv[i][0] == '-' ? "unknown option" : "unexpected argument",
+			                   argv[i]);
 		}
 	}
 

@@ -49,18 +49,9 @@ BASE_PKGS="libc6"        # in debian:bookworm-slim (Priority: required); checked
 EXAMPLE=1
 [ "${1:-}" = "--no-example" ] && EXAMPLE=0
 
-fails=0
-pass() { printf 'PASS  %s\n' "$*"; }
-fail() { printf 'FAIL  %s\n' "$*"; fails=$((fails + 1)); }
-skip() { printf 'SKIP  %s\n' "$*"; }
-info() { printf '      %s\n' "$*"; }
-step() { printf '\n== %s   [%ss]\n' "$*" "$SECONDS"; }
-finish() {
-	printf '\n(%ss)\n' "$SECONDS"
-	if [ "$fails" -eq 0 ]; then echo "check-docker: all checks passed"; exit 0; fi
-	echo "check-docker: $fails check(s) FAILED"; exit 1
-}
-abort() { fail "$*"; info "(later checks depend on this one: stopping)"; finish; }
+CHECK_NAME=check-docker
+# shellcheck source=tests/tools/checklib.sh
+. "$(dirname "$SELF")/checklib.sh"
 
 # ============================================================ the part run inside unshare -n -m
 # Invoked as: check-docker.sh --in-netns (environment from the outer run). Prints PASS/FAIL

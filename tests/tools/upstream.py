@@ -40,9 +40,13 @@ CLI (for ``make run``)::
 
     python3 tests/tools/upstream.py --listen 127.0.0.1:9001 [--quiet]
         [--default '{"action":"respond","status":503,"headers":{"Retry-After":"2"}}']
-        [--script '[503, "reset", 200]']
+        [--script '[503, "reset", 200]'] [--flaky /flaky]
 
 serves by default a 200 JSON echo of the method, target and headers, with keep-alive.
+``--flaky PREFIX``: paths under PREFIX answer 503 to a request's first attempt and echo a
+retry (``X-Retrygate-Attempt: 2`` or more): behind retrygate a GET there shows
+``X-Retrygate-Attempts: 2`` and an unkeyed POST ``X-Retrygate-Retry-Refused: non-idempotent``
+(the README guide).
 """
 
 import argparse
@@ -1328,6 +1332,15 @@ class Blackhole:
 
 # ------------------------------------------------------------------------------- CLI
 
+def first_attempt_fails(fail, then):
+    """A spec answering FAIL to a request's first attempt (X-Retrygate-Attempt 1, or absent:
+    a client that does not retry) and THEN to a retry, so that each request through retrygate
+    shows one retry, whatever the order of the requests."""
+    def pick(req):
+        return fail if (req.header("X-Retrygate-Attempt") or "1") == "1" else then
+    return dynamic(pick)
+
+
 def _parse_spec(text):
     text = text.strip()
     if text[:1] in "{[" or text[:1].isdigit():
@@ -1346,6 +1359,8 @@ def main(argv=None):
                    'a status (503) or a name (reset, close, stall, echo)')
     p.add_argument("--script", help='JSON list of actions consumed one per request first, '
                    'e.g. \'[503, "reset", {"action":"respond","status":200,"body":"ok"}]\'')
+    p.add_argument("--flaky", metavar="PREFIX", help="paths under PREFIX answer 503 to a "
+                   "request's first attempt and echo a retry (X-Retrygate-Attempt >= 2)")
     args = p.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     default = make_action(_parse_spec(args.default)) if args.default else None
@@ -1353,6 +1368,9 @@ def main(argv=None):
                   quiet=args.quiet)
     if args.script:
         up.push(*json.loads(args.script))
+    if args.flaky:
+        up.on_path(args.flaky, default=first_attempt_fails(
+            respond(503, {"Content-Type": "text/plain"}, b"flaky: 503 this time\n"), echo()))
     if not args.quiet:
         sys.stderr.write("upstream: listening on %s\n" % up.endpoint)
         sys.stderr.flush()
