@@ -21,6 +21,7 @@
  */
 #include "config.h"
 #include "config_impl.h"
+#include "cpus.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -336,7 +337,7 @@ static void workers_parse(struct load *ld, const struct key *k, const struct nod
 	int64_t n;
 
 	if (v->kind == N_SCALAR && !strcmp(v->str, "auto")) {
-		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+		long cpus = cpus_available();   /* the affinity mask and the cgroup CPU quota */
 		*FIELD(base, k->off, int) = cpus < 1 ? 1 : cpus > k->max ? (int)k->max : (int)cpus;
 		return;
 	}
