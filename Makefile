@@ -37,7 +37,7 @@ WARN      := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wf
              -Wno-unused-parameter $(WERROR)
 CFLAGS    ?= -g
 CFLAGS    += -std=c11 -D_GNU_SOURCE -pthread $(OPT) $(WARN) $(LLHTTP_INC) -DRETRYGATE_VERSION='"$(VERSION)"'
-LDLIBS    := $(LLHTTP_LIB) -levent_openssl -levent_pthreads -levent -lyaml -lhiredis -lssl -lcrypto -lm -pthread
+LDLIBS    := $(LLHTTP_LIB) -levent_openssl -levent_pthreads -levent -lnghttp2 -lyaml -lhiredis -lssl -lcrypto -lm -pthread
 LDFLAGS   += $(filter -fsanitize=%,$(OPT))
 
 SRCS      := $(wildcard src/*.c)
@@ -75,8 +75,9 @@ $(BUILD)/unit/%: tests/unit/%.c $(LIBOBJS)
 # ---------------------------------------------------------------- dependencies
 # deps-build: what compiling the binary needs (the container's build stage); deps adds the
 # test, fuzz and bench tools (~1.6 GB more).
-APT_BUILD_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev
-APT_PKGS := $(APT_BUILD_PKGS) libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang
+APT_BUILD_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev libnghttp2-dev
+APT_PKGS := $(APT_BUILD_PKGS) libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang \
+            python3-h2 python3-grpcio nghttp2-client
 # $(call apt_missing,PACKAGES,APT OPTIONS): install those not installed (as root), else say how
 apt_missing = missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \

@@ -20,6 +20,7 @@ struct loop;
 struct ep_state;
 struct evbuffer;
 struct http_head;
+struct http_hdr;
 struct attempt;
 
 struct attempt_cbs {
@@ -27,6 +28,9 @@ struct attempt_cbs {
 	void (*on_head)(void *arg, struct attempt *a, const struct http_head *h);
 	/* Decoded response body bytes in DATA: the callee must drain what it takes. */
 	void (*on_body)(void *arg, struct attempt *a, struct evbuffer *data);
+	/* Trailer fields after the body (HTTP/2 transports only; NULL-safe: an HTTP/1 attempt
+	 * never reports them), before on_end. */
+	void (*on_trailers)(void *arg, struct attempt *a, const struct http_hdr *t, int n);
 	/* The request body written so far has drained to the socket: send more. */
 	void (*on_drain)(void *arg, struct attempt *a);
 	/* The end. Before a final head: OUT_CONNECT_FAILURE / OUT_RESET / OUT_TIMEOUT

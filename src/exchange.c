@@ -613,6 +613,14 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 		attempt_pause(a);
 }
 
+static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t, int n)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state == X_RELAY && a == ex->relay)
+		ex->rsp.trailers(ex->rsp.arg, t, n);
+}
+
 static void att_drain(void *arg, struct attempt *a)
 {
 	struct exchange *ex = arg;
@@ -661,6 +669,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 static const struct attempt_cbs attempt_callbacks = {
 	.on_head = att_head,
 	.on_body = att_body,
+	.on_trailers = att_trailers,
 	.on_drain = att_drain,
 	.on_end = att_end,
 };

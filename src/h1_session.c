@@ -233,6 +233,11 @@ static void rsp_body(void *arg, struct evbuffer *data)
 		evbuffer_add_buffer(stream_output(s->bev), data);
 }
 
+static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
+{
+	/* SPEC §8: trailers are dropped on HTTP/1 (the last chunk carries none) */
+}
+
 static void rsp_end(void *arg, bool complete, bool close)
 {
 	struct session *s = arg;
@@ -318,6 +323,7 @@ static void start_exchange(struct session *s, const struct http_head *h)
 		.informational = rsp_informational,
 		.head = rsp_head,
 		.body = rsp_body,
+		.trailers = rsp_trailers,
 		.end = rsp_end,
 		.queued = rsp_queued,
 		.want_body = rsp_want_body,

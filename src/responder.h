@@ -6,7 +6,7 @@
  * close decision; the exchange owns which end-to-end fields go out.
  *
  * Order of calls: any number of informational(), then head() or tunnel(); after head(), body()
- * any number of times; then end() exactly once (also with no head: the exchange was aborted).
+ * any number of times, then at most one trailers(); then end() exactly once (also with no head: the exchange was aborted).
  * After end() the exchange is finished and the codec frees it.
  */
 #ifndef RG_RESPONDER_H
@@ -38,6 +38,9 @@ struct responder {
 	void (*head)(void *arg, const struct resp_head *h);
 	/* Body bytes: all of DATA is taken (drained). */
 	void (*body)(void *arg, struct evbuffer *data);
+	/* Trailer fields after the body, before end(): relayed only where both the client's and
+	 * the upstream's protocol carry them (HTTP/2, SPEC §9); HTTP/1 drops them (§8). */
+	void (*trailers)(void *arg, const struct http_hdr *t, int n);
 	/* The end. COMPLETE: the response went out whole (false: cut short, or never started —
 	 * the client must not take a truncated body as complete). CLOSE: do not reuse the
 	 * connection. The exchange is finished; the codec frees it afterwards. */
