@@ -22,12 +22,7 @@ static pthread_mutex_t rt_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct runtime *rt_current;
 static _Atomic uint64_t rt_gen;
 
-struct upstream_state *upstream_state_first(void)
-{
-	return reg_head;
-}
-
-struct upstream_state *upstream_state_find(const char *name)
+static struct upstream_state *upstream_state_find(const char *name)
 {
 	for (struct upstream_state *s = reg_head; s; s = s->next)
 		if (strcmp(s->name, name) == 0)
@@ -157,6 +152,36 @@ void runtime_publish(struct runtime *rt)
 uint64_t runtime_generation(void)
 {
 	return atomic_load_explicit(&rt_gen, memory_order_acquire);
+}
+
+void upstream_stats_walk(stats_upstream_fn fn, void *arg)
+{
+	/* budget tokens refill lazily, by the policy of the current config */
+	struct runtime *rt = runtime_current();
+	int64_t now = clock_now_us();
+	pthread_mutex_lock(&reg_lock);
+	for (struct upstream_state *st = reg_head; st; st = st->next) {
+		struct stats_endpoint eps[MAX_ENDPOINTS];
+		int n = 0;
+		for (int i = 0; i < atomic_load(&st->neps); i++)
+			eps[n++] = (struct stats_endpoint){ st->eps[i]->name,
+			                                    atomic_load(&st->eps[i]->hold_until_us) };
+		const struct cfg_upstream *u = rt ? config_upstream(rt->cfg, st->name) : NULL;
+		struct stats_upstream v = {
+			.name = st->name,
+			.per_worker = st->stats,
+			.in_flight = atomic_load(&st->in_flight),
+			.retries_in_flight = atomic_load(&st->retries_in_flight),
+			.budget_tokens = u ? budget_tokens(&st->budget, &u->retry, now)
+			                   : (double)atomic_load(&st->budget.tokens) / BUDGET_ONE,
+			.retries_enabled = atomic_load(&st->runtime_enabled),
+			.endpoints = eps,
+			.nendpoints = n,
+		};
+		fn(arg, &v);
+	}
+	pthread_mutex_unlock(&reg_lock);
+	runtime_unref(rt);
 }
 
 void upstream_states_free(void)

@@ -75,9 +75,9 @@ static inline struct upstream_binding *runtime_upstream(struct runtime *rt,
 	return &rt->ups[u - rt->cfg->upstreams];
 }
 
-/* Iterate all states (admin). */
-struct upstream_state *upstream_state_first(void);
-struct upstream_state *upstream_state_find(const char *name);
+/* A stats_walk_fn (stats.h) over every state, for /metrics and /stats: calls FN once per
+ * state, in the order they were first configured, under the registry lock. */
+void upstream_stats_walk(stats_upstream_fn fn, void *arg);
 void upstream_states_free(void);
 
 /* in-flight gates: true if a slot was taken */
