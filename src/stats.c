@@ -83,6 +83,12 @@ struct dsum {
 #undef X_LFIELD
 };
 
+/* s->f += the worker's p->f, for the fields of a declaration list: plain, or label-valued */
+#define X_SUM(f, ...) s->f += LOAD(p->f);
+#define X_SUM_VALUES(f, m, h, label, values) \
+	for (size_t i = 0; i < LABELS_LEN(values); i++) \
+		s->f[i] += LOAD(p->f[i]);
+
 static void sum_upstream(const struct stats_upstream *up, int64_t now_us, struct usum *s)
 {
 	memset(s, 0, sizeof(*s));
@@ -90,14 +96,8 @@ static void sum_upstream(const struct stats_upstream *up, int64_t now_us, struct
 	int64_t now_sec = now_us / 1000000;
 	for (int w = 0; w < g_nworkers; w++) {
 		const struct ustats *p = &up->per_worker[w];
-#define X_FIELD(f, m, h) s->f += LOAD(p->f);
-		UPSTREAM_COUNTERS(X_FIELD)
-#undef X_FIELD
-#define X_LFIELD(f, m, h, label, values) \
-		for (size_t i = 0; i < LABELS_LEN(values); i++) \
-			s->f[i] += LOAD(p->f[i]);
-		UPSTREAM_LABELLED(X_LFIELD)
-#undef X_LFIELD
+		UPSTREAM_COUNTERS(X_SUM)
+		UPSTREAM_LABELLED(X_SUM_VALUES)
 #define X_HFIELD(f, m, h) \
 		for (int i = 0; i < NBUCKETS; i++) \
 			s->f.bucket[i] += LOAD(p->f##_bucket[i]); \
@@ -120,16 +120,12 @@ static void sum_downstream(struct dsum *s)
 	memset(s, 0, sizeof(*s));
 	for (int w = 0; w < g_nworkers; w++) {
 		const struct gstats *p = &g_gstats[w];
-#define X_GFIELD(f, key, m, h) s->f += LOAD(p->f);
-		DOWNSTREAM_GAUGES(X_GFIELD)
-#undef X_GFIELD
-#define X_LFIELD(f, m, h, label, values) \
-		for (size_t i = 0; i < LABELS_LEN(values); i++) \
-			s->f[i] += LOAD(p->f[i]);
-		DOWNSTREAM_LABELLED(X_LFIELD)
-#undef X_LFIELD
+		DOWNSTREAM_GAUGES(X_SUM)
+		DOWNSTREAM_LABELLED(X_SUM_VALUES)
 	}
 }
+#undef X_SUM
+#undef X_SUM_VALUES
 
 /* ------------------------------------------------------------------ the families */
 
