@@ -158,6 +158,9 @@ struct gstats {
 #undef X_LFIELD
 } __attribute__((aligned(64)));
 
+/* g_nworkers: 1..MAX_WORKERS, set once before the first runtime and worker exist; every
+ * per-worker array (g_gstats, each upstream's ustats) has that many slots. A larger worker
+ * count must be refused by config validation, not cut down here. */
 extern struct gstats g_gstats[MAX_WORKERS];
 extern int g_nworkers;
 

@@ -243,6 +243,8 @@ uint64_t runtime_generation(void)
 	return atomic_load_explicit(&rt_gen, memory_order_acquire);
 }
 
+/* The scrape holds reg_lock while it renders: a worker freeing a runtime meanwhile (only ever
+ * after a reload) waits for it, and no state it shows can be freed under it. */
 void upstream_stats_walk(stats_upstream_fn fn, void *arg)
 {
 	/* budget tokens refill lazily, by the policy of the current config */

@@ -14,6 +14,17 @@ from harness import free_port, http_request, make_config, respond, rss_bytes, wa
 pytestmark = pytest.mark.timeout(180)
 
 MIB = 1024 * 1024
+# ASan keeps freed memory in a quarantine (256 MiB by default): keep it small, so that RSS
+# shows what is still allocated; its allocator and shadow still cost more than the real one
+SAN_ENV = {"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:quarantine_size_mb=1:"
+                           "malloc_context_size=5"}
+
+
+def rss_growth_limit(pid):
+    """8 MiB; 32 MiB when the process runs with ASan's runtime (see SAN_ENV)."""
+    with open("/proc/%d/maps" % pid) as f:
+        asan = "libasan" in f.read()
+    return (32 if asan else 8) * MIB
 
 
 def report(name, **figures):
@@ -50,7 +61,7 @@ def test_200_reloads_under_load_no_failure_rss_flat(rg_factory, upstream_factory
     up = upstream_factory(host="0.0.0.0")
     name = lambda i: "127.0.0.%d:%d" % (2 + i % 250, up.port)
     cfg = make_config(upstreams={"api": {"endpoints": [name(0)]}})
-    rg = rg_factory(cfg)
+    rg = rg_factory(cfg, env=SAN_ENV)
     stop = threading.Event()
     results = {"ok": 0, "failed": []}
 
@@ -86,7 +97,7 @@ def test_200_reloads_under_load_no_failure_rss_flat(rg_factory, upstream_factory
     assert rg.running
     assert results["ok"] > 50, results["ok"]
     assert not results["failed"], results["failed"][:10]
-    assert rss["end"] - rss["warm"] < 8 * MIB, rss
+    assert rss["end"] - rss["warm"] < rss_growth_limit(rg.pid), rss
     st = rg.stats()["upstreams"]["api"]
     assert st["requests"] >= results["ok"]
     r = rg.get("/last")
