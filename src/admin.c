@@ -204,10 +204,10 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 		respond_text(c, st == ADMIN_READY ? 200 : 503,
 		             st == ADMIN_READY ? "ready" : st == ADMIN_DRAINING ? "draining" : "starting");
 	} else if (IS("/metrics")) {
-		stats_render_prometheus(b);
+		stats_render_prometheus(b, upstream_stats_walk);
 		respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b, false);
 	} else if (IS("/stats")) {
-		stats_render_json(b);
+		stats_render_json(b, upstream_stats_walk);
 		respond(c, 200, "application/json", b, false);
 	} else if (IS("/config")) {
 		struct runtime *rt = runtime_current();

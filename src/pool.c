@@ -1,5 +1,7 @@
 /*
- * pool: idle upstream connections and endpoint addresses, per worker. See pool.h.
+ * pool: idle upstream connections and endpoint addresses, per worker. See pool.h. Everything
+ * here belongs to one worker thread; the only shared things it reads are the registry's
+ * forget epoch and, through upstream_ep_live(), whether a slot still holds a serial.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -23,23 +25,70 @@
 
 #define DNS_TTL_US (30 * 1000000LL)
 
-/* the loop's pools: [upstream state id][endpoint index] */
+/* the loop's pools: [upstream state id][endpoint index], and the pools whose endpoint was
+ * forgotten while a lookup was under way (freed by its answer, or at exit) */
 struct pool_table {
 	struct pool_ep ***pools;
 	int npools;
+	uint64_t forget_epoch;          /* the registry's, at the last sweep */
+	LIST_HEAD(, pool_ep) orphans;
 	bool draining;                  /* no connection is parked any more */
 };
 
 static struct pool_table *pool_table(struct loop *l)
 {
-	if (!l->pools)
+	if (!l->pools) {
 		l->pools = xcalloc(1, sizeof(*l->pools));
+		LIST_INIT(&l->pools->orphans);
+	}
 	return l->pools;
+}
+
+static void upconn_free_cb(void *p);
+static void pool_unlink(struct upconn *c);
+
+static void pe_free(struct pool_ep *pe)
+{
+	free(pe->name);
+	free(pe);
+}
+
+/* Close the idle connections of PE and free it (its endpoint is forgotten: nothing but this
+ * table knows it). A lookup under way still holds it: then it waits as an orphan. */
+static void pe_retire(struct pool_table *t, struct pool_ep *pe)
+{
+	struct upconn *c;
+	while ((c = TAILQ_FIRST(&pe->idle)))
+		upconn_close(c);
+	if (pe->resolving) {
+		pe->orphan = true;
+		LIST_INSERT_HEAD(&t->orphans, pe, orphan_link);
+		return;
+	}
+	pe_free(pe);
+}
+
+/* Retire the pools whose endpoint the registry forgot since the last sweep. */
+static void pool_sweep(struct pool_table *t)
+{
+	uint64_t epoch = upstream_forget_epoch();
+	if (epoch == t->forget_epoch)
+		return;
+	t->forget_epoch = epoch;
+	for (int i = 0; i < t->npools; i++)
+		for (int e = 0; t->pools[i] && e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = t->pools[i][e];
+			if (pe && !upstream_ep_live(i, e, pe->serial)) {
+				t->pools[i][e] = NULL;
+				pe_retire(t, pe);
+			}
+		}
 }
 
 struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
 {
 	struct pool_table *t = pool_table(l);
+	pool_sweep(t);
 	int id = ep->up->id;
 	if (id >= t->npools) {
 		int n = id + 8;
@@ -51,11 +100,19 @@ struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
 	if (!t->pools[id])
 		t->pools[id] = xcalloc(MAX_ENDPOINTS, sizeof(struct pool_ep *));
 	struct pool_ep *pe = t->pools[id][ep->index];
+	if (pe && pe->serial != ep->serial) {
+		/* the slot's endpoint was forgotten and the index given to a new one */
+		pe_retire(t, pe);
+		pe = NULL;
+	}
 	if (!pe) {
 		pe = xcalloc(1, sizeof(*pe));
 		TAILQ_INIT(&pe->idle);
 		TAILQ_INIT(&pe->waiters);
-		pe->ep = ep;
+		pe->name = xstrdup(ep->name);
+		pe->serial = ep->serial;
+		pe->up_id = id;
+		pe->index = ep->index;
 		pe->loop = l;
 		t->pools[id][ep->index] = pe;
 	}
@@ -74,7 +131,7 @@ static void pool_unlink(struct upconn *c)
 {
 	if (!c->idle)
 		return;
-	struct pool_ep *pe = pool_ep_get(c->loop, c->ep);
+	struct pool_ep *pe = c->pe;
 	TAILQ_REMOVE(&pe->idle, c, link);
 	pe->nidle--;
 	c->idle = false;
@@ -118,6 +175,7 @@ void pool_put(struct upconn *c)
 		upconn_close(c);
 		return;
 	}
+	c->pe = pe;
 	c->idle = true;
 	c->idle_since_us = clock_now_us();
 	stream_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
@@ -174,6 +232,10 @@ static void resolve_done(struct pool_ep *pe, const char *err)
 		else
 			wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
 	}
+	if (pe->orphan && !pe->resolving) {
+		LIST_REMOVE(pe, orphan_link);
+		pe_free(pe);
+	}
 }
 
 static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
@@ -197,7 +259,7 @@ void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
 	if (pe->resolved_until_us == 0) {
 		/* numeric addresses are parsed once and never expire */
 		int len = sizeof(pe->addr);
-		if (evutil_parse_sockaddr_port(pe->ep->name, (struct sockaddr *)&pe->addr, &len) == 0) {
+		if (evutil_parse_sockaddr_port(pe->name, (struct sockaddr *)&pe->addr, &len) == 0) {
 			pe->addrlen = len;
 			pe->resolved_until_us = INT64_MAX;
 		}
@@ -211,7 +273,7 @@ void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
 		return;
 	char host[256];
 	int port;
-	if (split_host_port(pe->ep->name, host, sizeof(host), &port) != 0) {
+	if (split_host_port(pe->name, host, sizeof(host), &port) != 0) {
 		resolve_done(pe, "bad endpoint");
 		return;
 	}
@@ -271,9 +333,14 @@ void pool_free_all(struct loop *l)
 				c->bev = NULL;
 				upconn_free_cb(c);
 			}
-			free(pe);
+			pe_free(pe);
 		}
 		free(t->pools[i]);
+	}
+	while (!LIST_EMPTY(&t->orphans)) {
+		struct pool_ep *pe = LIST_FIRST(&t->orphans);
+		LIST_REMOVE(pe, orphan_link);
+		pe_free(pe);
 	}
 	free(t->pools);
 	free(t);

@@ -7,6 +7,13 @@
  * it is closed after POOL_IDLE_US. pool_get() skips connections idle for longer than
  * POOL_REUSE_MAX_US: servers commonly close keep-alive connections after 5 s, and a request
  * written into a connection the server is closing is a `reset` (not provably unsent).
+ *
+ * An endpoint's pool is keyed by its slot (upstream id, endpoint index) and identified by the
+ * endpoint state's serial: the registry forgets endpoints no live runtime names and reuses
+ * their slots, possibly from another thread, so the pool never dereferences an ep_state it was
+ * not handed by a caller that holds a runtime. A pool whose endpoint was forgotten is found
+ * lazily by the worker itself (its slot asked for by a new serial, or a sweep once the
+ * registry's forget epoch moved): its idle connections are closed and it is freed.
  */
 #ifndef RG_POOL_H
 #define RG_POOL_H
@@ -26,9 +33,12 @@ struct http_msg;
 #define POOL_MAX_IDLE       256
 #define POOL_PEEK_AFTER_US  (20 * 1000LL)
 
+struct pool_ep;
+
 struct upconn {
 	struct loop *loop;
-	struct ep_state *ep;
+	struct ep_state *ep;            /* valid only while an attempt holds the connection */
+	struct pool_ep *pe;             /* while idle: the pool it is parked in */
 	struct stream *bev;
 	struct http_msg *parser;
 	int64_t idle_since_us;
@@ -54,10 +64,15 @@ struct pool_ep {
 	int64_t resolved_until_us;      /* 0: not resolved; numeric addresses never expire */
 	bool resolving;
 	TAILQ_HEAD(, pool_waiter) waiters;
-	struct ep_state *ep;
+	char *name;                     /* the endpoint's "host:port" */
+	uint64_t serial;                /* of the ep_state it caches */
+	int up_id, index;               /* its slot */
+	bool orphan;                    /* endpoint forgotten while resolving: freed by the answer */
+	LIST_ENTRY(pool_ep) orphan_link;
 	struct loop *loop;
 };
 
+/* The pool of EP (alive: the caller holds a runtime binding it), made on first use. */
 struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep);
 
 /* An idle connection that still looks alive, or NULL. */

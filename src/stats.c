@@ -1,8 +1,12 @@
 /*
- * stats: rendering of the declared figures (stats.h) as Prometheus text and as JSON.
- * Scrapes sum the per-worker counters; nothing here blocks a worker.
+ * stats: the figures declared in stats.h rendered as Prometheus text and as JSON. Both
+ * renderings walk one table of families generated from those declarations: a family knows its
+ * kind, names, help, where its value sits in the summed figures, and its label values. A scrape
+ * sums the per-worker counters (no lock a worker takes); the upstreams come from the walker the
+ * caller hands in, one callback per upstream.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -10,7 +14,6 @@
 
 #include "clock.h"
 #include "stats.h"
-#include "upstream.h"
 
 struct gstats g_gstats[MAX_WORKERS];
 int g_nworkers = 1;
@@ -21,36 +24,16 @@ static const double bucket_le[NBUCKETS] = {
 #undef X_LE
 };
 
-static const char *const code_label[6] = { "", "1xx", "2xx", "3xx", "4xx", "5xx" };
-static const char *const rejected_label[NREJ] = { "overloaded", "deadline-exceeded" };
-static const char *const idem_label[NIDEM] = { "stored", "replayed", "conflict", "mismatch" };
-
-/* label value for index I of a labelled family, or NULL to skip that index */
-static const char *label_of(const char *family, int i)
-{
-	if (strcmp(family, "refused") == 0)
-		return (i == RR_NONE || i == RR_NOT_LISTED) ? NULL : refusal_name((enum refusal)i);
-	if (strcmp(family, "rejected") == 0)
-		return rejected_label[i];
-	if (strcmp(family, "responses") == 0)
-		return i == 0 ? NULL : code_label[i];
-	if (strcmp(family, "outcomes") == 0)
-		return (i == OUT_NONE) ? NULL : outcome_name((enum outcome)i);
-	if (strcmp(family, "idem") == 0)
-		return idem_label[i];
-	return NULL;
-}
-
 void stats_observe_duration(struct ustats *s, int64_t us)
 {
 	double sec = (double)us / 1e6;
 	for (int i = 0; i < NBUCKETS; i++)
 		if (sec <= bucket_le[i]) {
-			STAT_INC(s->dur_bucket[i]);
+			STAT_INC(s->duration_bucket[i]);
 			break;
 		}
-	STAT_INC(s->dur_count);
-	STAT_ADD(s->dur_sum_us, (uint64_t)(us > 0 ? us : 0));
+	STAT_INC(s->duration_count);
+	STAT_ADD(s->duration_sum_us, (uint64_t)(us > 0 ? us : 0));
 }
 
 void stats_window_add(struct ustats *s, int64_t now_us, int req, int att)
@@ -66,203 +49,339 @@ void stats_window_add(struct ustats *s, int64_t now_us, int req, int att)
 	STAT_ADD(s->win_att[i], (uint64_t)att);
 }
 
+/* ------------------------------------------------------------------ summed figures */
+
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
-/* one upstream's counters summed over workers */
-struct usum {
-#define X_FIELD(f, name, help) uint64_t f;
-	UPSTREAM_COUNTERS(X_FIELD)
-#undef X_FIELD
-#define X_LFIELD(f, name, help, label, n) uint64_t f[n];
-	UPSTREAM_LABELLED(X_LFIELD)
-#undef X_LFIELD
-	uint64_t dur_bucket[NBUCKETS], dur_count, dur_sum_us;
-	uint64_t win_req, win_att;
+struct hsum {
+	uint64_t bucket[NBUCKETS];      /* per bucket, not cumulative */
+	uint64_t count, sum_us;
 };
 
-static void sum_upstream(const struct upstream_state *st, struct usum *u)
-{
-	memset(u, 0, sizeof(*u));
-	int64_t now_sec = clock_now_us() / 1000000;
-	for (int w = 0; w < g_nworkers; w++) {
-		struct ustats *s = &st->stats[w];
-#define X_FIELD(f, name, help) u->f += LOAD(s->f);
-		UPSTREAM_COUNTERS(X_FIELD)
+/* one upstream: its counters summed over workers, and the registry's view of it */
+struct usum {
+	const struct stats_upstream *up;
+#define X_FIELD(f, m, h) uint64_t f;
+	UPSTREAM_COUNTERS(X_FIELD)
 #undef X_FIELD
-#define X_LFIELD(f, name, help, label, n) for (int i = 0; i < n; i++) u->f[i] += LOAD(s->f[i]);
-		UPSTREAM_LABELLED(X_LFIELD)
+#define X_LFIELD(f, m, h, label, values) uint64_t f[LABELS_LEN(values)];
+	UPSTREAM_LABELLED(X_LFIELD)
 #undef X_LFIELD
-		for (int i = 0; i < NBUCKETS; i++)
-			u->dur_bucket[i] += LOAD(s->dur_bucket[i]);
-		u->dur_count += LOAD(s->dur_count);
-		u->dur_sum_us += LOAD(s->dur_sum_us);
+#define X_HFIELD(f, m, h) struct hsum f;
+	UPSTREAM_HISTOGRAMS(X_HFIELD)
+#undef X_HFIELD
+	uint64_t win_req, win_att;      /* over the last minute */
+};
+
+/* the process-wide downstream figures summed over workers */
+struct dsum {
+#define X_GFIELD(f, key, m, h) int64_t f;
+	DOWNSTREAM_GAUGES(X_GFIELD)
+#undef X_GFIELD
+#define X_LFIELD(f, m, h, label, values) uint64_t f[LABELS_LEN(values)];
+	DOWNSTREAM_LABELLED(X_LFIELD)
+#undef X_LFIELD
+};
+
+/* s->f += the worker's p->f, for the fields of a declaration list: plain, or label-valued */
+#define X_SUM(f, ...) s->f += LOAD(p->f);
+#define X_SUM_VALUES(f, m, h, label, values) \
+	for (size_t i = 0; i < LABELS_LEN(values); i++) \
+		s->f[i] += LOAD(p->f[i]);
+
+static void sum_upstream(const struct stats_upstream *up, int64_t now_us, struct usum *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->up = up;
+	int64_t now_sec = now_us / 1000000;
+	for (int w = 0; w < g_nworkers; w++) {
+		const struct ustats *p = &up->per_worker[w];
+		UPSTREAM_COUNTERS(X_SUM)
+		UPSTREAM_LABELLED(X_SUM_VALUES)
+#define X_HFIELD(f, m, h) \
+		for (int i = 0; i < NBUCKETS; i++) \
+			s->f.bucket[i] += LOAD(p->f##_bucket[i]); \
+		s->f.count += LOAD(p->f##_count); \
+		s->f.sum_us += LOAD(p->f##_sum_us);
+		UPSTREAM_HISTOGRAMS(X_HFIELD)
+#undef X_HFIELD
 		for (int i = 0; i < 60; i++) {
-			int64_t sec = LOAD(s->win_sec[i]);
+			int64_t sec = LOAD(p->win_sec[i]);
 			if (sec > now_sec - 60 && sec <= now_sec) {
-				u->win_req += LOAD(s->win_req[i]);
-				u->win_att += LOAD(s->win_att[i]);
+				s->win_req += LOAD(p->win_req[i]);
+				s->win_att += LOAD(p->win_att[i]);
 			}
 		}
 	}
 }
 
-/* the process-wide downstream figures summed over workers */
-static void sum_downstream(int64_t *conns, uint64_t req[6])
+static void sum_downstream(struct dsum *s)
 {
-	*conns = 0;
-	memset(req, 0, sizeof(uint64_t) * 6);
+	memset(s, 0, sizeof(*s));
 	for (int w = 0; w < g_nworkers; w++) {
-		*conns += LOAD(g_gstats[w].conns_active);
-		for (int i = 1; i < 6; i++)
-			req[i] += LOAD(g_gstats[w].requests[i]);
+		const struct gstats *p = &g_gstats[w];
+		DOWNSTREAM_GAUGES(X_SUM)
+		DOWNSTREAM_LABELLED(X_SUM_VALUES)
+	}
+}
+#undef X_SUM
+#undef X_SUM_VALUES
+
+/* ------------------------------------------------------------------ the families */
+
+enum fam_kind { FK_COUNTER, FK_LABELLED, FK_GAUGE, FK_HISTOGRAM };
+
+struct label_value {
+	int index;                      /* in the counter array */
+	const char *value;
+};
+
+struct family {
+	enum fam_kind kind;
+	const char *name;               /* Prometheus; NULL: /stats only */
+	const char *key;                /* JSON */
+	const char *help;
+	size_t off;                     /* COUNTER, LABELLED, HISTOGRAM: the field in its sums */
+	const char *label;              /* LABELLED: the label name and its values */
+	const struct label_value *values;
+	int nvalues;
+	enum stats_fmt fmt;             /* GAUGE: the format and how to read the value */
+	double (*read)(const void *sums);
+};
+
+#define X_VALUE(i, v) { i, v },
+#define X_VALUES(f, m, h, label, values) static const struct label_value values_##f[] = { values(X_VALUE) };
+UPSTREAM_LABELLED(X_VALUES)
+DOWNSTREAM_LABELLED(X_VALUES)
+#undef X_VALUES
+#undef X_VALUE
+
+#define X_READ(key, m, h, fmt, expr) \
+	static double read_##key(const void *sums) { const struct usum *s = sums; return (double)(expr); }
+UPSTREAM_GAUGES(X_READ)
+#undef X_READ
+#define X_READ(f, key, m, h) \
+	static double read_##f(const void *sums) { return (double)((const struct dsum *)sums)->f; }
+DOWNSTREAM_GAUGES(X_READ)
+#undef X_READ
+
+#define X_COUNTER(f, m, h) { .kind = FK_COUNTER, .name = m, .key = #f, .help = h, \
+                             .off = offsetof(SUMS, f) },
+#define X_LABELLED(f, m, h, lname, vals) { .kind = FK_LABELLED, .name = m, .key = #f, .help = h, \
+                             .off = offsetof(SUMS, f), .label = lname, .values = values_##f, \
+                             .nvalues = LABELS_COUNT(vals) },
+#define X_GAUGE(k, m, h, format, expr) { .kind = FK_GAUGE, .name = m, .key = #k, .help = h, \
+                             .fmt = format, .read = read_##k },
+#define X_HISTOGRAM(f, m, h) { .kind = FK_HISTOGRAM, .name = m, .key = #f, .help = h, \
+                             .off = offsetof(SUMS, f) },
+#define X_DGAUGE(f, jkey, m, h) { .kind = FK_GAUGE, .name = m, .key = jkey, .help = h, \
+                             .fmt = SF_COUNT, .read = read_##f },
+
+#define SUMS struct usum
+static const struct family up_families[] = {
+	UPSTREAM_COUNTERS(X_COUNTER)
+	UPSTREAM_LABELLED(X_LABELLED)
+	UPSTREAM_GAUGES(X_GAUGE)
+	UPSTREAM_HISTOGRAMS(X_HISTOGRAM)
+};
+#undef SUMS
+#define SUMS struct dsum
+static const struct family down_families[] = {
+	DOWNSTREAM_GAUGES(X_DGAUGE)
+	DOWNSTREAM_LABELLED(X_LABELLED)
+};
+#undef SUMS
+
+enum { NUP_FAMILIES = sizeof(up_families) / sizeof(up_families[0]) };
+enum { NDOWN_FAMILIES = sizeof(down_families) / sizeof(down_families[0]) };
+
+static const char *const kind_type[] = {
+	[FK_COUNTER] = "counter", [FK_LABELLED] = "counter", [FK_GAUGE] = "gauge",
+	[FK_HISTOGRAM] = "histogram",
+};
+
+static void put_value(struct evbuffer *o, enum stats_fmt fmt, double v, bool json)
+{
+	switch (fmt) {
+	case SF_COUNT:  evbuffer_add_printf(o, "%" PRId64, (int64_t)v); break;
+	case SF_TOKENS: evbuffer_add_printf(o, "%.3f", v); break;
+	case SF_RATIO:  evbuffer_add_printf(o, "%.4f", v); break;
+	case SF_SWITCH:
+		if (json)
+			evbuffer_add_printf(o, "%s", v != 0 ? "true" : "false");
+		else
+			evbuffer_add_printf(o, "%d", v != 0);
+		break;
 	}
 }
 
-static void prom_family(struct evbuffer *o, const char *name, const char *type, const char *help)
+/* ------------------------------------------------------------------ Prometheus */
+
+/* NAME{upstream="UP",LABEL="VALUE"} with the parts that are there */
+static void prom_series(struct evbuffer *o, const char *name, const char *suffix, const char *up,
+                        const char *label, const char *value)
 {
-	evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	evbuffer_add_printf(o, "%s%s", name, suffix);
+	if (!up && !label)
+		return;
+	evbuffer_add(o, "{", 1);
+	if (up)
+		evbuffer_add_printf(o, "upstream=\"%s\"%s", up, label ? "," : "");
+	if (label)
+		evbuffer_add_printf(o, "%s=\"%s\"", label, value);
+	evbuffer_add(o, "}", 1);
 }
 
-void stats_render_prometheus(struct evbuffer *o)
+static void prom_samples(struct evbuffer *o, const struct family *f, const void *sums,
+                         const char *up)
 {
-	int64_t conns;
-	uint64_t req[6];
-	sum_downstream(&conns, req);
-	prom_family(o, "retrygate_downstream_connections_active", "gauge",
-	            "Client connections open on the proxy listeners.");
-	evbuffer_add_printf(o, "retrygate_downstream_connections_active %" PRId64 "\n", conns);
-	prom_family(o, "retrygate_downstream_requests_total", "counter",
-	            "Responses sent to clients, by status class.");
-	for (int i = 1; i < 6; i++)
-		evbuffer_add_printf(o, "retrygate_downstream_requests_total{code=\"%s\"} %" PRIu64 "\n",
-		                    code_label[i], req[i]);
-
-	int n = 0;
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next)
-		n++;
-	struct usum sums[n > 0 ? n : 1];
-	int k = 0;
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next)
-		sum_upstream(st, &sums[k++]);
-
-#define X_FIELD(f, mname, mhelp) \
-	prom_family(o, mname, "counter", mhelp); \
-	k = 0; \
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next, k++) \
-		evbuffer_add_printf(o, mname "{upstream=\"%s\"} %" PRIu64 "\n", st->name, sums[k].f);
-	UPSTREAM_COUNTERS(X_FIELD)
-#undef X_FIELD
-#define X_LFIELD(f, mname, mhelp, label, cnt) \
-	prom_family(o, mname, "counter", mhelp); \
-	k = 0; \
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next, k++) \
-		for (int i = 0; i < cnt; i++) { \
-			const char *lv = label_of(#f, i); \
-			if (lv) \
-				evbuffer_add_printf(o, mname "{upstream=\"%s\"," label "=\"%s\"} %" PRIu64 "\n", \
-				                    st->name, lv, sums[k].f[i]); \
+	const void *p = (const char *)sums + f->off;
+	switch (f->kind) {
+	case FK_COUNTER:
+		prom_series(o, f->name, "", up, NULL, NULL);
+		evbuffer_add_printf(o, " %" PRIu64 "\n", *(const uint64_t *)p);
+		break;
+	case FK_LABELLED:
+		for (int i = 0; i < f->nvalues; i++) {
+			prom_series(o, f->name, "", up, f->label, f->values[i].value);
+			evbuffer_add_printf(o, " %" PRIu64 "\n", ((const uint64_t *)p)[f->values[i].index]);
 		}
-	UPSTREAM_LABELLED(X_LFIELD)
-#undef X_LFIELD
-
-	int64_t now = clock_now_us();
-	prom_family(o, "retrygate_upstream_in_flight", "gauge", "Attempts in flight, retries included.");
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next)
-		evbuffer_add_printf(o, "retrygate_upstream_in_flight{upstream=\"%s\"} %d\n", st->name,
-		                    atomic_load(&st->in_flight));
-	prom_family(o, "retrygate_upstream_retries_in_flight", "gauge",
-	            "Retries holding a max_retries_in_flight slot (waiting or sent).");
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next)
-		evbuffer_add_printf(o, "retrygate_upstream_retries_in_flight{upstream=\"%s\"} %d\n", st->name,
-		                    atomic_load(&st->retries_in_flight));
-	prom_family(o, "retrygate_upstream_retry_budget_tokens", "gauge", "Retry budget tokens available.");
-	struct runtime *rt = runtime_current();
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next) {
-		const struct cfg_upstream *u = rt ? config_upstream(rt->cfg, st->name) : NULL;
-		double t = u ? budget_tokens(&st->budget, &u->retry, now)
-		             : (double)atomic_load(&st->budget.tokens) / BUDGET_ONE;
-		evbuffer_add_printf(o, "retrygate_upstream_retry_budget_tokens{upstream=\"%s\"} %.3f\n", st->name, t);
-	}
-	if (rt)
-		runtime_unref(rt);
-
-	prom_family(o, "retrygate_upstream_request_duration_seconds", "histogram",
-	            "Client-visible request duration, all attempts and waits included.");
-	k = 0;
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next, k++) {
+		break;
+	case FK_GAUGE:
+		prom_series(o, f->name, "", up, NULL, NULL);
+		evbuffer_add(o, " ", 1);
+		put_value(o, f->fmt, f->read(sums), false);
+		evbuffer_add(o, "\n", 1);
+		break;
+	case FK_HISTOGRAM: {
+		const struct hsum *h = p;
 		uint64_t cum = 0;
+		char le[32];
 		for (int i = 0; i < NBUCKETS; i++) {
-			cum += sums[k].dur_bucket[i];
-			evbuffer_add_printf(o, "retrygate_upstream_request_duration_seconds_bucket{upstream=\"%s\",le=\"%g\"} %" PRIu64 "\n",
-			                    st->name, bucket_le[i], cum);
+			cum += h->bucket[i];
+			snprintf(le, sizeof(le), "%g", bucket_le[i]);
+			prom_series(o, f->name, "_bucket", up, "le", le);
+			evbuffer_add_printf(o, " %" PRIu64 "\n", cum);
 		}
-		evbuffer_add_printf(o, "retrygate_upstream_request_duration_seconds_bucket{upstream=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
-		                    st->name, sums[k].dur_count);
-		evbuffer_add_printf(o, "retrygate_upstream_request_duration_seconds_sum{upstream=\"%s\"} %.6f\n",
-		                    st->name, (double)sums[k].dur_sum_us / 1e6);
-		evbuffer_add_printf(o, "retrygate_upstream_request_duration_seconds_count{upstream=\"%s\"} %" PRIu64 "\n",
-		                    st->name, sums[k].dur_count);
+		prom_series(o, f->name, "_bucket", up, "le", "+Inf");
+		evbuffer_add_printf(o, " %" PRIu64 "\n", h->count);
+		prom_series(o, f->name, "_sum", up, NULL, NULL);
+		evbuffer_add_printf(o, " %.6f\n", (double)h->sum_us / 1e6);
+		prom_series(o, f->name, "_count", up, NULL, NULL);
+		evbuffer_add_printf(o, " %" PRIu64 "\n", h->count);
+		break;
+	}
 	}
 }
 
-void stats_render_json(struct evbuffer *o)
+static void prom_head(struct evbuffer *o, const struct family *f)
 {
-	int64_t conns;
-	uint64_t req[6];
-	sum_downstream(&conns, req);
-	evbuffer_add_printf(o, "{\"downstream\":{\"connections_active\":%" PRId64 ",\"requests\":{", conns);
-	for (int i = 1; i < 6; i++)
-		evbuffer_add_printf(o, "%s\"%s\":%" PRIu64, i > 1 ? "," : "", code_label[i], req[i]);
-	evbuffer_add_printf(o, "}},\"upstreams\":{");
-	int64_t now = clock_now_us();
-	struct runtime *rt = runtime_current();
-	bool first = true;
-	for (struct upstream_state *st = upstream_state_first(); st; st = st->next) {
-		struct usum u;
-		sum_upstream(st, &u);
-		const struct cfg_upstream *cu = rt ? config_upstream(rt->cfg, st->name) : NULL;
-		evbuffer_add_printf(o, "%s\"%s\":{", first ? "" : ",", st->name);
-		first = false;
-#define X_FIELD(f, name, help) evbuffer_add_printf(o, "\"%s\":%" PRIu64 ",", #f, u.f);
-		UPSTREAM_COUNTERS(X_FIELD)
-#undef X_FIELD
-#define X_LFIELD(f, name, help, label, cnt) \
-		{ \
-			evbuffer_add_printf(o, "\"%s\":{", #f); \
-			bool lf = true; \
-			for (int i = 0; i < cnt; i++) { \
-				const char *lv = label_of(#f, i); \
-				if (!lv) \
-					continue; \
-				evbuffer_add_printf(o, "%s\"%s\":%" PRIu64, lf ? "" : ",", lv, u.f[i]); \
-				lf = false; \
-			} \
-			evbuffer_add(o, "},", 2); \
-		}
-		UPSTREAM_LABELLED(X_LFIELD)
-#undef X_LFIELD
-		double tokens = cu ? budget_tokens(&st->budget, &cu->retry, now)
-		                   : (double)atomic_load(&st->budget.tokens) / BUDGET_ONE;
-		evbuffer_add_printf(o, "\"in_flight\":%d,\"retries_in_flight\":%d,\"retry_budget_tokens\":%.3f,"
-		                    "\"retries_enabled\":%s,",
-		                    atomic_load(&st->in_flight), atomic_load(&st->retries_in_flight), tokens,
-		                    atomic_load(&st->runtime_enabled) ? "true" : "false");
-		evbuffer_add_printf(o, "\"amplification_1m\":%.4f,\"requests_1m\":%" PRIu64 ",\"attempts_1m\":%" PRIu64 ",",
-		                    u.win_req ? (double)u.win_att / (double)u.win_req : 0.0, u.win_req, u.win_att);
-		evbuffer_add_printf(o, "\"duration_count\":%" PRIu64 ",\"duration_sum_seconds\":%.6f,\"held_endpoints\":{",
-		                    u.dur_count, (double)u.dur_sum_us / 1e6);
-		bool hf = true;
-		for (int i = 0; i < atomic_load(&st->neps); i++) {
-			int64_t h = atomic_load(&st->eps[i]->hold_until_us);
-			if (h <= now)
-				continue;
-			evbuffer_add_printf(o, "%s\"%s\":{\"hold_ms_left\":%" PRId64 "}", hf ? "" : ",",
-			                    st->eps[i]->name, (h - now) / 1000);
-			hf = false;
-		}
-		evbuffer_add(o, "}}", 2);
+	evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
+	                    kind_type[f->kind]);
+}
+
+/* one upstream's samples, each appended to its family's buffer */
+static void prom_upstream_cb(void *arg, const struct stats_upstream *up)
+{
+	struct evbuffer **fam = arg;
+	struct usum s;
+	sum_upstream(up, clock_now_us(), &s);
+	for (int i = 0; i < NUP_FAMILIES; i++)
+		if (up_families[i].name)
+			prom_samples(fam[i], &up_families[i], &s, up->name);
+}
+
+void stats_render_prometheus(struct evbuffer *o, stats_walk_fn walk)
+{
+	struct dsum d;
+	sum_downstream(&d);
+	for (int i = 0; i < NDOWN_FAMILIES; i++) {
+		prom_head(o, &down_families[i]);
+		prom_samples(o, &down_families[i], &d, NULL);
 	}
-	if (rt)
-		runtime_unref(rt);
+	/* one walk of the registry; the samples are grouped by family afterwards */
+	struct evbuffer *fam[NUP_FAMILIES];
+	for (int i = 0; i < NUP_FAMILIES; i++)
+		fam[i] = evbuffer_new();
+	walk(prom_upstream_cb, fam);
+	for (int i = 0; i < NUP_FAMILIES; i++) {
+		if (up_families[i].name) {
+			prom_head(o, &up_families[i]);
+			evbuffer_add_buffer(o, fam[i]);
+		}
+		evbuffer_free(fam[i]);
+	}
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+static void json_figures(struct evbuffer *o, const struct family *fams, int n, const void *sums)
+{
+	for (int k = 0; k < n; k++) {
+		const struct family *f = &fams[k];
+		const void *p = (const char *)sums + f->off;
+		evbuffer_add_printf(o, "%s\"%s", k ? "," : "", f->key);
+		switch (f->kind) {
+		case FK_COUNTER:
+			evbuffer_add_printf(o, "\":%" PRIu64, *(const uint64_t *)p);
+			break;
+		case FK_LABELLED:
+			evbuffer_add(o, "\":{", 3);
+			for (int i = 0; i < f->nvalues; i++)
+				evbuffer_add_printf(o, "%s\"%s\":%" PRIu64, i ? "," : "", f->values[i].value,
+				                    ((const uint64_t *)p)[f->values[i].index]);
+			evbuffer_add(o, "}", 1);
+			break;
+		case FK_GAUGE:
+			evbuffer_add(o, "\":", 2);
+			put_value(o, f->fmt, f->read(sums), true);
+			break;
+		case FK_HISTOGRAM: {
+			const struct hsum *h = p;
+			evbuffer_add_printf(o, "_count\":%" PRIu64 ",\"%s_sum_seconds\":%.6f", h->count,
+			                    f->key, (double)h->sum_us / 1e6);
+			break;
+		}
+		}
+	}
+}
+
+struct json_walk {
+	struct evbuffer *o;
+	int64_t now_us;
+	bool first;
+};
+
+static void json_upstream_cb(void *arg, const struct stats_upstream *up)
+{
+	struct json_walk *jw = arg;
+	struct usum s;
+	sum_upstream(up, jw->now_us, &s);
+	evbuffer_add_printf(jw->o, "%s\"%s\":{", jw->first ? "" : ",", up->name);
+	jw->first = false;
+	json_figures(jw->o, up_families, NUP_FAMILIES, &s);
+	/* the endpoints under a Retry-After hold, with the time it has left */
+	evbuffer_add_printf(jw->o, ",\"held_endpoints\":{");
+	bool first = true;
+	for (int i = 0; i < up->nendpoints; i++) {
+		int64_t h = up->endpoints[i].hold_until_us;
+		if (h <= jw->now_us)
+			continue;
+		evbuffer_add_printf(jw->o, "%s\"%s\":{\"hold_ms_left\":%" PRId64 "}", first ? "" : ",",
+		                    up->endpoints[i].name, (h - jw->now_us) / 1000);
+		first = false;
+	}
+	evbuffer_add(jw->o, "}}", 2);
+}
+
+void stats_render_json(struct evbuffer *o, stats_walk_fn walk)
+{
+	struct dsum d;
+	sum_downstream(&d);
+	evbuffer_add_printf(o, "{\"downstream\":{");
+	json_figures(o, down_families, NDOWN_FAMILIES, &d);
+	evbuffer_add_printf(o, "},\"upstreams\":{");
+	struct json_walk jw = { .o = o, .now_us = clock_now_us(), .first = true };
+	walk(json_upstream_cb, &jw);
 	evbuffer_add(o, "}}\n", 3);
 }

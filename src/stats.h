@@ -1,15 +1,20 @@
 /*
- * stats: every figure /metrics and /stats show, declared once (the X-macro lists below give
- * the counter fields, the Prometheus names and help, and the JSON keys).
+ * stats: every figure /metrics and /stats show, declared once. The lists below give, per
+ * figure, its field, its Prometheus name and help (the type follows from the list it is in),
+ * its JSON key, and for a labelled counter the label name and the list of its values, which
+ * also sizes the counter array and, where stats owns the values, defines their index constants.
+ * stats.c renders both formats by walking these declarations: no figure has code of its own.
  *
  * Counters are per worker (one writer each, relaxed atomics, no lock on the request path) and
- * summed at scrape. Gauges that are per upstream (in flight, budget tokens) live in the shared
- * upstream state.
+ * summed at scrape. Per-upstream gauges live in the shared upstream state, which stats does not
+ * know: a scrape is handed a walker that shows each upstream as a struct stats_upstream, so the
+ * upstream registry depends on stats and never the other way round.
  */
 #ifndef RG_STATS_H
 #define RG_STATS_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "retry.h"
@@ -23,7 +28,47 @@
 #define X_COUNT(b) +1
 enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 
-/* plain per-upstream counters: field, metric name, help */
+/*
+ * Label values: V(index in the counter array, value). A counter array is as long as the
+ * largest index + 1; an index not listed (status class 0, RR_NONE, RR_NOT_LISTED, OUT_NONE)
+ * is neither counted nor shown.
+ */
+#define CODE_VALUES(V)      /* index: status / 100 */ \
+	V(1, "1xx") V(2, "2xx") V(3, "3xx") V(4, "4xx") V(5, "5xx")
+#define REFUSED_VALUES(V)   /* enum refusal (retry.h): SPEC §4 reasons */ \
+	V(RR_DISABLED, "disabled") V(RR_NESTED, "nested") V(RR_MAX_ATTEMPTS, "max-attempts") \
+	V(RR_NON_IDEMPOTENT, "non-idempotent") V(RR_BODY_TOO_LARGE, "body-too-large") \
+	V(RR_RETRY_AFTER, "retry-after") V(RR_DEADLINE, "deadline") V(RR_BUDGET, "budget") \
+	V(RR_RETRIES_IN_FLIGHT, "retries-in-flight")
+#define OUTCOME_VALUES(V)   /* enum outcome (retry.h): attempts that got no response */ \
+	V(OUT_CONNECT_FAILURE, "connect-failure") V(OUT_RESET, "reset") V(OUT_TIMEOUT, "timeout")
+#define REJECTED_VALUES(V)  /* requests refused before any attempt */ \
+	V(REJ_OVERLOADED, "overloaded") V(REJ_DEADLINE, "deadline-exceeded")
+#define IDEM_VALUES(V)      /* idempotency enforcement results */ \
+	V(IS_STORED, "stored") V(IS_REPLAYED, "replayed") V(IS_CONFLICT, "conflict") \
+	V(IS_MISMATCH, "mismatch")
+
+#define X_VALUE_ENUM(id, value) id,
+enum { REJECTED_VALUES(X_VALUE_ENUM) NREJ };
+enum { IDEM_VALUES(X_VALUE_ENUM) NIDEM };
+#undef X_VALUE_ENUM
+
+/* the array length a value list needs (largest index + 1), and how many values it has */
+#define X_VALUE_LEN(i, value) char len_##i[(i) + 1];
+#define LABELS_LEN(values) sizeof(union { values(X_VALUE_LEN) })
+#define X_VALUE_ONE(i, value) +1
+#define LABELS_COUNT(values) (0 values(X_VALUE_ONE))
+
+/* the lists over retry.h's enums must name every value (tests/unit/test_stats.c checks that
+ * they are spelled as refusal_name() and outcome_name() spell them) */
+_Static_assert(LABELS_LEN(REFUSED_VALUES) == RR_NREASONS &&
+               LABELS_COUNT(REFUSED_VALUES) == RR_NREASONS - RR_DISABLED,
+               "REFUSED_VALUES must list every refusal reason of enum refusal");
+_Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
+               LABELS_COUNT(OUTCOME_VALUES) == OUT_STATUS - OUT_CONNECT_FAILURE,
+               "OUTCOME_VALUES must list every outcome without a response");
+
+/* per-upstream counters: field (and JSON key), metric name, help */
 #define UPSTREAM_COUNTERS(X) \
 	X(requests, "retrygate_upstream_requests_total", "Requests that made a first attempt.") \
 	X(attempts, "retrygate_upstream_attempts_total", "Attempts sent, first and retries.") \
@@ -33,26 +78,71 @@ enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
 	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).")
 
-/* labelled per-upstream counters: field, metric, help, label, number of values */
-enum { REJ_OVERLOADED, REJ_DEADLINE, NREJ };
-enum { IS_STORED, IS_REPLAYED, IS_CONFLICT, IS_MISMATCH, NIDEM };   /* idempotency results */
+/* per-upstream labelled counters: field (and JSON key), metric, help, label, its values */
 #define UPSTREAM_LABELLED(X) \
-	X(refused,   "retrygate_upstream_retries_refused_total", "Retries not made, by the rule that refused them.", "reason", RR_NREASONS) \
-	X(rejected,  "retrygate_upstream_rejected_total", "Requests refused before any attempt.", "reason", NREJ) \
-	X(responses, "retrygate_upstream_responses_total", "Upstream responses per attempt, by status class.", "code", 6) \
-	X(outcomes,  "retrygate_upstream_outcomes_total", "Attempts that ended without a response, by outcome.", "outcome", 4) \
-	X(idem,      "retrygate_idempotency_total", "Idempotency enforcement results.", "result", NIDEM)
+	X(refused, "retrygate_upstream_retries_refused_total", \
+	  "Retries not made, by the rule that refused them.", "reason", REFUSED_VALUES) \
+	X(rejected, "retrygate_upstream_rejected_total", \
+	  "Requests refused before any attempt.", "reason", REJECTED_VALUES) \
+	X(responses, "retrygate_upstream_responses_total", \
+	  "Upstream responses per attempt, by status class.", "code", CODE_VALUES) \
+	X(outcomes, "retrygate_upstream_outcomes_total", \
+	  "Attempts that ended without a response, by outcome.", "outcome", OUTCOME_VALUES) \
+	X(idem, "retrygate_idempotency_total", \
+	  "Idempotency enforcement results.", "result", IDEM_VALUES)
+
+/* per-upstream histograms: field (JSON keys FIELD_count, FIELD_sum_seconds), metric, help;
+ * buckets DURATION_BUCKETS */
+#define UPSTREAM_HISTOGRAMS(X) \
+	X(duration, "retrygate_upstream_request_duration_seconds", \
+	  "Client-visible request duration, all attempts and waits included.")
+
+/* Value formats of gauges: a count, budget tokens (3 decimals), a ratio (4), a switch. */
+enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH };
+
+/* per-upstream gauges: JSON key, metric name (NULL: /stats only), help, format, value. The
+ * value is an expression over S, a struct usum (stats.c): S->up is the upstream as the registry
+ * shows it (struct stats_upstream below), the other fields its counters summed over workers,
+ * win_req / win_att the first attempts and attempts of the last minute. */
+#define UPSTREAM_GAUGES(X) \
+	X(in_flight, "retrygate_upstream_in_flight", \
+	  "Attempts in flight, retries included.", SF_COUNT, s->up->in_flight) \
+	X(retries_in_flight, "retrygate_upstream_retries_in_flight", \
+	  "Retries holding a max_retries_in_flight slot (waiting or sent).", SF_COUNT, \
+	  s->up->retries_in_flight) \
+	X(retry_budget_tokens, "retrygate_upstream_retry_budget_tokens", \
+	  "Retry budget tokens available.", SF_TOKENS, s->up->budget_tokens) \
+	X(retries_enabled, NULL, "The runtime switch of POST /retries.", SF_SWITCH, \
+	  s->up->retries_enabled) \
+	X(amplification_1m, NULL, "Attempts per first attempt over the last minute.", SF_RATIO, \
+	  s->win_req ? (double)s->win_att / (double)s->win_req : 0.0) \
+	X(requests_1m, NULL, "First attempts over the last minute.", SF_COUNT, s->win_req) \
+	X(attempts_1m, NULL, "Attempts over the last minute.", SF_COUNT, s->win_att)
+
+/* process-wide downstream gauges (no upstream label), summed over workers: field, JSON key,
+ * metric, help */
+#define DOWNSTREAM_GAUGES(X) \
+	X(conns_active, "connections_active", "retrygate_downstream_connections_active", \
+	  "Client connections open on the proxy listeners.") \
+	X(exchanges_active, "exchanges_active", "retrygate_downstream_exchanges_active", \
+	  "Requests being served, tunnels included (a drain waits for none).")
+
+/* process-wide downstream labelled counters: field (and JSON key), metric, help, label, values */
+#define DOWNSTREAM_LABELLED(X) \
+	X(requests, "retrygate_downstream_requests_total", \
+	  "Responses sent to clients, by status class.", "code", CODE_VALUES)
 
 struct ustats {
 #define X_FIELD(f, name, help) _Atomic uint64_t f;
 	UPSTREAM_COUNTERS(X_FIELD)
 #undef X_FIELD
-#define X_LFIELD(f, name, help, label, n) _Atomic uint64_t f[n];
+#define X_LFIELD(f, name, help, label, values) _Atomic uint64_t f[LABELS_LEN(values)];
 	UPSTREAM_LABELLED(X_LFIELD)
 #undef X_LFIELD
-	_Atomic uint64_t dur_bucket[NBUCKETS];
-	_Atomic uint64_t dur_count;
-	_Atomic uint64_t dur_sum_us;
+#define X_HFIELD(f, name, help) \
+	_Atomic uint64_t f##_bucket[NBUCKETS]; _Atomic uint64_t f##_count; _Atomic uint64_t f##_sum_us;
+	UPSTREAM_HISTOGRAMS(X_HFIELD)
+#undef X_HFIELD
 	/* amplification over the last minute: per-second ring of first attempts and attempts */
 	_Atomic uint64_t win_req[60], win_att[60];
 	_Atomic int64_t win_sec[60];
@@ -60,11 +150,17 @@ struct ustats {
 
 /* process-wide downstream figures, one per worker */
 struct gstats {
-	_Atomic int64_t conns_active;
-	_Atomic int64_t exchanges_active; /* requests being served (tunnels included): the drain waits for 0 */
-	_Atomic uint64_t requests[6];   /* by status class */
+#define X_GFIELD(f, key, name, help) _Atomic int64_t f;
+	DOWNSTREAM_GAUGES(X_GFIELD)
+#undef X_GFIELD
+#define X_LFIELD(f, name, help, label, values) _Atomic uint64_t f[LABELS_LEN(values)];
+	DOWNSTREAM_LABELLED(X_LFIELD)
+#undef X_LFIELD
 } __attribute__((aligned(64)));
 
+/* g_nworkers: 1..MAX_WORKERS, set once before the first runtime and worker exist; every
+ * per-worker array (g_gstats, each upstream's ustats) has that many slots. A larger worker
+ * count must be refused by config validation, not cut down here. */
 extern struct gstats g_gstats[MAX_WORKERS];
 extern int g_nworkers;
 
@@ -77,9 +173,27 @@ extern int g_nworkers;
 void stats_observe_duration(struct ustats *s, int64_t us);
 void stats_window_add(struct ustats *s, int64_t now_us, int req, int att);
 
+/* One upstream as the registry shows it to a scrape; valid during the walker's call only. */
+struct stats_endpoint {
+	const char *name;
+	int64_t hold_until_us;          /* Retry-After hold (monotonic clock), 0: none */
+};
+struct stats_upstream {
+	const char *name;
+	const struct ustats *per_worker;    /* [g_nworkers] */
+	int64_t in_flight, retries_in_flight;
+	double budget_tokens;
+	bool retries_enabled;
+	const struct stats_endpoint *endpoints;
+	int nendpoints;
+};
+typedef void (*stats_upstream_fn)(void *arg, const struct stats_upstream *u);
+/* Calls FN once per upstream, in the order they were first configured. */
+typedef void (*stats_walk_fn)(stats_upstream_fn fn, void *arg);
+
 struct evbuffer;
 /* Render all figures: Prometheus text format 0.0.4, or JSON. */
-void stats_render_prometheus(struct evbuffer *out);
-void stats_render_json(struct evbuffer *out);
+void stats_render_prometheus(struct evbuffer *out, stats_walk_fn walk);
+void stats_render_json(struct evbuffer *out, stats_walk_fn walk);
 
 #endif

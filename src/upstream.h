@@ -2,10 +2,18 @@
  * upstream: the per-upstream policy state shared by every worker (SPEC §1: one per process):
  * retry budget, in-flight and retries-in-flight counts, Retry-After holds per endpoint, the
  * runtime switch, and the counters. State is keyed by upstream name and endpoint string, so it
- * survives reloads; it is created when a config naming it is activated and lives until exit.
+ * survives reloads while the name stays configured.
  *
  * struct runtime binds one loaded config to that state: new requests take the current runtime
- * (refcounted); requests in flight keep the one they started with.
+ * (refcounted); requests in flight keep the one they started with. Lifetime: each runtime holds
+ * a reference on every upstream and endpoint state it binds; when the last runtime naming one
+ * is freed (on any thread), the state is forgotten: it leaves the registry and its endpoint
+ * index and upstream id are free for a new name. So a state reached through a live runtime is
+ * alive, and the registry holds only names that some live runtime configures.
+ *
+ * Per-worker caches keyed by (up->id, ep->index) (pool.c) must not dereference a state they
+ * did not reach through a runtime: they compare ep->serial (never reused) and ask
+ * upstream_ep_live() after upstream_forget_epoch() moved.
  */
 #ifndef RG_UPSTREAM_H
 #define RG_UPSTREAM_H
@@ -25,7 +33,9 @@ struct ep_state {
 	char *name;                 /* "host:port" as configured */
 	_Atomic int64_t hold_until_us;  /* Retry-After hold (monotonic), 0: none */
 	struct upstream_state *up;
-	int index;                  /* in up->eps: per-worker pools are indexed by it */
+	int index;                  /* in up->eps, < MAX_ENDPOINTS; reused once forgotten */
+	uint64_t serial;            /* unique for the process lifetime: identity for caches */
+	int refs;                   /* bindings in live runtimes; under the registry lock */
 };
 
 struct upstream_state {
@@ -35,11 +45,11 @@ struct upstream_state {
 	_Atomic int retries_in_flight;
 	_Atomic bool runtime_enabled;
 	_Atomic uint64_t rr;
-	struct ep_state *eps[MAX_ENDPOINTS];
-	_Atomic int neps;
+	struct ep_state *eps[MAX_ENDPOINTS];    /* NULL: free index */
 	struct ustats *stats;       /* [g_nworkers] */
-	int id;                     /* registry index */
-	struct upstream_state *next;
+	int id;                     /* registry slot, lowest free; reused once forgotten */
+	int refs;                   /* live runtimes binding it; under the registry lock */
+	struct upstream_state *next;    /* registry order: first configured first */
 };
 
 struct upstream_binding {
@@ -58,7 +68,10 @@ struct runtime {
 };
 
 /* Build the runtime for CFG (takes its own reference), creating state for new names and the
- * TLS contexts. NULL with ERR set when a certificate or key cannot be loaded. */
+ * TLS contexts. NULL with ERR set when a certificate or key cannot be loaded, or when an
+ * upstream would have more than MAX_ENDPOINTS endpoint names alive at once (old runtimes still
+ * serving requests keep theirs). runtime_unref() may free the runtime and forget the states
+ * only it bound; it is safe on any thread. */
 struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen);
 struct runtime *runtime_ref(struct runtime *rt);
 void runtime_unref(struct runtime *rt);
@@ -75,10 +88,16 @@ static inline struct upstream_binding *runtime_upstream(struct runtime *rt,
 	return &rt->ups[u - rt->cfg->upstreams];
 }
 
-/* Iterate all states (admin). */
-struct upstream_state *upstream_state_first(void);
-struct upstream_state *upstream_state_find(const char *name);
+/* A stats_walk_fn (stats.h) over every state, for /metrics and /stats: calls FN once per
+ * state, in the order they were first configured, under the registry lock. */
+void upstream_stats_walk(stats_upstream_fn fn, void *arg);
+/* At exit, once every runtime is gone: free what is left. */
 void upstream_states_free(void);
+
+/* For per-worker caches: moves whenever an endpoint state is forgotten; and whether the
+ * endpoint state with SERIAL still holds index INDEX of the upstream state with id UP_ID. */
+uint64_t upstream_forget_epoch(void);
+bool upstream_ep_live(int up_id, int index, uint64_t serial);
 
 /* in-flight gates: true if a slot was taken */
 bool upstream_take_in_flight(struct upstream_state *st, int cap);

@@ -1,0 +1,167 @@
+/*
+ * test_stats: the declarations of stats.h against retry.h's names, and both renderings from a
+ * walker that shows two made-up upstreams (no registry, no sockets): every family once, each
+ * label value once per upstream, the counters summed over workers, and the same figures in JSON.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <event2/buffer.h>
+
+#include "stats.h"
+
+static void test_refusal_values_spelled_as_retry_names(void **state)
+{
+	int n = 0;
+#define X_CHECK(i, v) assert_string_equal(v, refusal_name(i)); n++;
+	REFUSED_VALUES(X_CHECK)
+#undef X_CHECK
+	assert_int_equal(n, RR_NREASONS - RR_DISABLED);
+}
+
+static void test_outcome_values_spelled_as_retry_names(void **state)
+{
+#define X_CHECK(i, v) assert_string_equal(v, outcome_name(i));
+	OUTCOME_VALUES(X_CHECK)
+#undef X_CHECK
+}
+
+static void test_value_lists_size_the_arrays(void **state)
+{
+	struct ustats u;
+	assert_int_equal(sizeof(u.refused) / sizeof(u.refused[0]), RR_NREASONS);
+	assert_int_equal(sizeof(u.outcomes) / sizeof(u.outcomes[0]), OUT_STATUS);
+	assert_int_equal(sizeof(u.responses) / sizeof(u.responses[0]), 6);
+	assert_int_equal(sizeof(u.rejected) / sizeof(u.rejected[0]), NREJ);
+	assert_int_equal(sizeof(u.idem) / sizeof(u.idem[0]), NIDEM);
+	assert_int_equal(LABELS_COUNT(CODE_VALUES), 5);
+}
+
+/* ------------------------------------------------------------------ renderings */
+
+static struct ustats per_worker[2][2];     /* [upstream][worker] */
+static const struct stats_endpoint eps[] = { { "10.0.0.1:80", 0 }, { "10.0.0.2:80", 0 } };
+
+static void walk(stats_upstream_fn fn, void *arg)
+{
+	static const char *const names[2] = { "api", "db" };
+	for (int i = 0; i < 2; i++) {
+		struct stats_upstream v = {
+			.name = names[i], .per_worker = per_worker[i], .in_flight = 3 + i,
+			.retries_in_flight = 1, .budget_tokens = 7.5, .retries_enabled = i == 0,
+			.endpoints = eps, .nendpoints = 2,
+		};
+		fn(arg, &v);
+	}
+}
+
+static char *render(void (*r)(struct evbuffer *, stats_walk_fn))
+{
+	struct evbuffer *b = evbuffer_new();
+	r(b, walk);
+	size_t n = evbuffer_get_length(b);
+	char *s = malloc(n + 1);
+	evbuffer_remove(b, s, n);
+	s[n] = 0;
+	evbuffer_free(b);
+	return s;
+}
+
+static int count(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+		n++;
+	return n;
+}
+
+static void setup_figures(void)
+{
+	memset(per_worker, 0, sizeof(per_worker));
+	memset(g_gstats, 0, sizeof(g_gstats));
+	g_nworkers = 2;
+	for (int w = 0; w < 2; w++) {
+		STAT_ADD(per_worker[0][w].requests, 10);
+		STAT_ADD(per_worker[0][w].refused[RR_BUDGET], 2);
+		STAT_ADD(per_worker[0][w].responses[5], 1);
+		STAT_INC(per_worker[1][w].idem[IS_REPLAYED]);
+		stats_observe_duration(&per_worker[0][w], 3000);
+		STAT_INC(g_gstats[w].requests[2]);
+		STAT_INC(g_gstats[w].conns_active);
+	}
+}
+
+static void test_prometheus_every_family_once(void **state)
+{
+	setup_figures();
+	char *t = render(stats_render_prometheus);
+#define X_ONCE(f, m, ...) assert_int_equal(count(t, "# TYPE " m " "), 1);
+	UPSTREAM_COUNTERS(X_ONCE)
+	UPSTREAM_LABELLED(X_ONCE)
+	UPSTREAM_HISTOGRAMS(X_ONCE)
+#undef X_ONCE
+#define X_ONCE(f, k, m, ...) assert_int_equal(count(t, "# TYPE " m " gauge\n"), 1);
+	DOWNSTREAM_GAUGES(X_ONCE)
+#undef X_ONCE
+	/* one sample per upstream and label value */
+	assert_int_equal(count(t, "retrygate_upstream_retries_refused_total{upstream=\"api\""),
+	                 LABELS_COUNT(REFUSED_VALUES));
+	assert_int_equal(count(t, "retrygate_upstream_outcomes_total{upstream=\"db\""), 3);
+	assert_non_null(strstr(t, "retrygate_upstream_requests_total{upstream=\"api\"} 20\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_retries_refused_total{upstream=\"api\",reason=\"budget\"} 4\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_responses_total{upstream=\"api\",code=\"5xx\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_idempotency_total{upstream=\"db\",result=\"replayed\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_in_flight{upstream=\"db\"} 4\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_retry_budget_tokens{upstream=\"api\"} 7.500\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_request_duration_seconds_bucket{upstream=\"api\",le=\"0.005\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_request_duration_seconds_bucket{upstream=\"api\",le=\"+Inf\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_request_duration_seconds_sum{upstream=\"api\"} 0.006000\n"));
+	assert_non_null(strstr(t, "retrygate_downstream_requests_total{code=\"2xx\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_downstream_connections_active 2\n"));
+	/* /stats-only figures have no series */
+	assert_null(strstr(t, "amplification"));
+	assert_null(strstr(t, "retries_enabled"));
+	/* the families of one upstream come after the other's, grouped by family */
+	char *a = strstr(t, "retrygate_upstream_attempts_total{upstream=\"api\"}");
+	char *d = strstr(t, "retrygate_upstream_attempts_total{upstream=\"db\"}");
+	char *r = strstr(t, "# TYPE retrygate_upstream_retries_total");
+	assert_true(a && d && r && a < d && d < r);
+	free(t);
+}
+
+static void test_json_same_figures(void **state)
+{
+	setup_figures();
+	char *j = render(stats_render_json);
+	assert_non_null(strstr(j, "{\"downstream\":{\"connections_active\":2,\"exchanges_active\":0,"
+	                          "\"requests\":{\"1xx\":0,\"2xx\":2,\"3xx\":0,\"4xx\":0,\"5xx\":0}},"
+	                          "\"upstreams\":{\"api\":{\"requests\":20,"));
+	assert_non_null(strstr(j, "\"refused\":{\"disabled\":0,\"nested\":0,"));
+	assert_non_null(strstr(j, "\"budget\":4,\"retries-in-flight\":0}"));
+	assert_non_null(strstr(j, "\"in_flight\":3,\"retries_in_flight\":1,\"retry_budget_tokens\":7.500,"
+	                          "\"retries_enabled\":true,\"amplification_1m\":0.0000,"));
+	assert_non_null(strstr(j, "\"duration_count\":2,\"duration_sum_seconds\":0.006000,"
+	                          "\"held_endpoints\":{}}"));
+	assert_non_null(strstr(j, ",\"db\":{\"requests\":0,"));
+	assert_non_null(strstr(j, "\"retries_enabled\":false"));
+	assert_int_equal(strcmp(j + strlen(j) - 4, "}}}\n"), 0);
+	free(j);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_refusal_values_spelled_as_retry_names),
+		cmocka_unit_test(test_outcome_values_spelled_as_retry_names),
+		cmocka_unit_test(test_value_lists_size_the_arrays),
+		cmocka_unit_test(test_prometheus_every_family_once),
+		cmocka_unit_test(test_json_same_figures),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
