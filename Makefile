@@ -4,7 +4,8 @@
 #   make deps-build  the same for compiling only (no test tools): the image's build stage
 #   make             build/retrygate
 #   make strip       build/stripped/retrygate, without symbols (the image's binary)
-#   make test        unit + integration tests        (SANITIZE=address,undefined for the ASan/UBSan build)
+#   make test        include-loop check + unit + integration tests (SANITIZE=address,undefined:
+#                    the ASan/UBSan build, which also checks every callback's object magic)
 #   make run         start the bundled demo upstream and retrygate on conf/retrygate.yaml
 #   make fuzz        libFuzzer targets, bounded time  (FUZZ_SECONDS=60)
 #   make bench       retrygate vs nginx vs HAProxy, ratios
@@ -50,7 +51,7 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/unit/%)
 PYTEST    ?= /usr/bin/python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all deps deps-build strip test unit integration run clean fuzz bench demo
+.PHONY: all deps deps-build strip test structure unit integration run clean fuzz bench demo
 .SECONDARY:
 
 all: $(BUILD)/retrygate
@@ -112,7 +113,11 @@ $(DEPS_DIR)/usr/lib/$(ARCH)/libllhttp.a:
 
 # ---------------------------------------------------------------- tests
 test: deps
-	@$(MAKE) --no-print-directory unit integration
+	@$(MAKE) --no-print-directory structure unit integration
+
+# DESIGN rule 7: no two files of src/ include each other, directly or through a loop
+structure:
+	/usr/bin/python3 tests/tools/check-includes.py src
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done

@@ -263,6 +263,7 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 		return;
 	}
 	struct upconn *c = xcalloc(1, sizeof(*c));
+	c->magic = UPCONN_MAGIC;
 	c->loop = a->loop;
 	c->ep = a->ep;
 	c->bev = bev;

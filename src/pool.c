@@ -124,6 +124,7 @@ static void upconn_free_cb(void *p)
 	struct upconn *c = p;
 	if (c->parser)
 		http_msg_free(c->parser);
+	c->magic = 0;
 	free(c);
 }
 
@@ -143,6 +144,9 @@ static void pool_unlink(struct upconn *c)
 
 void upconn_close(struct upconn *c)
 {
+	if (c->closed)
+		return;         /* idempotent: the second close of a connection is a no-op */
+	c->closed = true;
 	pool_unlink(c);
 	if (c->bev) {
 		stream_free(c->bev);
@@ -154,16 +158,19 @@ void upconn_close(struct upconn *c)
 /* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
 static void idle_read_cb(struct stream *bev, void *arg)
 {
+	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
 	upconn_close(arg);
 }
 
 static void idle_event_cb(struct stream *bev, short what, void *arg)
 {
+	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
 	upconn_close(arg);
 }
 
 static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
+	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
 	upconn_close(arg);
 }
 

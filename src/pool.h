@@ -35,7 +35,11 @@ struct http_msg;
 
 struct pool_ep;
 
+#define UPCONN_MAGIC 0x0bc0e11au
+
 struct upconn {
+	uint32_t magic;
+	bool closed;                    /* upconn_close ran (it is idempotent) */
 	struct loop *loop;
 	struct ep_state *ep;            /* valid only while an attempt holds the connection */
 	struct pool_ep *pe;             /* while idle: the pool it is parked in */
@@ -79,7 +83,7 @@ struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep);
 struct upconn *pool_get(struct pool_ep *pe);
 /* Park C as idle (after a complete keep-alive response). */
 void pool_put(struct upconn *c);
-/* Close and free C (deferred). */
+/* Close and free C (deferred). Idempotent. */
 void upconn_close(struct upconn *c);
 
 /* Resolve the endpoint address: calls FN now if known, else later (W must stay registered
