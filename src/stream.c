@@ -8,6 +8,8 @@
  *  - can_read: an edge said "readable" and no short read or EAGAIN has been seen since; while
  *    reading is off or input is at its high-water mark the bytes wait in the kernel, and
  *    turning reading back on reads them from the `soon` event;
+ *  - the input holds chains about the size of what they carry (do_read), so the watermarks,
+ *    which count bytes, also bound the memory held where those chains end up;
  *  - appending to the output schedules `soon`, which runs after the callbacks already queued
  *    in this loop round: everything a round appended leaves in one writev. When the kernel
  *    buffer is full the rest waits for the next writable edge.
@@ -144,6 +146,12 @@ static void wr_timeout_cb(evutil_socket_t fd, short what, void *arg)
 		stream_report(s, BEV_EVENT_TIMEOUT | BEV_EVENT_WRITING);
 }
 
+/* Reads go to a scratch buffer on the stack, then evbuffer_add copies them into the input:
+ * into the free space of its last chain, or into a chain sized to the bytes read. Reading
+ * straight into reserved space would pin a fresh 16 KiB chain (32 KiB from malloc) per read,
+ * and chains move, uncopied, to the other side's output: a peer sending 100-byte pieces would
+ * hold 300 times the bytes the watermarks count. The copy is at most READ_CHUNK bytes per
+ * system call, and the stack buffer is per thread, as the loop is. */
 static void do_read(struct stream *s)
 {
 	for (int round = 0; round < READ_ROUNDS; round++) {
@@ -155,20 +163,9 @@ static void do_read(struct stream *s)
 		size_t want = READ_CHUNK;
 		if (s->rd_high && s->rd_high - have < want)
 			want = s->rd_high - have;
-		struct evbuffer_iovec v[2];
-		int nv = evbuffer_reserve_space(s->in, (ev_ssize_t)want, v, 2);
-		if (nv <= 0)
-			return;
-		struct iovec iov[2];
-		size_t left = want;
-		for (int i = 0; i < nv; i++) {
-			iov[i].iov_base = v[i].iov_base;
-			iov[i].iov_len = v[i].iov_len < left ? v[i].iov_len : left;
-			left -= iov[i].iov_len;
-		}
-		/* recvmsg, not readv: the socket call skips the file-position lock readv takes */
-		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)nv };
-		ssize_t n = recvmsg(s->fd, &msg, MSG_DONTWAIT);
+		char scratch[READ_CHUNK];
+		/* recv, not read: the socket call skips the file-position lock read takes */
+		ssize_t n = recv(s->fd, scratch, want, MSG_DONTWAIT);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -185,13 +182,11 @@ static void do_read(struct stream *s)
 			stream_report(s, BEV_EVENT_EOF | BEV_EVENT_READING);
 			return;
 		}
-		size_t got = (size_t)n;
-		for (int i = 0; i < nv; i++) {
-			size_t take = got < iov[i].iov_len ? got : iov[i].iov_len;
-			v[i].iov_len = take;
-			got -= take;
+		if (evbuffer_add(s->in, scratch, (size_t)n) != 0) {
+			s->can_read = false;
+			stream_report(s, BEV_EVENT_ERROR | BEV_EVENT_READING);
+			return;
 		}
-		evbuffer_commit_space(s->in, v, nv);
 		/* a short read drained the socket: wait for an edge, unless a FIN is queued (it
 		 * raises no further edge, so read on to see the EOF) */
 		if ((size_t)n < want && !s->rdhup)
