@@ -5,15 +5,18 @@ to the system after a burst of connections. Slow variants of the memory scenario
 """
 
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 
 import memory_peers as mp
-from harness import RawConn, default_binary, parse_response, respond, rss_bytes, wait_for
+from harness import (RawConn, default_binary, free_port, parse_response, respond, rss_bytes,
+                     wait_for)
 
 # Each scenario once fed ~300x its byte count into the heap (a 32 KiB chain per small read,
 # one page of it touched): tens of MiB for a few connections. The bound is ~256 KiB counted per
@@ -182,3 +185,61 @@ def test_empty_host_is_400_and_not_forwarded(upstream, rg_factory, host):
     assert closed
     time.sleep(0.2)
     assert upstream.requests == []
+
+
+# ------------------------------------------------------------------ idempotency store stall
+
+@pytest.fixture
+def redis_server():
+    """A redis-server of our own on a free port (the test stops and continues it)."""
+    exe = shutil.which("redis-server")
+    if not exe:
+        pytest.skip("redis-server not installed")
+    port = free_port()
+    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+
+    def up():
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.2) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+    try:
+        wait_for(up, 10, what="redis-server")
+        yield "redis://127.0.0.1:%d/0" % port, p
+    finally:
+        p.send_signal(signal.SIGCONT)
+        p.kill()
+        p.wait(5)
+
+
+def keyed_post(rg, key):
+    r = rg.request("POST", "/pay", headers={"Idempotency-Key": key,
+                                             "Content-Type": "application/json"},
+                   body=b'{"amount":1}', timeout=10)
+    return r.status, r.headers.get("X-Retrygate-Reason")
+
+
+@pytest.mark.timeout(60)
+def test_claim_buffered_by_a_stalled_redis_does_not_block_the_retry(upstream, rg_factory,
+                                                                    redis_server):
+    url, proc = redis_server
+    rg = rg_factory(upstreams={"api": {
+        "endpoints": [upstream],
+        "idempotency": {"enabled": True, "store": url, "ttl": "1h", "lock_timeout": "30s"}}})
+    assert keyed_post(rg, "warm")[0] == 200             # connected, clock offset known
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        assert keyed_post(rg, "stalled") == (503, "idempotency-store-unavailable")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    # the store reconnects (backoff up to 2 s); the stalled claim ran on the server meanwhile
+    wait_for(lambda: keyed_post(rg, "probe-%f" % time.monotonic())[0] == 200, 10,
+             what="store back")
+    assert len([r for r in upstream.requests if r.path == "/pay"]) >= 2
+    before = len(upstream.requests)
+    assert keyed_post(rg, "stalled") == (200, None), "the retry found a ghost claim"
+    assert len(upstream.requests) == before + 1
