@@ -243,3 +243,45 @@ def test_claim_buffered_by_a_stalled_redis_does_not_block_the_retry(upstream, rg
     before = len(upstream.requests)
     assert keyed_post(rg, "stalled") == (200, None), "the retry found a ghost claim"
     assert len(upstream.requests) == before + 1
+
+
+# ------------------------------------------------------------------ drain
+
+DRAIN_CONNS = 32
+
+
+def drain_round(rg):
+    """DRAIN_CONNS keep-alive connections, each idle after one request; then SIGTERM and, in
+    the same instant, a request on every one (the signal first: a request retrygate has read
+    before the drain starts is simply in flight). Returns what each connection got: "ok" (a
+    complete response with Connection: close), or what went wrong."""
+    conns = [RawConn(rg.port, timeout=10) for _ in range(DRAIN_CONNS)]
+    req = b"GET /d HTTP/1.1\r\nHost: a\r\n\r\n"
+    for c in conns:
+        c.send(req)
+        assert c.read_response(timeout=5).status == 200
+    rg.send_signal(signal.SIGTERM)
+    for c in conns:
+        c.send(req)
+    out = []
+    for c in conns:
+        try:
+            r = c.read_response(timeout=5)
+            conn_hdr = (r.headers.get("Connection") or "").lower()
+            out.append("ok" if r.status == 200 and "close" in conn_hdr else
+                       "status %d, Connection: %r" % (r.status, conn_hdr))
+        except Exception as e:  # noqa: BLE001 - what the client saw is the result
+            out.append("%s: %s" % (type(e).__name__, str(e)[:80]))
+        c.close()
+    return out
+
+
+@pytest.mark.xfail(strict=False, reason="drain fix pending (session.c/worker.c)")
+@pytest.mark.timeout(60)
+def test_drain_serves_requests_already_sent(upstream, rg_factory):
+    rg = rg_factory(upstreams={"api": upstream}, drain_timeout="5s")
+    got = drain_round(rg)
+    assert rg.wait_exit(15) == 0
+    bad = [g for g in got if g != "ok"]
+    assert not bad, "%d of %d connections lost their request: %s" % (len(bad), len(got),
+                                                                       sorted(set(bad)))
