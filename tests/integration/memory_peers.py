@@ -109,47 +109,40 @@ def _client(port):
     return c
 
 
-def upload(port, seconds):
-    """POST with a large Content-Length, the body in 100-byte writes. Returns bytes sent."""
-    c = _client(port)
-    sent = 0
-    try:
-        c.sendall(b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000000\r\n\r\n")
-        c.settimeout(0.5)
-        piece = b"u" * 100
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            try:
-                sent += c.send(piece)
-            except socket.timeout:
-                continue            # backpressure reached the client: fine
-            time.sleep(PACE)
-    except OSError:
-        pass
-    finally:
-        c.close()
-    return sent
-
-
-def pipeline(port, seconds):
-    """Small GETs, pipelined, one per write; never reads. Returns requests sent."""
+def _send_pieces(port, first, piece, seconds, pace):
+    """Connects, sends FIRST, then PIECE one write at a time (PACE s apart) for SECONDS, never
+    reading. Returns the pieces sent."""
     c = _client(port)
     n = 0
     try:
+        c.sendall(first)
         c.settimeout(0.5)
-        req = b"GET /p HTTP/1.1\r\nHost: a\r\n\r\n"
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             try:
-                c.sendall(req)
+                c.sendall(piece)
                 n += 1
             except socket.timeout:
-                continue
+                continue            # backpressure reached the client: fine
+            if pace:
+                time.sleep(pace)
     except OSError:
         pass
     finally:
         c.close()
     return n
+
+
+def upload(port, seconds):
+    """POST with a large Content-Length, the body in 100-byte writes. Returns bytes sent."""
+    head = b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000000\r\n\r\n"
+    return 100 * _send_pieces(port, head, b"u" * 100, seconds, PACE)
+
+
+def pipeline(port, seconds):
+    """Small GETs, pipelined, one per write; never reads. Returns requests sent."""
+    req = b"GET /p HTTP/1.1\r\nHost: a\r\n\r\n"
+    return 1 + _send_pieces(port, req, req, seconds, 0)
 
 
 def stream_down(port, seconds):

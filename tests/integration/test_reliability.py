@@ -5,18 +5,15 @@ to the system after a burst of connections. Slow variants of the memory scenario
 """
 
 import os
-import shutil
 import signal
 import socket
-import subprocess
-import threading
 import time
 
 import pytest
 
 import memory_peers as mp
-from harness import (RawConn, default_binary, free_port, parse_response, respond, rss_bytes,
-                     wait_for)
+from test_idempotency import redis_url  # noqa: F401 - the fixture: redis-server on a free port
+from harness import RawConn, default_binary, parse_response, respond, rss_bytes, wait_for
 
 # Each scenario once fed ~300x its byte count into the heap (a 32 KiB chain per small read,
 # one page of it touched): tens of MiB for a few connections. The bound is ~256 KiB counted per
@@ -189,33 +186,6 @@ def test_empty_host_is_400_and_not_forwarded(upstream, rg_factory, host):
 
 # ------------------------------------------------------------------ idempotency store stall
 
-@pytest.fixture
-def redis_server():
-    """A redis-server of our own on a free port (the test stops and continues it)."""
-    exe = shutil.which("redis-server")
-    if not exe:
-        pytest.skip("redis-server not installed")
-    port = free_port()
-    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-
-    def up():
-        try:
-            with socket.create_connection(("127.0.0.1", port), 0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-    try:
-        wait_for(up, 10, what="redis-server")
-        yield "redis://127.0.0.1:%d/0" % port, p
-    finally:
-        p.send_signal(signal.SIGCONT)
-        p.kill()
-        p.wait(5)
-
-
 def keyed_post(rg, key):
     r = rg.request("POST", "/pay", headers={"Idempotency-Key": key,
                                              "Content-Type": "application/json"},
@@ -225,8 +195,8 @@ def keyed_post(rg, key):
 
 @pytest.mark.timeout(60)
 def test_claim_buffered_by_a_stalled_redis_does_not_block_the_retry(upstream, rg_factory,
-                                                                    redis_server):
-    url, proc = redis_server
+                                                                    redis_url):
+    url, proc = redis_url
     rg = rg_factory(upstreams={"api": {
         "endpoints": [upstream],
         "idempotency": {"enabled": True, "store": url, "ttl": "1h", "lock_timeout": "30s"}}})
@@ -251,18 +221,24 @@ DRAIN_CONNS = 32
 
 
 def drain_round(rg):
-    """DRAIN_CONNS keep-alive connections, each idle after one request; then SIGTERM and, in
-    the same instant, a request on every one (the signal first: a request retrygate has read
-    before the drain starts is simply in flight). Returns what each connection got: "ok" (a
-    complete response with Connection: close), or what went wrong."""
+    """DRAIN_CONNS keep-alive connections, each idle after one request; then SIGTERM and, as
+    soon as the drain has begun (its log line), a request on every one: a client cannot know
+    of the drain, and one that sent before retrygate read its request would be served as a
+    request in flight anyway. Returns what each connection got: "ok" (a complete response
+    with Connection: close), or what went wrong."""
     conns = [RawConn(rg.port, timeout=10) for _ in range(DRAIN_CONNS)]
     req = b"GET /d HTTP/1.1\r\nHost: a\r\n\r\n"
     for c in conns:
         c.send(req)
         assert c.read_response(timeout=5).status == 200
+    mark = len(rg.stderr_text())
     rg.send_signal(signal.SIGTERM)
+    rg.wait_stderr(r"draining", timeout=5, start=mark)
     for c in conns:
-        c.send(req)
+        try:
+            c.send(req)
+        except OSError:
+            pass            # already closed: reported below as what the client saw
     out = []
     for c in conns:
         try:
