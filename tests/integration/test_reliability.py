@@ -19,10 +19,10 @@ from harness import RawConn, default_binary, parse_response, respond, rss_bytes,
 # one page of it touched): tens of MiB for a few connections. The bound is ~256 KiB counted per
 # connection plus chain overhead. The heap (VmData) is the sharp figure, RSS the user's one.
 SCENARIO_SECONDS = float(os.environ.get("RETRYGATE_RELIABILITY_SECONDS", "6"))
-# measured for two connections, before the fix: heap +48..+129 MiB, RSS +7..+18 MiB; after:
-# heap +2.5..+4.7 MiB, RSS +2.5..+4.7 MiB
-HEAP_LIMIT = 16 << 20
-RSS_LIMIT = 12 << 20
+# measured for two connections, before the fix: heap +48..+129 MiB, RSS +7..+18 MiB; with
+# right-sized reads only: +2.5..+4.7 MiB; with the output packed too: +0.7..+0.9 MiB
+HEAP_LIMIT = 8 << 20
+RSS_LIMIT = 8 << 20
 SLOW = {"per_try_timeout": "60s"}
 LONG_DEADLINE = {"default": "60s", "max": "60s"}
 

@@ -31,7 +31,7 @@ import memory_peers as mp  # noqa: E402
 from harness import Blackhole, Client, Retrygate, free_port, make_config, port_open  # noqa: E402
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "8"))
-MEMORY_BOUND = 16 << 20        # growth per scenario, two connections
+MEMORY_BOUND = 8 << 20         # growth per scenario, two connections
 LONG = {"retry": {"per_try_timeout": "60s", "backoff": {"base": "1ms", "max": "2ms"}},
         "deadline": {"default": "60s", "max": "60s"}, "connect_timeout": "60s"}
 
