@@ -109,7 +109,7 @@ def _client(port):
     return c
 
 
-def _send_pieces(port, first, piece, seconds, pace):
+def send_pieces(port, first, piece, seconds, pace):
     """Connects, sends FIRST, then PIECE one write at a time (PACE s apart) for SECONDS, never
     reading. Returns the pieces sent."""
     c = _client(port)
@@ -136,13 +136,13 @@ def _send_pieces(port, first, piece, seconds, pace):
 def upload(port, seconds):
     """POST with a large Content-Length, the body in 100-byte writes. Returns bytes sent."""
     head = b"POST /up HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000000\r\n\r\n"
-    return 100 * _send_pieces(port, head, b"u" * 100, seconds, PACE)
+    return 100 * send_pieces(port, head, b"u" * 100, seconds, PACE)
 
 
 def pipeline(port, seconds):
     """Small GETs, pipelined, one per write; never reads. Returns requests sent."""
     req = b"GET /p HTTP/1.1\r\nHost: a\r\n\r\n"
-    return 1 + _send_pieces(port, req, req, seconds, 0)
+    return 1 + send_pieces(port, req, req, seconds, 0)
 
 
 def stream_down(port, seconds):
