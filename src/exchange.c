@@ -601,7 +601,7 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 			attempt_pause(a);
 			return;
 		}
-		evbuffer_add_buffer(ex->saved.body, data);
+		loop_buf_hold(ex->saved.body, data);
 		return;
 	}
 	if (ex->state != X_RELAY || a != ex->relay) {

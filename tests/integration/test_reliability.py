@@ -83,7 +83,6 @@ def test_small_pieces_streamed_to_a_slow_reader_hold_little_memory(rg_factory):
         drip.close()
 
 
-@pytest.mark.xfail(strict=False, reason="exchange.c: copy small pieces into held buffers (pending)")
 @pytest.mark.timeout(60)
 def test_keyed_post_buffered_in_small_pieces_holds_little_memory(upstream, rg_factory):
     """A keyed POST is buffered whole (up to idempotency.max_body, 1 MiB) before it is sent:
@@ -269,7 +268,6 @@ def drain_round(rg):
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="drain fix pending (session.c/worker.c)")
 @pytest.mark.timeout(60)
 def test_drain_serves_requests_already_sent(upstream, rg_factory):
     rg = rg_factory(upstreams={"api": upstream}, drain_timeout="5s")
