@@ -80,6 +80,7 @@ struct cfg_upstream {
 	char *tls_sni;              /* NULL: none */
 	char *tls_ca;               /* NULL: system default store */
 	bool tls_verify;            /* true */
+	char *tls_cert, *tls_key;   /* NULL: no client certificate; else both (mTLS) */
 	char *host_rewrite;         /* "" : send the client's Host */
 	int64_t connect_timeout_us; /* 250ms */
 	struct cfg_deadline deadline;
@@ -111,6 +112,8 @@ struct cfg_listener {
 	char *listen;               /* "host:port" */
 	bool tls;
 	char *tls_cert, *tls_key;
+	char *tls_client_ca;        /* NULL: no client certificates asked for; else verified (mTLS) */
+	bool tls_require_client_cert; /* true: a client without a valid one fails the handshake */
 	struct cfg_limits limits;
 	struct cfg_route *routes;
 	int nroutes;
