@@ -27,6 +27,7 @@
 #define CFG_MAX_ENDPOINTS 64
 
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+enum cfg_log_format { LF_TEXT, LF_JSON };
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -127,6 +128,7 @@ struct config {
 	int workers;                /* 1..CFG_MAX_WORKERS; "auto": the CPU count, capped there */
 	int64_t drain_timeout_us;   /* 15s */
 	char *access_log;           /* "off" | "stdout" | path */
+	enum cfg_log_format log_format; /* text: stderr event lines as text; json: one object each */
 	struct cfg_listener *listeners;
 	int nlisteners;
 	struct cfg_upstream *upstreams;

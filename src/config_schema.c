@@ -667,6 +667,7 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 #define WAIT    .min = 0, .max = DUR_MAX
 
 static const char *const non_idempotent_words[] = { "require-key", "never", "always", NULL };
+static const char *const log_format_words[] = { "text", "json", NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -848,6 +849,7 @@ static const struct key root_keys[] = {
 	{ "drain_timeout", K_DUR, OFF(config, drain_timeout_us), .def = "15s", WAIT },
 	{ "access_log", K_STR, OFF(config, access_log), .def = "off", .flags = KF_NONEMPTY,
 	  .expect = "off, stdout or a file path" },
+	{ "log_format", K_ENUM, OFF(config, log_format), .def = "text", .names = log_format_words },
 	{ "listeners", K_LIST, OFF(config, listeners), OFF(config, nlisteners),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .sub = &listener_block,
 	  .expect = "at least one listener with a route" },
