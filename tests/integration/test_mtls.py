@@ -191,3 +191,16 @@ def test_check_reads_the_mtls_files(pki, tmp_path):
     assert any("listeners[0].tls.client_ca: cannot read" in e for e in errs), cp.stderr
     assert any("upstreams.secure.tls.key: cannot read" in e for e in errs), cp.stderr
     assert len(errs) == 2, cp.stderr
+
+
+def test_check_reports_mtls(pki, tmp_path):
+    from harness import check_config, make_config
+    cfg = make_config(upstreams={"secure": {
+        "endpoints": ["127.0.0.1:9"],
+        "tls": {"ca": pki["ca"], "cert": pki["client"], "key": pki["client_key"]}}},
+        listener_tls={"cert": pki["server"], "key": pki["server_key"],
+                      "client_ca": pki["client_ca"], "require_client_cert": False})
+    cp = check_config(cfg, workdir=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert "(tls, client certificates verified when offered)" in cp.stdout, cp.stdout
+    assert "upstream secure: 1 endpoint (127.0.0.1:9), tls with a client certificate\n" in cp.stdout
