@@ -176,6 +176,16 @@ static void write_cb(struct stream *bev, void *arg)
 
 static void replace_conn(struct attempt *a);
 
+/* A TLS 1.3 server checks our client certificate after we count as connected: its refusal
+ * comes as an alert instead of a response, and the request was never processed. */
+static bool peer_refused_tls(struct stream *bev)
+{
+	bool refused = false;
+	for (unsigned long e; (e = stream_tls_error(bev)) != 0;)
+		refused = refused || tls_error_is_peer_refusal(e);
+	return refused;
+}
+
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct attempt *a = arg;
@@ -202,6 +212,11 @@ static void event_cb(struct stream *bev, short what, void *arg)
 			return;
 		}
 		attempt_end(a, OUT_CONNECT_FAILURE, false, "closed before the request was written");
+		return;
+	}
+	if ((what & BEV_EVENT_ERROR) && a->state == A_WAITING && peer_refused_tls(bev)) {
+		attempt_end(a, OUT_CONNECT_FAILURE, false, "TLS handshake refused by the upstream "
+		            "(client certificate)");
 		return;
 	}
 	a->eof = true;

@@ -117,6 +117,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 				log_error("reload: %s", ln);
 		}
 		log_error("reload of %s failed; the old config keeps serving", config_path);
+		stats_config_reload_failed();
 		free(errs);
 		return;
 	}
@@ -144,12 +145,15 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	struct runtime *nrt = runtime_new(cfg, terr, sizeof(terr));
 	if (!nrt) {
 		log_error("reload of %s failed; the old config keeps serving: %s", config_path, terr);
+		stats_config_reload_failed();
 		config_unref(cfg);
 		return;
 	}
 	runtime_publish(nrt);
 	admin_reconfigure(cfg);
+	log_json = cfg->log_format == LF_JSON;
 	config_unref(cfg);
+	stats_config_loaded(true);
 	log_info("reloaded %s", config_path);
 }
 
@@ -240,6 +244,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 
+	log_json = cfg->log_format == LF_JSON;
 	for (int i = 0; i < cfg->nwarnings; i++)
 		log_warn("%s: %s", config_path, cfg->warnings[i]);
 	signal(SIGPIPE, SIG_IGN);
@@ -256,6 +261,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	runtime_publish(rt0);
+	stats_config_loaded(false);
 
 	if (accesslog_open(cfg->access_log) != 0) {
 		fprintf(stderr, "%s: cannot open access log %s: %s\n", config_path, cfg->access_log,

@@ -474,6 +474,11 @@ int stream_fd(struct stream *s)
 	return s->bev ? bufferevent_getfd(s->bev) : s->fd;
 }
 
+unsigned long stream_tls_error(struct stream *s)
+{
+	return s->bev ? bufferevent_get_openssl_error(s->bev) : 0;
+}
+
 void stream_enable(struct stream *s, short what)
 {
 	if (s->bev) {

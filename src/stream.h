@@ -60,5 +60,7 @@ void stream_set_write_timeout(struct stream *s, int64_t us);
 /* Call READ soon, from the loop, even with no new bytes (input already holds some). */
 void stream_trigger_read(struct stream *s);
 int stream_fd(struct stream *s);
+/* TLS streams: take the most recent OpenSSL error behind an error event; 0: none (left). */
+unsigned long stream_tls_error(struct stream *s);
 
 #endif
