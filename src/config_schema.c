@@ -491,6 +491,71 @@ static void idempotency_release(void *base)
 	free(id->store_password);
 }
 
+/* abort's Retry-After: "" (none) or delta-seconds */
+static const char *check_delta_seconds(char *s, char *buf, size_t cap)
+{
+	char q[80];
+	size_t n = strlen(s);
+
+	if (n <= 9 && strspn(s, "0123456789") == n)
+		return NULL;
+	snprintf(buf, cap, "bad Retry-After %s (expected whole seconds such as \"2\", or \"\")",
+	         cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* "" (no Redis) or a redis URL, whose password is never echoed */
+static const char *check_reconcile_redis(char *s, char *buf, size_t cap)
+{
+	struct store_url u;
+
+	if (!*s || (store_split(s, &u) && u.redis))
+		return NULL;
+	snprintf(buf, cap, "bad redis URL (expected \"\" or redis://[user:password@]host:port[/db])");
+	return buf;
+}
+
+static void reconcile_check(struct load *ld, void *base, const struct node *map)
+{
+	struct cfg_reconcile *r = base;
+	struct store_url u;
+
+	if (!key_ok(ld, "redis") || !r->redis || !*r->redis || !store_split(r->redis, &u) || !u.redis)
+		return;
+	r->redis_host = xstrdup(u.host);
+	r->redis_port = u.port;
+	r->redis_db = u.db;
+	if (u.user) {
+		r->redis_user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
+		r->redis_password = percent_decode(u.pass, u.pass_len);
+	}
+}
+
+static void reconcile_release(void *base)
+{
+	struct cfg_reconcile *r = base;
+	free(r->redis_host);
+	free(r->redis_user);
+	free(r->redis_password);
+}
+
+/* A rule's kind-specific keys belong to their kind: status and retry_after to abort, delay to
+ * delay (a key that would do nothing is a mistake worth saying). */
+static void fault_rule_check(struct load *ld, void *base, const struct node *map)
+{
+	const struct cfg_fault_rule *r = base;
+	static const struct { const char *key; int kind; } own[] = {
+		{ "status", FAULT_ABORT }, { "retry_after", FAULT_ABORT }, { "delay", FAULT_DELAY },
+	};
+
+	if (!key_ok(ld, "kind"))
+		return;
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+		if (node_find(map, own[i].key) && r->kind != own[i].kind)
+			key_error(ld, map, own[i].key, "%s applies to kind %s only", own[i].key,
+			          cfg_fault_kind_words[own[i].kind]);
+}
+
 static void upstream_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_upstream *u = base;
@@ -656,6 +721,8 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 #define WAIT    .min = 0, .max = DUR_MAX
 
 static const char *const non_idempotent_words[] = { "require-key", "never", "always", NULL };
+const char *const cfg_fault_kind_words[] = { "connect-failure", "abort", "delay", "lost-response",
+                                             NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -737,6 +804,43 @@ static const struct key idempotency_keys[] = {
 static const struct block idempotency_block = { .keys = idempotency_keys, .check = idempotency_check,
                                                 .release = idempotency_release };
 
+static const struct key fault_rule_keys[] = {
+	{ "kind", K_ENUM, OFF(cfg_fault_rule, kind), .flags = KF_REQUIRED,
+	  .names = cfg_fault_kind_words },
+	{ "percent", K_NUM, OFF(cfg_fault_rule, percent), .flags = KF_REQUIRED, .min = 0, .max = 100 },
+	{ "methods", K_STRS, OFF(cfg_fault_rule, methods), OFF(cfg_fault_rule, nmethods), .def = "[]",
+	  .check = check_token, .expect = "a method such as POST" },
+	{ "path_prefix", K_STR, OFF(cfg_fault_rule, path_prefix), .def = "/",
+	  .check = check_path_prefix, .expect = "a path" },
+	{ "status", K_INT, OFF(cfg_fault_rule, status), .def = "503", .min = 200, .max = 599 },
+	{ "retry_after", K_STR, OFF(cfg_fault_rule, retry_after), .def = "",
+	  .check = check_delta_seconds, .expect = "whole seconds such as \"2\"" },
+	{ "delay", K_DUR, OFF(cfg_fault_rule, delay_us), .def = "1s", TIMEOUT },
+	{ .name = NULL },
+};
+static const struct block fault_rule_block = { .keys = fault_rule_keys,
+                                               .size = sizeof(struct cfg_fault_rule),
+                                               .check = fault_rule_check };
+
+static const struct key fault_stop_keys[] = {
+	{ "after", K_DUR, OFF(cfg_faults, stop_after_us), .def = "10m", WAIT },
+	{ "min_success_rate", K_NUM, OFF(cfg_faults, stop_min_success_rate), .def = "0.9", .min = 0,
+	  .max = 1 },
+	{ "max_amplification", K_NUM, OFF(cfg_faults, stop_max_amplification), .def = "2.0",
+	  .min = 0, .max = 100 },
+	{ .name = NULL },
+};
+static const struct block fault_stop_block = { .keys = fault_stop_keys };
+
+static const struct key faults_keys[] = {
+	{ "enabled", K_BOOL, OFF(cfg_faults, enabled), .def = "false" },
+	{ "rules", K_LIST, OFF(cfg_faults, rules), OFF(cfg_faults, nrules), .sub = &fault_rule_block,
+	  .expect = "a sequence of rules" },
+	{ "stop", K_BLOCK, 0, .sub = &fault_stop_block },
+	{ .name = NULL },
+};
+static const struct block faults_block = { .keys = faults_keys };
+
 static const struct key upstream_tls_keys[] = {
 	{ "sni", K_STR, OFF(cfg_upstream, tls_sni), .check = check_sni, .expect = "a DNS name" },
 	{ "ca", K_STR, OFF(cfg_upstream, tls_ca), .check = check_nonempty, .expect = "a file path" },
@@ -758,6 +862,7 @@ static const struct key upstream_keys[] = {
 	{ "retry", K_BLOCK, OFF(cfg_upstream, retry), .sub = &retry_block },
 	{ "concurrency", K_BLOCK, 0, .sub = &concurrency_block },
 	{ "idempotency", K_BLOCK, OFF(cfg_upstream, idem), .sub = &idempotency_block },
+	{ "faults", K_BLOCK, OFF(cfg_upstream, faults), .sub = &faults_block },
 	{ .name = NULL },
 };
 static const struct block upstream_block = { .keys = upstream_keys,
@@ -823,6 +928,17 @@ static const struct key admin_keys[] = {
 };
 static const struct block admin_block = { .keys = admin_keys };
 
+static const struct key reconcile_keys[] = {
+	{ "keep", K_I64, OFF(cfg_reconcile, keep), .def = "1000", .min = 1, .max = 1000000 },
+	{ "redis", K_STR, OFF(cfg_reconcile, redis), .def = "", .check = check_reconcile_redis,
+	  .emit = emit_store, .expect = "\"\" or redis://host:port/db" },
+	{ "stream", K_STR, OFF(cfg_reconcile, stream), .def = "retrygate:unknown",
+	  .flags = KF_NONEMPTY, .check = check_visible, .expect = "a Redis key" },
+	{ .name = NULL },
+};
+static const struct block reconcile_block = { .keys = reconcile_keys, .check = reconcile_check,
+                                              .release = reconcile_release };
+
 static const struct key root_keys[] = {
 	{ "admin", K_BLOCK, 0, .sub = &admin_block },
 	{ "workers", K_CUSTOM, OFF(config, workers), .def = "1", .min = 1, .max = CFG_MAX_WORKERS,
@@ -830,6 +946,7 @@ static const struct key root_keys[] = {
 	{ "drain_timeout", K_DUR, OFF(config, drain_timeout_us), .def = "15s", WAIT },
 	{ "access_log", K_STR, OFF(config, access_log), .def = "off", .flags = KF_NONEMPTY,
 	  .expect = "off, stdout or a file path" },
+	{ "reconcile", K_BLOCK, OFF(config, reconcile), .sub = &reconcile_block },
 	{ "listeners", K_LIST, OFF(config, listeners), OFF(config, nlisteners),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .sub = &listener_block,
 	  .expect = "at least one listener with a route" },

@@ -17,10 +17,13 @@
 #include "admin.h"
 #include "clock.h"
 #include "config.h"
+#include "faults_watch.h"
 #include "health.h"
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
+#include "reconcile.h"
+#include "reconcile_publish.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -144,6 +147,8 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	}
 	runtime_publish(nrt);
 	admin_reconfigure(cfg);
+	reconcile_set_keep(cfg->reconcile.keep);
+	reconcile_publish_configure(main_base, &cfg->reconcile);
 	config_unref(cfg);
 	log_info("reloaded %s", config_path);
 }
@@ -238,6 +243,9 @@ int main(int argc, char **argv)
 	}
 	if (admin_start(main_base, cfg) != 0)
 		return 1;
+	reconcile_set_keep(cfg->reconcile.keep);
+	reconcile_publish_configure(main_base, &cfg->reconcile);
+	faults_watch_start(main_base);
 
 	struct event *sig_term = evsignal_new(main_base, SIGTERM, on_term, NULL);
 	struct event *sig_int = evsignal_new(main_base, SIGINT, on_term, NULL);
@@ -276,6 +284,9 @@ int main(int argc, char **argv)
 		free(workers[w].listen_fds);
 	}
 	admin_stop();
+	faults_watch_stop();
+	reconcile_publish_stop();
+	reconcile_clear();
 	idem_store_release_all();
 	event_free(sig_term);
 	event_free(sig_int);
