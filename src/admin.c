@@ -184,17 +184,25 @@ static bool post_allowed(struct admin_conn *c, const struct http_head *h)
 	return true;
 }
 
-static void post_retries(struct admin_conn *c, const struct http_head *h, const char *q, size_t qlen)
+/* The enabled=true|false of a switch's POST into *ON; false: the 400 was sent. */
+static bool query_enabled(struct admin_conn *c, const char *q, size_t qlen, bool *on)
 {
-	if (!post_allowed(c, h))
-		return;
-	char up[256], en[16];
+	char en[16];
 	if (!query_param(q, qlen, "enabled", en, sizeof(en)) ||
 	    (strcmp(en, "true") != 0 && strcmp(en, "false") != 0)) {
 		respond_text(c, 400, "enabled=true|false required");
-		return;
+		return false;
 	}
-	bool on = strcmp(en, "true") == 0;
+	*on = strcmp(en, "true") == 0;
+	return true;
+}
+
+static void post_retries(struct admin_conn *c, const struct http_head *h, const char *q, size_t qlen)
+{
+	char up[256];
+	bool on;
+	if (!post_allowed(c, h) || !query_enabled(c, q, qlen, &on))
+		return;
 	bool one = query_param(q, qlen, "upstream", up, sizeof(up));
 	struct runtime *rt = runtime_current();
 	bool found = false;
@@ -218,18 +226,17 @@ static void post_retries(struct admin_conn *c, const struct http_head *h, const 
 	evbuffer_free(b);
 }
 
-/* GET /faults (SPEC §11): per upstream that has rules, the switch, since when, why it last
- * stopped by itself, and the faults injected so far by kind. */
+/* GET /faults (SPEC §11): per upstream (as GET /retries), the switch, since when, why it last
+ * stopped by itself, and the faults injected so far by kind. An upstream without rules is
+ * never enabled. */
 static void render_faults(struct evbuffer *b)
 {
 	evbuffer_add(b, "{", 1);
 	bool first = true;
 	struct runtime *rt = runtime_current();
 	for (int i = 0; i < rt->cfg->nupstreams; i++) {
-		if (rt->cfg->upstreams[i].faults.nrules == 0)
-			continue;
 		struct upstream_state *st = rt->ups[i].st;
-		bool on = atomic_load(&st->faults_on);
+		bool on = atomic_load(&st->faults_on) && rt->cfg->upstreams[i].faults.nrules > 0;
 		evbuffer_add_printf(b, "%s\"%s\":{\"enabled\":%s,\"since\":", first ? "" : ",",
 		                    st->name, on ? "true" : "false");
 		first = false;
@@ -262,19 +269,14 @@ static void render_faults(struct evbuffer *b)
 /* POST /faults?upstream=NAME&enabled=true|false: one upstream, which must have rules. */
 static void post_faults(struct admin_conn *c, const struct http_head *h, const char *q, size_t qlen)
 {
-	if (!post_allowed(c, h))
+	char up[256];
+	bool on, found = false;
+	if (!post_allowed(c, h) || !query_enabled(c, q, qlen, &on))
 		return;
-	char up[256], en[16];
-	if (!query_param(q, qlen, "enabled", en, sizeof(en)) ||
-	    (strcmp(en, "true") != 0 && strcmp(en, "false") != 0)) {
-		respond_text(c, 400, "enabled=true|false required");
-		return;
-	}
 	if (!query_param(q, qlen, "upstream", up, sizeof(up))) {
 		respond_text(c, 400, "upstream=NAME required");
 		return;
 	}
-	bool on = strcmp(en, "true") == 0, found = false;
 	struct runtime *rt = runtime_current();
 	for (int i = 0; i < rt->cfg->nupstreams; i++) {
 		struct upstream_state *st = rt->ups[i].st;

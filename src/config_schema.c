@@ -467,20 +467,32 @@ static void limits_check(struct load *ld, void *base, const struct node *map)
 	l->max_uri_bytes = l->max_header_bytes;
 }
 
+/* A redis URL decoded into its parts (the host, the port and db, user and password
+ * percent-decoded; *USER NULL when the URL names none). False when URL is not one. */
+static bool redis_url_decode(const char *url, char **host, int *port, int *db, char **user,
+                             char **pass)
+{
+	struct store_url u;
+
+	if (!url || !store_split(url, &u) || !u.redis)
+		return false;
+	*host = xstrdup(u.host);
+	*port = u.port;
+	*db = u.db;
+	if (u.user) {
+		*user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
+		*pass = percent_decode(u.pass, u.pass_len);
+	}
+	return true;
+}
+
 static void idempotency_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_idempotency *id = base;
-	struct store_url u;
 
-	if (!key_ok(ld, "store") || !id->store || !store_split(id->store, &u) || !u.redis)
-		return;
-	id->store_host = xstrdup(u.host);
-	id->store_port = u.port;
-	id->store_db = u.db;
-	if (u.user) {
-		id->store_user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
-		id->store_password = percent_decode(u.pass, u.pass_len);
-	}
+	if (key_ok(ld, "store"))
+		redis_url_decode(id->store, &id->store_host, &id->store_port, &id->store_db,
+		                 &id->store_user, &id->store_password);
 }
 
 static void idempotency_release(void *base)
@@ -518,17 +530,10 @@ static const char *check_reconcile_redis(char *s, char *buf, size_t cap)
 static void reconcile_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_reconcile *r = base;
-	struct store_url u;
 
-	if (!key_ok(ld, "redis") || !r->redis || !*r->redis || !store_split(r->redis, &u) || !u.redis)
-		return;
-	r->redis_host = xstrdup(u.host);
-	r->redis_port = u.port;
-	r->redis_db = u.db;
-	if (u.user) {
-		r->redis_user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
-		r->redis_password = percent_decode(u.pass, u.pass_len);
-	}
+	if (key_ok(ld, "redis"))
+		redis_url_decode(r->redis, &r->redis_host, &r->redis_port, &r->redis_db,
+		                 &r->redis_user, &r->redis_password);
 }
 
 static void reconcile_release(void *base)

@@ -241,7 +241,8 @@ def test_post_faults_rules(rg_factory, upstream):
     assert rg.admin("POST", "/faults?upstream=plain&enabled=true", auth, b"").status == 404
     assert rg.admin("POST", "/faults?upstream=nope&enabled=true", auth, b"").status == 404
     assert rg.admin("POST", "/faults?upstream=pay&enabled=maybe", auth, b"").status == 400
-    assert list(get_faults(rg)) == ["pay"]
+    f = get_faults(rg)
+    assert list(f) == ["pay", "plain"] and f["plain"]["enabled"] is False
 
 
 def test_check_warns_about_several_rules_and_stops_turned_off(tmp_path, upstream):
