@@ -112,8 +112,9 @@ static void setup_reply_cb(redisAsyncContext *ac, void *r, void *priv)
 static void send_one(void *arg, const struct reconcile_fields *f)
 {
 	struct publisher *p = arg;
-	const char *argv[5 + RECONCILE_FIELDS * 2];
-	size_t lens[5 + RECONCILE_FIELDS * 2];
+	enum { XADD_HEAD = 6 };        /* XADD stream MAXLEN ~ 100000 * */
+	const char *argv[XADD_HEAD + RECONCILE_FIELDS * 2];
+	size_t lens[XADD_HEAD + RECONCILE_FIELDS * 2];
 	int n = 0;
 	argv[n] = "XADD"; lens[n++] = 4;
 	argv[n] = p->stream; lens[n++] = strlen(p->stream);
