@@ -263,14 +263,31 @@ static void start_connect(struct publisher *p)
 		p->dns_req = req;
 }
 
-/* Close the connection: the replies we waited for come back NULL (counted), then
- * disconnect_cb. WHY non-NULL: log it. */
+/* Give up the connection (a timeout, a refused AUTH): every XADD in flight counts as failed
+ * and its record waits again; the context is freed by hiredis (after the callback we may be
+ * in), with our callbacks detached, so nothing of it comes back. WHY: logged. */
 static void drop_conn(struct publisher *p, const char *why)
 {
+	redisAsyncContext *ac = p->ac;
 	if (why)
 		log_down(p, why, NULL);
-	if (p->ac)
-		redisAsyncDisconnect(p->ac);
+	if (!ac)
+		return;
+	p->ac = NULL;
+	/* each XADD lost counts; with none in flight, a connection given up while records wait */
+	if (p->fly_n == 0 && reconcile_have_unpublished())
+		reconcile_count_error();
+	for (; p->fly_n > 0; p->fly_n--)
+		reconcile_count_error();
+	reconcile_unflight_all();
+	p->setup_pending = 0;
+	p->oldest_sent_us = 0;
+	p->state = P_IDLE;
+	backoff(p);
+	/* redisAsyncSet*Callback() will not replace a set callback: clear them here */
+	ac->onConnect = NULL;
+	ac->onDisconnect = NULL;
+	redisAsyncFree(ac);
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
@@ -311,7 +328,8 @@ static void publisher_free(struct publisher *p)
 		/* the replies still due come back NULL inside the free: nothing is in flight for
 		 * them to settle or count (unflight_all below puts the records back) */
 		p->fly_n = 0;
-		redisAsyncSetDisconnectCallback(ac, NULL);
+		ac->onConnect = NULL;
+		ac->onDisconnect = NULL;
 		p->state = P_IDLE;
 		redisAsyncFree(ac);
 	}

@@ -197,6 +197,27 @@ def test_redis_down_loses_no_local_record_and_publishing_resumes(rg_factory, ups
     assert "reconcile: redis" in rg.stderr_text()
 
 
+@pytest.mark.timeout(60)
+def test_a_redis_that_never_answers_is_given_up_and_counted(rg_factory, upstream, blackhole):
+    # one that never completes the connect, one that accepts and never replies
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        for port in (blackhole.port, silent.getsockname()[1]):
+            rg = rg_factory(upstreams={"pay": upstream_block(upstream,
+                                                             retry={"max_attempts": 1})},
+                            reconcile={"redis": "redis://127.0.0.1:%d/0" % port})
+            unknown_post(rg, upstream, "stuck-%d" % port)
+            wait_for(lambda: rg.metric("retrygate_reconcile_publish_errors_total") >= 1, 15,
+                     what="the stuck publish counted")
+            assert [x["published"] for x in unknown(rg)] == [False]
+            assert rg.get("/").status == 200
+            rg.stop()
+    finally:
+        silent.close()
+
+
 # ------------------------------------------------------------------------------- X-Request-Id
 
 def test_x_request_id_on_every_response(rg_factory, upstream):
