@@ -68,15 +68,8 @@ struct attempt {
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
 static void attempt_process(struct attempt *a);
 
-/* The one writer of a's state (DESIGN rule 2). */
-static void set_state(struct attempt *a, enum astate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (a->state == A_DONE && st != A_DONE)
-		magic_fail(__FILE__, __LINE__, "A_DONE is terminal");
-#endif
-	a->state = st;
-}
+/* The one writer of the state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(set_state, attempt, astate, A_DONE)
 
 bool attempt_wrote_any(const struct attempt *a) { return a->wrote_any; }
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
