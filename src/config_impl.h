@@ -178,6 +178,8 @@ void key_error(struct load *ld, const struct node *map, const char *key, const c
 extern const struct block cfg_root_block;
 /* retry.on words, in the order of their RETRY_ON_* bits */
 extern const char *const cfg_retry_on_words[];
+/* faults.rules.kind words, in enum fault_kind order */
+extern const char *const cfg_fault_kind_words[];
 
 /* idempotency.store split into its parts (nothing allocated) */
 struct store_url {

@@ -467,20 +467,32 @@ static void limits_check(struct load *ld, void *base, const struct node *map)
 	l->max_uri_bytes = l->max_header_bytes;
 }
 
+/* A redis URL decoded into its parts (the host, the port and db, user and password
+ * percent-decoded; *USER NULL when the URL names none). False when URL is not one. */
+static bool redis_url_decode(const char *url, char **host, int *port, int *db, char **user,
+                             char **pass)
+{
+	struct store_url u;
+
+	if (!url || !store_split(url, &u) || !u.redis)
+		return false;
+	*host = xstrdup(u.host);
+	*port = u.port;
+	*db = u.db;
+	if (u.user) {
+		*user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
+		*pass = percent_decode(u.pass, u.pass_len);
+	}
+	return true;
+}
+
 static void idempotency_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_idempotency *id = base;
-	struct store_url u;
 
-	if (!key_ok(ld, "store") || !id->store || !store_split(id->store, &u) || !u.redis)
-		return;
-	id->store_host = xstrdup(u.host);
-	id->store_port = u.port;
-	id->store_db = u.db;
-	if (u.user) {
-		id->store_user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
-		id->store_password = percent_decode(u.pass, u.pass_len);
-	}
+	if (key_ok(ld, "store"))
+		redis_url_decode(id->store, &id->store_host, &id->store_port, &id->store_db,
+		                 &id->store_user, &id->store_password);
 }
 
 static void idempotency_release(void *base)
@@ -489,6 +501,64 @@ static void idempotency_release(void *base)
 	free(id->store_host);
 	free(id->store_user);
 	free(id->store_password);
+}
+
+/* abort's Retry-After: "" (none) or delta-seconds */
+static const char *check_delta_seconds(char *s, char *buf, size_t cap)
+{
+	char q[80];
+	size_t n = strlen(s);
+
+	if (n <= 9 && strspn(s, "0123456789") == n)
+		return NULL;
+	snprintf(buf, cap, "bad Retry-After %s (expected whole seconds such as \"2\", or \"\")",
+	         cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* "" (no Redis) or a redis URL, whose password is never echoed */
+static const char *check_reconcile_redis(char *s, char *buf, size_t cap)
+{
+	struct store_url u;
+
+	if (!*s || (store_split(s, &u) && u.redis))
+		return NULL;
+	snprintf(buf, cap, "bad redis URL (expected \"\" or redis://[user:password@]host:port[/db])");
+	return buf;
+}
+
+static void reconcile_check(struct load *ld, void *base, const struct node *map)
+{
+	struct cfg_reconcile *r = base;
+
+	if (key_ok(ld, "redis"))
+		redis_url_decode(r->redis, &r->redis_host, &r->redis_port, &r->redis_db,
+		                 &r->redis_user, &r->redis_password);
+}
+
+static void reconcile_release(void *base)
+{
+	struct cfg_reconcile *r = base;
+	free(r->redis_host);
+	free(r->redis_user);
+	free(r->redis_password);
+}
+
+/* A rule's kind-specific keys belong to their kind: status and retry_after to abort, delay to
+ * delay (a key that would do nothing is a mistake worth saying). */
+static void fault_rule_check(struct load *ld, void *base, const struct node *map)
+{
+	const struct cfg_fault_rule *r = base;
+	static const struct { const char *key; int kind; } own[] = {
+		{ "status", FAULT_ABORT }, { "retry_after", FAULT_ABORT }, { "delay", FAULT_DELAY },
+	};
+
+	if (!key_ok(ld, "kind"))
+		return;
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+		if (node_find(map, own[i].key) && r->kind != own[i].kind)
+			key_error(ld, map, own[i].key, "%s applies to kind %s only", own[i].key,
+			          cfg_fault_kind_words[own[i].kind]);
 }
 
 static void upstream_check(struct load *ld, void *base, const struct node *map)
@@ -668,6 +738,8 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 
 static const char *const non_idempotent_words[] = { "require-key", "never", "always", NULL };
 static const char *const log_format_words[] = { "text", "json", NULL };
+const char *const cfg_fault_kind_words[] = { "connect-failure", "abort", "delay", "lost-response",
+                                             NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -749,6 +821,43 @@ static const struct key idempotency_keys[] = {
 static const struct block idempotency_block = { .keys = idempotency_keys, .check = idempotency_check,
                                                 .release = idempotency_release };
 
+static const struct key fault_rule_keys[] = {
+	{ "kind", K_ENUM, OFF(cfg_fault_rule, kind), .flags = KF_REQUIRED,
+	  .names = cfg_fault_kind_words },
+	{ "percent", K_NUM, OFF(cfg_fault_rule, percent), .flags = KF_REQUIRED, .min = 0, .max = 100 },
+	{ "methods", K_STRS, OFF(cfg_fault_rule, methods), OFF(cfg_fault_rule, nmethods), .def = "[]",
+	  .check = check_token, .expect = "a method such as POST" },
+	{ "path_prefix", K_STR, OFF(cfg_fault_rule, path_prefix), .def = "/",
+	  .check = check_path_prefix, .expect = "a path" },
+	{ "status", K_INT, OFF(cfg_fault_rule, status), .def = "503", .min = 200, .max = 599 },
+	{ "retry_after", K_STR, OFF(cfg_fault_rule, retry_after), .def = "",
+	  .check = check_delta_seconds, .expect = "whole seconds such as \"2\"" },
+	{ "delay", K_DUR, OFF(cfg_fault_rule, delay_us), .def = "1s", TIMEOUT },
+	{ .name = NULL },
+};
+static const struct block fault_rule_block = { .keys = fault_rule_keys,
+                                               .size = sizeof(struct cfg_fault_rule),
+                                               .check = fault_rule_check };
+
+static const struct key fault_stop_keys[] = {
+	{ "after", K_DUR, OFF(cfg_faults, stop_after_us), .def = "10m", WAIT },
+	{ "min_success_rate", K_NUM, OFF(cfg_faults, stop_min_success_rate), .def = "0.9", .min = 0,
+	  .max = 1 },
+	{ "max_amplification", K_NUM, OFF(cfg_faults, stop_max_amplification), .def = "2.0",
+	  .min = 0, .max = 100 },
+	{ .name = NULL },
+};
+static const struct block fault_stop_block = { .keys = fault_stop_keys };
+
+static const struct key faults_keys[] = {
+	{ "enabled", K_BOOL, OFF(cfg_faults, enabled), .def = "false" },
+	{ "rules", K_LIST, OFF(cfg_faults, rules), OFF(cfg_faults, nrules), .sub = &fault_rule_block,
+	  .expect = "a sequence of rules" },
+	{ "stop", K_BLOCK, 0, .sub = &fault_stop_block },
+	{ .name = NULL },
+};
+static const struct block faults_block = { .keys = faults_keys };
+
 static const struct key upstream_tls_keys[] = {
 	{ "sni", K_STR, OFF(cfg_upstream, tls_sni), .check = check_sni, .expect = "a DNS name" },
 	{ "ca", K_STR, OFF(cfg_upstream, tls_ca), .check = check_nonempty, .expect = "a file path" },
@@ -774,6 +883,7 @@ static const struct key upstream_keys[] = {
 	{ "retry", K_BLOCK, OFF(cfg_upstream, retry), .sub = &retry_block },
 	{ "concurrency", K_BLOCK, 0, .sub = &concurrency_block },
 	{ "idempotency", K_BLOCK, OFF(cfg_upstream, idem), .sub = &idempotency_block },
+	{ "faults", K_BLOCK, OFF(cfg_upstream, faults), .sub = &faults_block },
 	{ .name = NULL },
 };
 static const struct block upstream_block = { .keys = upstream_keys,
@@ -842,6 +952,17 @@ static const struct key admin_keys[] = {
 };
 static const struct block admin_block = { .keys = admin_keys };
 
+static const struct key reconcile_keys[] = {
+	{ "keep", K_I64, OFF(cfg_reconcile, keep), .def = "1000", .min = 1, .max = 1000000 },
+	{ "redis", K_STR, OFF(cfg_reconcile, redis), .def = "", .check = check_reconcile_redis,
+	  .emit = emit_store, .expect = "\"\" or redis://host:port/db" },
+	{ "stream", K_STR, OFF(cfg_reconcile, stream), .def = "retrygate:unknown",
+	  .flags = KF_NONEMPTY, .check = check_visible, .expect = "a Redis key" },
+	{ .name = NULL },
+};
+static const struct block reconcile_block = { .keys = reconcile_keys, .check = reconcile_check,
+                                              .release = reconcile_release };
+
 static const struct key root_keys[] = {
 	{ "admin", K_BLOCK, 0, .sub = &admin_block },
 	{ "workers", K_CUSTOM, OFF(config, workers), .def = "1", .min = 1, .max = CFG_MAX_WORKERS,
@@ -850,6 +971,7 @@ static const struct key root_keys[] = {
 	{ "access_log", K_STR, OFF(config, access_log), .def = "off", .flags = KF_NONEMPTY,
 	  .expect = "off, stdout or a file path" },
 	{ "log_format", K_ENUM, OFF(config, log_format), .def = "text", .names = log_format_words },
+	{ "reconcile", K_BLOCK, OFF(config, reconcile), .sub = &reconcile_block },
 	{ "listeners", K_LIST, OFF(config, listeners), OFF(config, nlisteners),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .sub = &listener_block,
 	  .expect = "at least one listener with a route" },

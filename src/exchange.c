@@ -32,11 +32,13 @@
 #include "config.h"
 #include "deadline.h"
 #include "exchange.h"
+#include "faults.h"
 #include "forward.h"
 #include "http.h"
 #include "idem_job.h"
 #include "log.h"
 #include "loop.h"
+#include "reconcile.h"
 #include "reqbody.h"
 #include "respond.h"
 #include "retry.h"
@@ -96,10 +98,22 @@ struct exchange {
 	int last_att_status;            /* the last attempt's response status, 0: none */
 	bool reached;                   /* some attempt may have reached the upstream */
 	bool resp_complete;             /* a relayed response went out whole */
+
+	/* SPEC §11: the fault the current attempt drew, or NULL. Faults that send nothing
+	 * (connect-failure, abort, a delay) run on fault_ev while ex->att is NULL. */
+	const struct cfg_fault_rule *fault;
+	struct event fault_ev;
+	bool fault_pending;             /* fault_ev stands for the current attempt */
+	enum outcome fault_cut;         /* OUT_TIMEOUT: the delay outlasts the per-try timeout */
+	int64_t att_t0_us;              /* when the current attempt started (its delay included) */
+	struct http_head fault_head;    /* abort's response, as if the upstream had sent it */
+	struct http_hdr fault_hdrs[2];
 };
 
 static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
 static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry);
+static void send_attempt(struct exchange *ex, struct ep_state *ep);
+static int64_t retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);
 static void deliver_last(struct exchange *ex);
 static void exchange_go(struct exchange *ex);
 
@@ -146,6 +160,8 @@ static void exchange_end(struct exchange *ex)
 	release_slots(ex);
 	evtimer_del(&ex->deadline_ev);
 	evtimer_del(&ex->backoff_ev);
+	evtimer_del(&ex->fault_ev);
+	ex->fault_pending = false;
 	attempt_free(ex->att);
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
@@ -167,6 +183,25 @@ static void log_request(struct exchange *ex, int64_t now)
 	accesslog_write(&ex->log);
 }
 
+/* SPEC §12: the unknown outcome goes to the reconciliation queue, once (count_end runs once). */
+static void record_unknown(struct exchange *ex)
+{
+	struct reconcile_rec r = {
+		.id = ex->reqid,
+		.upstream = ex->up->name,
+		.method = ex->req->method,
+		.path = ex->req->path,
+		.path_len = ex->req->path_len,
+		.key = ex->log.key,
+		.key_len = ex->log.keylen,
+		.attempts = ex->attempts,
+		.last_outcome = outcome_name(ex->last_out),
+		.endpoint = ex->att_ep ? ex->att_ep->name : "",
+	};
+	reconcile_record(&r);
+	STAT_INC(ex->us->reconcile_recorded);
+}
+
 static void count_end(struct exchange *ex, int64_t now)
 {
 	int c = ex->resp_status / 100;
@@ -174,9 +209,13 @@ static void count_end(struct exchange *ex, int64_t now)
 		STAT_INC(g_gstats[ex->loop->id].requests[c]);
 	if (ex->us && ex->attempts > 0)
 		stats_observe_duration(ex->us, now - ex->t0_us);
+	if (ex->us && ex->resp_status > 0)
+		stats_window_response(ex->us, now, ex->resp_status >= 500);
 	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
-	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT))
+	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT)) {
 		STAT_INC(ex->us->unknown_outcomes);
+		record_unknown(ex);
+	}
 }
 
 /* COMPLETE: the response went out whole; CLOSE: the connection must not be reused. */
@@ -197,6 +236,7 @@ static void finish_error(struct exchange *ex, int status, const char *reason, bo
 	struct made_response m;
 	respond_error(&m, status, reason, ex->up ? ex->up->name : "", ex->attempts, own_refusal(ex),
 	              retry_after, close || ex->close_after || body_left_unread(ex, true));
+	respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])), ex->reqid);
 	ex->resp_status = status;
 	ex->log.reason = reason;
 	ex->head_sent = true;
@@ -214,6 +254,7 @@ static void send_head(struct exchange *ex, const struct http_head *h, enum refus
 		ex->close_after = true;
 	struct relayed_head rh;
 	respond_relayed(&rh, h, ex->attempts, refused, ex->close_after, false);
+	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
 	idem_job_record_head(ex->idem, &rh.head);
 	ex->head_sent = true;
 	ex->resp_status = h->status;
@@ -322,6 +363,42 @@ static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
 	}
 }
 
+/* SPEC §11: the attempt's one draw, when this upstream's faults are on. An experiment past
+ * stop.after injects nothing more, before the watcher has switched it off. */
+static const struct cfg_fault_rule *draw_fault(struct exchange *ex, int64_t now)
+{
+	const struct cfg_faults *f = &ex->up->faults;
+	if (f->nrules == 0 || ex->req->upgrade ||
+	    !atomic_load_explicit(&ex->st->faults_on, memory_order_relaxed))
+		return NULL;
+	int64_t since = atomic_load_explicit(&ex->st->faults_since_us, memory_order_relaxed);
+	if (f->stop_after_us > 0 && now - since >= f->stop_after_us)
+		return NULL;
+	return faults_pick(f, ex->req->method, ex->req->path, ex->req->path_len,
+	                   rand_next(&ex->loop->rng));
+}
+
+/* A fault that sends nothing: its outcome (or, for a delay, the send) comes from fault_ev,
+ * never from inside start_attempt. A delay the per-try timeout cuts is a timeout (SPEC §11);
+ * one the deadline cuts ends in deadline_cb. */
+static void fault_arm(struct exchange *ex, int64_t now)
+{
+	int64_t per_try = ex->up->retry.per_try_timeout_us;
+	int64_t remaining = ex->deadline_us - now;
+	int64_t after = 0;
+	ex->fault_cut = OUT_NONE;
+	if (ex->fault->kind == FAULT_DELAY) {
+		after = ex->fault->delay_us;
+		if (per_try < remaining && after >= per_try) {
+			after = per_try;
+			ex->fault_cut = OUT_TIMEOUT;
+		}
+	}
+	ex->fault_pending = true;
+	struct timeval tv = clock_tv(after);
+	evtimer_add(&ex->fault_ev, &tv);
+}
+
 static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 {
 	int64_t now = clock_now_us();
@@ -348,9 +425,31 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
 	ex->tried |= 1ull << ep->index;
 	ex->att_ep = ep;
+	ex->att_t0_us = now;
 	ex->last_att_status = 0;
+	set_state(ex, X_ATTEMPT);
+	access_add_attempt(&ex->log, ep->name);
+	ex->fault = draw_fault(ex, now);
+	if (ex->fault) {
+		STAT_INC(ex->us->faults_injected[ex->fault->kind]);
+		access_set_fault(&ex->log, faults_kind_name(ex->fault->kind));
+		if (ex->fault->kind != FAULT_LOST_RESPONSE) {
+			fault_arm(ex, now);
+			return;
+		}
+	}
+	send_attempt(ex, ep);
+}
 
-	int64_t per_try = ex->up->retry.per_try_timeout_us;
+/* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
+ * rest), and X-Timeout-Ms says so. */
+static void send_attempt(struct exchange *ex, struct ep_state *ep)
+{
+	int64_t now = clock_now_us();
+	int64_t remaining = ex->deadline_us - now;
+	int64_t per_try = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
+	if (per_try < 1000)
+		per_try = 1000;
 	int64_t wait = per_try < remaining ? per_try : remaining;
 	struct forward_req fw = {
 		.req = ex->req,
@@ -384,10 +483,71 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.verify = ex->up->tls_verify,
 		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->name, sni, sizeof(sni)) : NULL,
 	};
-	set_state(ex, X_ATTEMPT);
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
-	access_add_attempt(&ex->log, ep->name);
 	reqbody_stream_to(&ex->rb, ex->att);
+}
+
+/* abort: the response the upstream did not send (no body). */
+static const struct http_head *fault_response(struct exchange *ex)
+{
+	const struct cfg_fault_rule *r = ex->fault;
+	struct http_head *h = &ex->fault_head;
+	memset(h, 0, sizeof(*h));
+	int n = 0;
+	ex->fault_hdrs[n++] = (struct http_hdr){ .name = "X-Retrygate-Fault", .nlen = 17,
+	                                         .value = "abort", .vlen = 5 };
+	if (r->retry_after && *r->retry_after)
+		ex->fault_hdrs[n++] = (struct http_hdr){ .name = "Retry-After", .nlen = 11,
+		                                         .value = r->retry_after,
+		                                         .vlen = (uint32_t)strlen(r->retry_after) };
+	h->status = r->status;
+	h->reason = respond_status_text(r->status);
+	h->reason_len = strlen(h->reason);
+	h->version = 11;
+	h->hdrs = ex->fault_hdrs;
+	h->nhdrs = n;
+	h->content_length = 0;
+	h->keep_alive = true;
+	return h;
+}
+
+static void fault_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state != X_ATTEMPT || !ex->fault_pending)
+		return;
+	ex->fault_pending = false;
+	enum outcome out = OUT_CONNECT_FAILURE;
+	switch (ex->fault->kind) {
+	case FAULT_DELAY:
+		if (ex->fault_cut == OUT_NONE) {
+			send_attempt(ex, ex->att_ep);
+			return;
+		}
+		out = ex->fault_cut;
+		break;
+	case FAULT_ABORT: {
+		const struct http_head *h = fault_response(ex);
+		STAT_INC(ex->us->responses[h->status / 100]);
+		access_set_status(&ex->log, h->status);
+		ex->last_out = OUT_STATUS;
+		ex->last_att_status = h->status;
+		if (cfg_retry_on_status(&ex->up->retry, h->status)) {
+			decide(ex, OUT_STATUS, h, false);
+			return;
+		}
+		retry_after_hint(ex, h, clock_now_us());
+		relay_from(ex, NULL, h, RR_NONE);
+		relay_complete(ex);
+		return;
+	}
+	default:
+		break;
+	}
+	STAT_INC(ex->us->outcomes[out]);
+	access_set_outcome(&ex->log, outcome_name(out));
+	decide(ex, out, NULL, false);
 }
 
 static void backoff_cb(evutil_socket_t fd, short what, void *arg)
@@ -483,10 +643,12 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		ex->slot_retry = reason == RR_NONE;
 	}
 	if (reason == RR_NONE) {
-		if (h)
+		if (h) {
 			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
-		else
+			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
+		} else {
 			attempt_free(a);
+		}
 		ex->next_ep = next;
 		set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
@@ -500,6 +662,8 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	if (h) {
 		saved_clear(&ex->saved);
 		relay_from(ex, a, h, reason);
+		if (!a)
+			relay_complete(ex);     /* a fault's abort: the whole response was its head */
 		return;
 	}
 	attempt_free(a);
@@ -515,6 +679,7 @@ static void start_tunnel(struct exchange *ex, struct attempt *a, const struct ht
 	access_set_status(&ex->log, 101);
 	struct relayed_head rh;
 	respond_relayed(&rh, h, ex->attempts, NULL, false, true);
+	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
 	struct stream *ubev = attempt_take_bev(a);
 	ex->att = NULL;
 	attempt_free(a);
@@ -557,6 +722,15 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 	}
 	if (h->status == 101 && ex->req->upgrade) {
 		start_tunnel(ex, a, h);
+		return;
+	}
+	if (ex->fault && ex->fault->kind == FAULT_LOST_RESPONSE) {
+		/* SPEC §11: the upstream processed it; its response is thrown away and the connection
+		 * closed (decide() frees the attempt, which never pools it): a reset */
+		STAT_INC(ex->us->outcomes[OUT_RESET]);
+		access_set_outcome(&ex->log, outcome_name(OUT_RESET));
+		ex->reached = true;
+		decide(ex, OUT_RESET, NULL, false);
 		return;
 	}
 	if (h->status == 101) {
@@ -685,6 +859,14 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 		access_set_outcome(&ex->log, outcome_name(o));
 		attempt_free(ex->att);
 		ex->att = NULL;
+	} else if (ex->fault_pending) {
+		/* a fault's attempt: a delay cut is a timeout (SPEC §11), the rest sent nothing */
+		enum outcome o = ex->fault->kind == FAULT_DELAY ? OUT_TIMEOUT : OUT_CONNECT_FAILURE;
+		STAT_INC(ex->us->outcomes[o]);
+		ex->last_out = o;
+		access_set_outcome(&ex->log, outcome_name(o));
+		evtimer_del(&ex->fault_ev);
+		ex->fault_pending = false;
 	}
 	release_slots(ex);
 	if (ex->saved.valid) {
@@ -719,6 +901,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->t0_us = clock_now_us();
 	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
 	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
+	evtimer_assign(&ex->fault_ev, loop->base, fault_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
@@ -784,6 +967,8 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		STAT_INC(ex->us->idem[IS_REPLAYED]);
 		struct replay_response m;
 		respond_replay(&m, stored);
+		respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])),
+		                   ex->reqid);
 		ex->resp_status = stored->status;
 		ex->log.reason = "idempotency-replayed";
 		ex->head_sent = true;
@@ -904,6 +1089,7 @@ void exchange_free(struct exchange *ex)
 		exchange_abort(ex);
 	evtimer_del(&ex->deadline_ev);
 	evtimer_del(&ex->backoff_ev);
+	evtimer_del(&ex->fault_ev);
 	loop_buf_put(ex->loop, ex->rb.buf);
 	idem_job_free(ex->idem);
 	runtime_unref(ex->rt);

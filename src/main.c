@@ -19,11 +19,14 @@
 #include "admin.h"
 #include "clock.h"
 #include "config.h"
+#include "faults_watch.h"
 #include "health.h"
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
 #include "pool.h"
+#include "reconcile.h"
+#include "reconcile_publish.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -152,6 +155,8 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	runtime_publish(nrt);
 	admin_reconfigure(cfg);
 	log_json = cfg->log_format == LF_JSON;
+	reconcile_set_keep(cfg->reconcile.keep);
+	reconcile_publish_configure(main_base, &cfg->reconcile);
 	config_unref(cfg);
 	stats_config_loaded(true);
 	log_info("reloaded %s", config_path);
@@ -290,6 +295,9 @@ int main(int argc, char **argv)
 	}
 	if (admin_start(main_base, cfg) != 0)
 		return 1;
+	reconcile_set_keep(cfg->reconcile.keep);
+	reconcile_publish_configure(main_base, &cfg->reconcile);
+	faults_watch_start(main_base);
 
 	struct event *sigs[] = {
 		evsignal_new(main_base, SIGTERM, on_term, NULL),
@@ -332,6 +340,9 @@ int main(int argc, char **argv)
 		free(workers[w].listen_fds);
 	}
 	admin_stop();
+	faults_watch_stop();
+	reconcile_publish_stop();
+	reconcile_clear();
 	idem_store_release_all();
 	signals_ignore(sigs, nsigs);
 	event_free(workers_done_ev);

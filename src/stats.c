@@ -58,17 +58,53 @@ void stats_observe_duration(struct ustats *s, int64_t us)
 	STAT_ADD(s->duration_sum_us, (uint64_t)(us > 0 ? us : 0));
 }
 
-void stats_window_add(struct ustats *s, int64_t now_us, int req, int att)
+/* The ring slot of NOW's second, emptied when it last held an older second. */
+static int window_slot(struct ustats *s, int64_t now_us)
 {
 	int64_t sec = now_us / 1000000;
 	int i = (int)(sec % 60);
 	if (atomic_load_explicit(&s->win_sec[i], memory_order_relaxed) != sec) {
 		atomic_store_explicit(&s->win_req[i], 0, memory_order_relaxed);
 		atomic_store_explicit(&s->win_att[i], 0, memory_order_relaxed);
+		atomic_store_explicit(&s->win_resp[i], 0, memory_order_relaxed);
+		atomic_store_explicit(&s->win_fail[i], 0, memory_order_relaxed);
 		atomic_store_explicit(&s->win_sec[i], sec, memory_order_relaxed);
 	}
+	return i;
+}
+
+void stats_window_add(struct ustats *s, int64_t now_us, int req, int att)
+{
+	int i = window_slot(s, now_us);
 	STAT_ADD(s->win_req[i], (uint64_t)req);
 	STAT_ADD(s->win_att[i], (uint64_t)att);
+}
+
+void stats_window_response(struct ustats *s, int64_t now_us, bool failed)
+{
+	int i = window_slot(s, now_us);
+	STAT_INC(s->win_resp[i]);
+	if (failed)
+		STAT_INC(s->win_fail[i]);
+}
+
+void stats_window_sum(const struct ustats *per_worker, int64_t now_us, int64_t from_us,
+                      struct stats_window *out)
+{
+	int64_t now_sec = now_us / 1000000, from_sec = from_us / 1000000;
+	memset(out, 0, sizeof(*out));
+	for (int w = 0; w < g_nworkers; w++) {
+		const struct ustats *p = &per_worker[w];
+		for (int i = 0; i < 60; i++) {
+			int64_t sec = atomic_load_explicit(&p->win_sec[i], memory_order_relaxed);
+			if (sec <= now_sec - 60 || sec > now_sec || sec < from_sec)
+				continue;
+			out->req += atomic_load_explicit(&p->win_req[i], memory_order_relaxed);
+			out->att += atomic_load_explicit(&p->win_att[i], memory_order_relaxed);
+			out->resp += atomic_load_explicit(&p->win_resp[i], memory_order_relaxed);
+			out->fail += atomic_load_explicit(&p->win_fail[i], memory_order_relaxed);
+		}
+	}
 }
 
 /* ------------------------------------------------------------------ summed figures */
@@ -99,6 +135,9 @@ struct usum {
 struct dsum {
 #define X_GFIELD(f, key, m, h) int64_t f;
 	DOWNSTREAM_GAUGES(X_GFIELD)
+#undef X_GFIELD
+#define X_GFIELD(f, key, m, h) uint64_t f;
+	DOWNSTREAM_COUNTERS(X_GFIELD)
 #undef X_GFIELD
 #define X_LFIELD(f, m, h, label, values) uint64_t f[LABELS_LEN(values)];
 	DOWNSTREAM_LABELLED(X_LFIELD)
@@ -143,6 +182,7 @@ static void sum_downstream(struct dsum *s)
 	for (int w = 0; w < g_nworkers; w++) {
 		const struct gstats *p = &g_gstats[w];
 		DOWNSTREAM_GAUGES(X_SUM)
+		DOWNSTREAM_COUNTERS(X_SUM)
 		DOWNSTREAM_LABELLED(X_SUM_VALUES)
 	}
 }
@@ -222,6 +262,8 @@ PROCESS_FIGURES(X_READ)
                              .off = offsetof(SUMS, f) },
 #define X_DGAUGE(f, jkey, m, h) { .kind = FK_GAUGE, .name = m, .key = jkey, .help = h, \
                              .fmt = SF_COUNT, .read = read_##f },
+#define X_DCOUNTER(f, jkey, m, h) { .kind = FK_COUNTER, .name = m, .key = jkey, .help = h, \
+                             .off = offsetof(SUMS, f) },
 
 #define SUMS struct usum
 static const struct family up_families[] = {
@@ -234,6 +276,7 @@ static const struct family up_families[] = {
 #define SUMS struct dsum
 static const struct family down_families[] = {
 	DOWNSTREAM_GAUGES(X_DGAUGE)
+	DOWNSTREAM_COUNTERS(X_DCOUNTER)
 	DOWNSTREAM_LABELLED(X_LABELLED)
 };
 #undef SUMS

@@ -48,6 +48,10 @@ enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 	V(IS_STORED, "stored") V(IS_REPLAYED, "replayed") V(IS_CONFLICT, "conflict") \
 	V(IS_MISMATCH, "mismatch")
 
+#define FAULT_VALUES(V)     /* enum fault_kind (config.h): SPEC §11 */ \
+	V(FAULT_CONNECT_FAILURE, "connect-failure") V(FAULT_ABORT, "abort") V(FAULT_DELAY, "delay") \
+	V(FAULT_LOST_RESPONSE, "lost-response")
+
 #define X_VALUE_ENUM(id, value) id,
 enum { REJECTED_VALUES(X_VALUE_ENUM) NREJ };
 enum { IDEM_VALUES(X_VALUE_ENUM) NIDEM };
@@ -64,6 +68,7 @@ enum { IDEM_VALUES(X_VALUE_ENUM) NIDEM };
 _Static_assert(LABELS_LEN(REFUSED_VALUES) == RR_NREASONS &&
                LABELS_COUNT(REFUSED_VALUES) == RR_NREASONS - RR_DISABLED,
                "REFUSED_VALUES must list every refusal reason of enum refusal");
+_Static_assert(LABELS_LEN(FAULT_VALUES) == FAULT_NKINDS, "FAULT_VALUES must list every fault kind");
 _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
                LABELS_COUNT(OUTCOME_VALUES) == OUT_STATUS - OUT_CONNECT_FAILURE,
                "OUTCOME_VALUES must list every outcome without a response");
@@ -76,7 +81,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(client_aborts, "retrygate_upstream_client_aborts_total", \
 	  "Requests cancelled because the client disconnected while an attempt was in flight.") \
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
-	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).")
+	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).") \
+	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
+	  "Unknown outcomes recorded in the reconciliation queue (SPEC §12).")
 
 /* per-upstream labelled counters: field (and JSON key), metric, help, label, its values */
 #define UPSTREAM_LABELLED(X) \
@@ -89,7 +96,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(outcomes, "retrygate_upstream_outcomes_total", \
 	  "Attempts that ended without a response, by outcome.", "outcome", OUTCOME_VALUES) \
 	X(idem, "retrygate_idempotency_total", \
-	  "Idempotency enforcement results.", "result", IDEM_VALUES)
+	  "Idempotency enforcement results.", "result", IDEM_VALUES) \
+	X(faults_injected, "retrygate_upstream_faults_injected_total", \
+	  "Attempts given a fault by the faults rules (SPEC §11), by kind.", "kind", FAULT_VALUES)
 
 /* per-upstream histograms: field (JSON keys FIELD_count, FIELD_sum_seconds), metric, help;
  * buckets DURATION_BUCKETS */
@@ -126,7 +135,15 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	X(conns_active, "connections_active", "retrygate_downstream_connections_active", \
 	  "Client connections open on the proxy listeners.") \
 	X(exchanges_active, "exchanges_active", "retrygate_downstream_exchanges_active", \
-	  "Requests being served, tunnels included (a drain waits for none).")
+	  "Requests being served, tunnels included (a drain waits for none).") \
+	X(reconcile_pending, "reconcile_pending", "retrygate_reconcile_pending", \
+	  "Unknown outcomes in the reconciliation queue (SPEC §12; kept in worker slot 0).")
+
+/* process-wide counters (no upstream label), summed over workers: field, JSON key, metric, help */
+#define DOWNSTREAM_COUNTERS(X) \
+	X(reconcile_publish_errors, "reconcile_publish_errors", \
+	  "retrygate_reconcile_publish_errors_total", \
+	  "Reconciliation records that failed to reach the Redis stream (they stay in memory).")
 
 /* process-wide downstream labelled counters: field (and JSON key), metric, help, label, values */
 #define DOWNSTREAM_LABELLED(X) \
@@ -179,8 +196,9 @@ struct ustats {
 	_Atomic uint64_t f##_bucket[NBUCKETS]; _Atomic uint64_t f##_count; _Atomic uint64_t f##_sum_us;
 	UPSTREAM_HISTOGRAMS(X_HFIELD)
 #undef X_HFIELD
-	/* amplification over the last minute: per-second ring of first attempts and attempts */
-	_Atomic uint64_t win_req[60], win_att[60];
+	/* amplification over the last minute: per-second ring of first attempts and attempts; and
+	 * of client-visible responses and the 5xx among them (SPEC §11 stop conditions) */
+	_Atomic uint64_t win_req[60], win_att[60], win_resp[60], win_fail[60];
 	_Atomic int64_t win_sec[60];
 } __attribute__((aligned(64)));
 
@@ -188,6 +206,9 @@ struct ustats {
 struct gstats {
 #define X_GFIELD(f, key, name, help) _Atomic int64_t f;
 	DOWNSTREAM_GAUGES(X_GFIELD)
+#undef X_GFIELD
+#define X_GFIELD(f, key, name, help) _Atomic uint64_t f;
+	DOWNSTREAM_COUNTERS(X_GFIELD)
 #undef X_GFIELD
 #define X_LFIELD(f, name, help, label, values) _Atomic uint64_t f[LABELS_LEN(values)];
 	DOWNSTREAM_LABELLED(X_LFIELD)
@@ -222,6 +243,16 @@ extern int g_nworkers;
 
 void stats_observe_duration(struct ustats *s, int64_t us);
 void stats_window_add(struct ustats *s, int64_t now_us, int req, int att);
+/* A client-visible response of this upstream's request; FAILED: a 5xx. */
+void stats_window_response(struct ustats *s, int64_t now_us, bool failed);
+
+/* The window rings of PER_WORKER[g_nworkers] summed over the seconds of the last minute that
+ * are not before FROM_US (monotonic; 0: the whole minute). */
+struct stats_window {
+	uint64_t req, att, resp, fail;
+};
+void stats_window_sum(const struct ustats *per_worker, int64_t now_us, int64_t from_us,
+                      struct stats_window *out);
 
 /* One upstream as the registry shows it to a scrape; valid during the walker's call only. */
 struct stats_endpoint {

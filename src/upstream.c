@@ -74,6 +74,14 @@ static void ep_unbind(struct ep_state *ep)
 	free(ep);
 }
 
+void upstream_faults_switch(struct upstream_state *st, bool on, int stopped)
+{
+	atomic_store(&st->faults_stopped, on ? 0 : stopped);
+	atomic_store(&st->faults_since_us, on ? clock_now_us() : 0);
+	atomic_store(&st->faults_since_wall, on ? (int64_t)clock_wall() : 0);
+	atomic_store(&st->faults_on, on);
+}
+
 /* A reference on the state of upstream U, created (fresh budget, retries enabled) at the
  * lowest free id when no live runtime names it. */
 static struct upstream_state *state_bind(const struct cfg_upstream *u)
@@ -88,6 +96,8 @@ static struct upstream_state *state_bind(const struct cfg_upstream *u)
 	st->refs = 1;
 	budget_init(&st->budget, &u->retry, clock_now_us());
 	atomic_store(&st->runtime_enabled, true);
+	/* faults.enabled applies when the name first appears; a reload keeps the switch */
+	upstream_faults_switch(st, u->faults.enabled && u->faults.nrules > 0, 0);
 	st->stats = aligned_alloc(64, sizeof(struct ustats) * (size_t)g_nworkers);
 	if (!st->stats)
 		abort();

@@ -140,6 +140,7 @@ static void test_json_same_figures(void **state)
 	setup_figures();
 	char *j = render(stats_render_json);
 	assert_non_null(strstr(j, "{\"downstream\":{\"connections_active\":2,\"exchanges_active\":0,"
+	                          "\"reconcile_pending\":0,\"reconcile_publish_errors\":0,"
 	                          "\"requests\":{\"1xx\":0,\"2xx\":2,\"3xx\":0,\"4xx\":0,\"5xx\":0}},"
 	                          "\"upstreams\":{\"api\":{\"requests\":20,"));
 	assert_non_null(strstr(j, "\"refused\":{\"disabled\":0,\"nested\":0,"));
