@@ -27,6 +27,7 @@
 #define CFG_MAX_ENDPOINTS 64
 
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+enum up_protocol { UP_HTTP1, UP_H2 };
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -81,6 +82,7 @@ struct cfg_upstream {
 	char *tls_ca;               /* NULL: system default store */
 	bool tls_verify;            /* true */
 	char *host_rewrite;         /* "" : send the client's Host */
+	enum up_protocol protocol;  /* http1; h2: HTTP/2 (prior knowledge, or ALPN h2 with tls) */
 	int64_t connect_timeout_us; /* 250ms */
 	struct cfg_deadline deadline;
 	struct cfg_retry retry;

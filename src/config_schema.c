@@ -656,6 +656,7 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 #define WAIT    .min = 0, .max = DUR_MAX
 
 static const char *const non_idempotent_words[] = { "require-key", "never", "always", NULL };
+static const char *const protocol_words[] = { "http1", "h2", NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -753,6 +754,7 @@ static const struct key upstream_keys[] = {
 	{ "tls", K_BLOCK, 0, OFF(cfg_upstream, tls), .flags = KF_GIVEN, .sub = &upstream_tls_block },
 	{ "host_rewrite", K_STR, OFF(cfg_upstream, host_rewrite), .def = "", .check = check_visible,
 	  .expect = "a Host header value" },
+	{ "protocol", K_ENUM, OFF(cfg_upstream, protocol), .def = "http1", .names = protocol_words },
 	{ "connect_timeout", K_DUR, OFF(cfg_upstream, connect_timeout_us), .def = "250ms", TIMEOUT },
 	{ "deadline", K_BLOCK, OFF(cfg_upstream, deadline), .sub = &deadline_block },
 	{ "retry", K_BLOCK, OFF(cfg_upstream, retry), .sub = &retry_block },
