@@ -374,7 +374,12 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.body_len = ex->rb.len,
 	};
 	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
-	forward_h1_head(&fw, head);
+	struct forward_nv nv = { 0 };
+	bool h2 = ex->up->protocol == UP_H2;
+	if (h2)
+		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
+	else
+		forward_h1_head(&fw, head);
 	struct retry_facts rf = { 0 };
 	request_facts(ex, &rf);
 	char sni[256];
@@ -390,9 +395,13 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.tls = ex->ub->tls,
 		.verify = ex->up->tls_verify,
 		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->name, sni, sizeof(sni)) : NULL,
+		.h2 = h2,
+		.nv = nv.nv,
+		.nvlen = nv.n,
 	};
 	set_state(ex, X_ATTEMPT);
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
+	forward_nv_free(&nv);       /* nghttp2 copied the fields */
 	access_add_attempt(&ex->log, ep->name);
 	reqbody_stream_to(&ex->rb, ex->att);
 }
