@@ -757,6 +757,10 @@ static nghttp2_session *session_new(struct h2_conn *c)
 	nghttp2_session_callbacks_set_on_stream_close_callback(cb, on_stream_close_cb);
 	nghttp2_option_new(&opt);
 	nghttp2_option_set_no_auto_window_update(opt, 1);
+	/* one stream until the server's SETTINGS say how many it takes (then its value, or
+	 * unlimited): a burst on a new connection waits one round trip, queued, instead of being
+	 * refused by a server whose limit is low */
+	nghttp2_option_set_peer_max_concurrent_streams(opt, 1);
 	if (nghttp2_session_client_new2(&ng, cb, c, opt) != 0)
 		ng = NULL;
 	nghttp2_option_del(opt);
