@@ -12,8 +12,8 @@ import time
 import pytest
 
 from harness import FAST_RETRY, InThread, parse_response, wait_for
-from h2upstream import (CANCEL, INTERNAL_ERROR, REFUSED_STREAM, H2Upstream, echo, goaway, kill,
-                        respond, rst, stall)
+from h2upstream import (CANCEL, INTERNAL_ERROR, NO_ERROR, REFUSED_STREAM, H2Upstream, echo,
+                        goaway, kill, respond, rst, stall)
 
 
 @pytest.fixture
@@ -173,6 +173,19 @@ def test_rst_stream_internal_error_is_a_reset(h2up, rg_factory, method, status, 
     assert rg.metric("retrygate_upstream_outcomes_total", upstream="api", outcome="reset") == 1
 
 
+def test_rst_no_error_after_a_complete_response_keeps_the_response(h2up, rg_factory):
+    # the server answers before the streamed request body ended, then says "no more of the
+    # body" (RST_STREAM NO_ERROR, RFC 9113 §8.1): the response stands
+    up = h2up()
+    up.push(respond(200, body=b"early answer", early=True, rst_after=NO_ERROR))
+    rg = rg_factory(upstreams=api(up, {"max_body": "1KiB"}))
+    with rg.raw_conn() as c:
+        c.send(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"a" * 5000)
+        r = c.read_response()
+    assert r.status == 200 and r.body == b"early answer" and r.complete, r
+    assert rg.metric("retrygate_upstream_outcomes_total", upstream="api", outcome="reset") == 0
+
+
 def test_reset_after_the_head_truncates_the_client_response(h2up, rg_factory):
     up = h2up()
     up.push(rst(INTERNAL_ERROR, after_head=True, body=b"x" * 100))
@@ -250,7 +263,7 @@ def test_client_disconnect_cancels_the_stream(h2up, rg_factory):
         c.send(b"GET /gone HTTP/1.1\r\nHost: x\r\n\r\n")
         q = up.wait_requests(1)[0]
         assert rg.metric("retrygate_upstream_in_flight", upstream="api") == 1
-    wait_for(lambda: (q.conn_id, q.stream_id, CANCEL) in up.resets, 5, "RST_STREAM CANCEL")
+    wait_for(lambda: (q.conn_id, q.stream_id, CANCEL) in up.resets, 5, what="RST_STREAM CANCEL")
     rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api")
     # the connection carries on
     up.set_default(echo())
@@ -268,7 +281,7 @@ def test_per_try_timeout_with_a_stalling_upstream(h2up, rg_factory):
     assert r.status == 504 and r.headers["X-Retrygate-Reason"] == "timeout" and attempts(r) == "2"
     reqs = up.wait_requests(2)
     wait_for(lambda: all((q.conn_id, q.stream_id, CANCEL) in up.resets for q in reqs), 5,
-             "both streams cancelled")
+             what="both streams cancelled")
     assert rg.metric("retrygate_upstream_outcomes_total", upstream="api", outcome="timeout") == 2
 
 
@@ -282,7 +295,7 @@ def test_deadline_with_a_stalling_upstream(h2up, rg_factory):
     assert time.monotonic() - start < 2
     q = up.wait_requests(1)[0]
     assert int(q.header("x-timeout-ms")) <= 300
-    wait_for(lambda: (q.conn_id, q.stream_id, CANCEL) in up.resets, 5, "RST_STREAM CANCEL")
+    wait_for(lambda: (q.conn_id, q.stream_id, CANCEL) in up.resets, 5, what="RST_STREAM CANCEL")
 
 
 def test_retry_503_then_ok_and_attempt_markers(h2up, rg_factory):

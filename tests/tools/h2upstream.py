@@ -15,7 +15,7 @@ for actions marked ``early``. Every frame write holds the connection's lock.
     up.connections                  # connections accepted so far
     up.close()
 
-Actions: respond(status, headers, body, trailers, delay, delay_body) | echo() |
+Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after) | echo() |
 rst(code, after_head=False, body=b"") | goaway(last_stream_id, code=0) | stall(seconds) |
 kill() (close the TCP connection) | a dict {"action": name, ...}.
 """
@@ -40,9 +40,13 @@ REFUSED_STREAM = ErrorCodes.REFUSED_STREAM
 CANCEL = ErrorCodes.CANCEL
 
 
-def respond(status=200, headers=(), body=b"", trailers=None, delay=0.0, delay_body=0.0):
+def respond(status=200, headers=(), body=b"", trailers=None, delay=0.0, delay_body=0.0,
+            early=False, rst_after=None):
+    """EARLY: answer at the request's HEADERS, before its body ended; RST_AFTER: then reset
+    the stream with that code (NO_ERROR: "send no more of the request body")."""
     return {"action": "respond", "status": status, "headers": list(headers), "body": body,
-            "trailers": trailers, "delay": delay, "delay_body": delay_body}
+            "trailers": trailers, "delay": delay, "delay_body": delay_body, "early": early,
+            "rst_after": rst_after}
 
 
 def echo():
@@ -249,6 +253,8 @@ class _Conn:
                 self.send_body(sid, body, end=not trailers)
             if trailers:
                 self.do(lambda: self.h2.send_headers(sid, list(trailers), end_stream=True))
+            if a.get("rst_after") is not None:
+                self.do(lambda: self.h2.reset_stream(sid, error_code=a["rst_after"]))
 
     def send_body(self, sid, body, end):
         off = 0
