@@ -67,6 +67,9 @@ struct attempt {
 	bool h2;                        /* the transport is the HTTP/2 stream h2s */
 	bool h2_complete;               /* END_STREAM came while body bytes still wait in decoded */
 	struct h2_stream *h2s;
+	struct http_hdr *tr;            /* trailers that came while body bytes still wait */
+	char *trbuf;
+	int ntr;
 };
 
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
@@ -317,6 +320,37 @@ static void replace_conn(struct attempt *a)
 
 /* Hand the owner the DATA it has room for; open the windows by what it took. After
  * END_STREAM, the end is reported once the last byte went. */
+static void h2_trailers_now(struct attempt *a, const struct http_hdr *t, int n)
+{
+	log_debug("h2 upstream %s: %d trailer field(s)%s%.*s", a->ep->name, n, n ? ", first " : "",
+	          n ? (int)t[0].nlen : 0, n ? t[0].name : "");
+	if (a->cbs.on_trailers)
+		a->cbs.on_trailers(a->arg, a, t, n);
+}
+
+/* Keep trailers (copied) until the body bytes before them went to the owner. */
+static void h2_trailers_keep(struct attempt *a, const struct http_hdr *t, int n)
+{
+	size_t total = 1;
+	for (int i = 0; i < n; i++)
+		total += t[i].nlen + t[i].vlen;
+	free(a->tr);
+	free(a->trbuf);
+	a->tr = xcalloc((size_t)n + 1, sizeof(*a->tr));
+	a->trbuf = xmalloc(total);
+	char *p = a->trbuf;
+	for (int i = 0; i < n; i++) {
+		a->tr[i] = t[i];
+		memcpy(p, t[i].name, t[i].nlen);
+		a->tr[i].name = p;
+		p += t[i].nlen;
+		memcpy(p, t[i].value, t[i].vlen);
+		a->tr[i].value = p;
+		p += t[i].vlen;
+	}
+	a->ntr = n;
+}
+
 static void h2_deliver(struct attempt *a)
 {
 	while (!a->paused && a->state == A_BODY && evbuffer_get_length(a->decoded) > 0) {
@@ -328,6 +362,16 @@ static void h2_deliver(struct attempt *a)
 		h2_stream_consume(a->h2s, took);
 		if (took == 0)
 			break;
+	}
+	if (a->tr && a->state == A_BODY && evbuffer_get_length(a->decoded) == 0) {
+		struct http_hdr *t = a->tr;
+		a->tr = NULL;
+		h2_trailers_now(a, t, a->ntr);
+		free(t);
+		free(a->trbuf);
+		a->trbuf = NULL;
+		if (a->freed || a->state == A_DONE)
+			return;
 	}
 	if (a->h2_complete && a->state == A_BODY && evbuffer_get_length(a->decoded) == 0) {
 		set_state(a, A_DONE);
@@ -363,8 +407,12 @@ static void h2_trailers_cb(void *arg, const struct http_hdr *t, int n)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
-	if (a->state == A_BODY && a->cbs.on_trailers)
-		a->cbs.on_trailers(a->arg, a, t, n);
+	if (a->state != A_BODY)
+		return;
+	if (evbuffer_get_length(a->decoded) > 0)
+		h2_trailers_keep(a, t, n);      /* after the body the owner has not taken yet */
+	else
+		h2_trailers_now(a, t, n);
 }
 
 static void h2_drain_cb(void *arg)
@@ -494,6 +542,10 @@ void attempt_free(struct attempt *a)
 	h2_stream_cancel(a->h2s);   /* in flight: RST_STREAM CANCEL, its slot released */
 	a->h2s = NULL;
 	evtimer_del(&a->timer);
+	free(a->tr);
+	free(a->trbuf);
+	a->tr = NULL;
+	a->trbuf = NULL;
 	loop_buf_put(a->loop, a->head);
 	loop_buf_put(a->loop, a->pending);
 	loop_buf_put(a->loop, a->decoded);

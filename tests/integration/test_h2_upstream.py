@@ -6,6 +6,7 @@ Each SPEC §9 upstream rule has a test here; the retry, deadline and budget rule
 for this pairing have an HTTP/2 twin of their HTTP/1.1 test.
 """
 import shutil
+import socket
 import subprocess
 import time
 
@@ -110,12 +111,43 @@ def test_streamed_request_body(h2up, rg_factory):
 
 def test_trailers_from_h2_upstream_dropped_for_an_http1_client(h2up, rg_factory):
     up = h2up()
+    # the transport reports them (on_trailers: the debug line); the HTTP/1 responder drops them
     up.push(respond(200, body=b"abc", trailers=[("grpc-status", "0")]))
-    rg = rg_factory(upstreams=api(up))
+    rg = rg_factory(upstreams=api(up), env={"RETRYGATE_LOG": "debug"})
     data, closed = rg.raw(b"GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\n\r\n", read_timeout=1)
     resp = parse_response(data)
     assert resp.status == 200 and resp.body == b"abc" and resp.complete, data
     assert b"grpc-status" not in data
+    rg.wait_stderr(r"h2 upstream \S+: 1 trailer field\(s\), first grpc-status")
+
+
+def test_trailers_wait_for_the_body_a_slow_client_has_not_taken(h2up, rg_factory):
+    up = h2up()
+    big = b"z" * (12 << 20)     # more than the kernel buffers hold: the attempt gets paused
+    up.push(respond(200, body=big, trailers=[("x-sum", "done")]))
+    rg = rg_factory(upstreams=api(up), env={"RETRYGATE_LOG": "debug"})
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.connect(("127.0.0.1", rg.port))
+    s.settimeout(10)
+    try:
+        s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(1.0)         # the client reads nothing: the windows stay shut
+        assert "trailer field" not in rg.stderr_text()
+        got, n = [], 0
+        while True:
+            d = s.recv(1 << 20)
+            assert d, "closed early"
+            got.append(d)
+            n += len(d)
+            if n > len(big) and (got[-1][-5:] == b"0\r\n\r\n" or
+                                 b"".join(got[-2:])[-5:] == b"0\r\n\r\n"):
+                break
+    finally:
+        s.close()
+    resp = parse_response(b"".join(got))
+    assert resp.status == 200 and resp.complete and resp.body == big
+    rg.wait_stderr(r"1 trailer field\(s\), first x-sum")
 
 
 # ------------------------------------------------------------------------------- outcomes
