@@ -8,8 +8,9 @@
  *   and from anywhere: X_DONE (finish(): the responder's end() reported once).
  *
  * The exchange holds the state machine only: the decision is retry_decide(), the upstream
- * request is forward_h1_head(), every response it makes is respond.c's, the client's wire
- * format is the responder's, the idempotency claim is an idem_job.
+ * request is forward_h1_head() or, to an HTTP/2 upstream, forward_h2_headers(), every response
+ * it makes is respond.c's, the client's wire format is the responder's, the idempotency claim
+ * is an idem_job.
  *
  * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
  * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the

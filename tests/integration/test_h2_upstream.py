@@ -6,6 +6,7 @@ Each SPEC §9 upstream rule has a test here; the retry, deadline and budget rule
 for this pairing have an HTTP/2 twin of their HTTP/1.1 test.
 """
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -301,6 +302,19 @@ def test_client_disconnect_cancels_the_stream(h2up, rg_factory):
     up.set_default(echo())
     assert rg.request("GET", "/after").status == 200
     assert up.connections == 1
+
+
+def test_sigterm_lets_in_flight_streams_finish_and_exits_0(h2up, rg_factory):
+    up = h2up()
+    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "5s"}), drain_timeout="10s")
+    rg.request("GET", "/warm")          # the connection exists before the slow stream
+    up.push(respond(200, body=b"finished", delay=1.0))
+    t = InThread(rg.request, "GET", "/slow", timeout=15)
+    up.wait_requests(2)
+    rg.send_signal(signal.SIGTERM)
+    r = t()
+    assert r.status == 200 and r.body == b"finished" and attempts(r) == "1", r
+    assert rg.wait_exit(10) == 0
 
 
 # ------------------------------------------------------------------------------- twins
