@@ -423,7 +423,7 @@ static void h2_drain_cb(void *arg)
 		a->cbs.on_drain(a->arg, a);
 }
 
-static void h2_close_cb(void *arg, enum outcome out, const char *detail)
+static void h2_close_cb(void *arg, enum outcome out, bool bad, const char *detail)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
@@ -437,7 +437,7 @@ static void h2_close_cb(void *arg, enum outcome out, const char *detail)
 		h2_deliver(a);  /* or later, from attempt_resume */
 		return;
 	}
-	attempt_end(a, out == OUT_NONE ? OUT_RESET : out, false, detail);
+	attempt_end(a, out == OUT_NONE ? OUT_RESET : out, bad && a->state == A_WAITING, detail);
 }
 
 static const struct h2_stream_cbs h2_callbacks = {

@@ -187,8 +187,9 @@ static void stream_end(struct h2_stream *s, enum outcome out, const char *detail
 {
 	struct h2_stream_cbs cbs = s->cbs;
 	void *arg = s->arg;
+	bool bad = s->bad_head && out == OUT_RESET;
 	stream_detach(s);
-	cbs.on_close(arg, out, detail);
+	cbs.on_close(arg, out, bad, detail);
 }
 
 /* ---------------------------------------------------------------- connection teardown */

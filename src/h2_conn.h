@@ -38,8 +38,9 @@ struct h2_stream_cbs {
 	/* The streamed request body left our buffer: room for more. */
 	void (*on_drain)(void *arg);
 	/* The end (the stream is gone; do not touch it again): OUT_NONE = the response ended
-	 * with END_STREAM; else OUT_CONNECT_FAILURE (not processed) or OUT_RESET. */
-	void (*on_close)(void *arg, enum outcome out, const char *detail);
+	 * with END_STREAM; else OUT_CONNECT_FAILURE (not processed) or OUT_RESET (BAD: the
+	 * server sent an invalid response head, SPEC §4 "bad-response"). */
+	void (*on_close)(void *arg, enum outcome out, bool bad, const char *detail);
 };
 
 struct h2_open {

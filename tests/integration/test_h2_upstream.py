@@ -229,6 +229,14 @@ def test_reset_after_the_head_truncates_the_client_response(h2up, rg_factory):
     assert len(up.requests) == 1
 
 
+def test_oversized_response_head_is_a_bad_response(h2up, rg_factory):
+    up = h2up()
+    up.set_default(respond(200, headers=[("x-h%d" % i, "v") for i in range(150)], body=b"no"))
+    rg = rg_factory(upstreams=api(up, {"max_attempts": 1}))
+    r = rg.request("GET", "/fat")
+    assert r.status == 502 and r.headers["X-Retrygate-Reason"] == "bad-response", r
+
+
 def test_connection_lost_before_the_head_is_a_reset(h2up, rg_factory):
     up = h2up()
     up.push(kill())
