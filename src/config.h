@@ -28,6 +28,7 @@
 
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
 enum cfg_log_format { LF_TEXT, LF_JSON };
+enum up_protocol { UP_HTTP1, UP_H2 };
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -107,6 +108,7 @@ struct cfg_upstream {
 	bool tls_verify;            /* true */
 	char *tls_cert, *tls_key;   /* NULL: no client certificate; else both (mTLS) */
 	char *host_rewrite;         /* "" : send the client's Host */
+	enum up_protocol protocol;  /* http1; h2: HTTP/2 (prior knowledge, or ALPN h2 with tls) */
 	int64_t connect_timeout_us; /* 250ms */
 	struct cfg_deadline deadline;
 	struct cfg_retry retry;

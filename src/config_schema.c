@@ -423,6 +423,7 @@ static const char *const non_idempotent_words[] = { "require-key", "never", "alw
 static const char *const log_format_words[] = { "text", "json", NULL };
 const char *const cfg_fault_kind_words[] = { "connect-failure", "abort", "delay", "lost-response",
                                              NULL };
+static const char *const protocol_words[] = { "http1", "h2", NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -561,6 +562,7 @@ static const struct key upstream_keys[] = {
 	{ "tls", K_BLOCK, 0, OFF(cfg_upstream, tls), .flags = KF_GIVEN, .sub = &upstream_tls_block },
 	{ "host_rewrite", K_STR, OFF(cfg_upstream, host_rewrite), .def = "", .check = check_visible,
 	  .expect = "a Host header value" },
+	{ "protocol", K_ENUM, OFF(cfg_upstream, protocol), .def = "http1", .names = protocol_words },
 	{ "connect_timeout", K_DUR, OFF(cfg_upstream, connect_timeout_us), .def = "250ms", TIMEOUT },
 	{ "deadline", K_BLOCK, OFF(cfg_upstream, deadline), .sub = &deadline_block },
 	{ "retry", K_BLOCK, OFF(cfg_upstream, retry), .sub = &retry_block },

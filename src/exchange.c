@@ -8,9 +8,10 @@
  *   and from anywhere: X_DONE (ex_finish(): the responder's end() reported once).
  *
  * This file holds the state machine only: the decision is retry_decide(), the upstream
- * request is forward_h1_head(), every response it makes is respond.c's, the client's wire
- * format is the responder's, the idempotency claim is an idem_job; how the exchange ends and
- * what reaches the client is exchange_reply.c, SPEC §11 faults are exchange_fault.c.
+ * request is forward_h1_head() or, to an HTTP/2 upstream, forward_h2_headers(), every response
+ * it makes is respond.c's, the client's wire format is the responder's, the idempotency claim
+ * is an idem_job; how the exchange ends and what reaches the client is exchange_reply.c,
+ * SPEC §11 faults are exchange_fault.c.
  *
  * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
  * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the
@@ -167,7 +168,12 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.body_len = ex->rb.len,
 	};
 	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
-	forward_h1_head(&fw, head);
+	struct forward_nv nv = { 0 };
+	bool h2 = ex->up->protocol == UP_H2;
+	if (h2)
+		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
+	else
+		forward_h1_head(&fw, head);
 	struct retry_facts rf = { 0 };
 	request_facts(ex, &rf);
 	char sni[256];
@@ -183,8 +189,12 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.tls = ex->ub->tls,
 		.verify = ex->up->tls_verify,
 		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->name, sni, sizeof(sni)) : NULL,
+		.h2 = h2,
+		.nv = nv.nv,
+		.nvlen = nv.n,
 	};
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
+	forward_nv_free(&nv);       /* nghttp2 copied the fields */
 	reqbody_stream_to(&ex->rb, ex->att);
 }
 

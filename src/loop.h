@@ -1,7 +1,8 @@
 /*
  * loop: what every object of one worker thread shares, and the only thing lower files see of
  * the worker (DESIGN rule 7): the event base, the DNS base, a random generator, the worker's
- * index (its slot in per-worker counters), the per-worker connection pools, and the
+ * index (its slot in per-worker counters), the per-worker connection pools (HTTP/1.1 and
+ * HTTP/2), and the
  * deferred-free queue.
  *
  * Deferred free: loop_defer_free() queues a free that runs once the current callback stack has
@@ -17,6 +18,7 @@ struct event_base;
 struct evdns_base;
 struct event;
 struct pool_table;
+struct h2_table;
 struct evbuffer;
 
 /* Per-loop free lists for what every request allocates: its exchange and attempts, and the
@@ -41,6 +43,7 @@ struct loop {
 	uint64_t rng;
 	int id;                         /* worker index: the per-worker counter slot */
 	struct pool_table *pools;       /* pool.c's, created on first use */
+	struct h2_table *h2;            /* h2_conn.c's HTTP/2 upstream connections, likewise */
 	struct loop_deferred *dq;
 	int ndq, capdq;
 	struct event *dq_ev;

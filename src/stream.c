@@ -469,6 +469,11 @@ void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream
 struct evbuffer *stream_input(struct stream *s) { return s->in; }
 struct evbuffer *stream_output(struct stream *s) { return s->out; }
 
+SSL *stream_ssl(struct stream *s)
+{
+	return s->bev ? bufferevent_openssl_get_ssl(s->bev) : NULL;
+}
+
 int stream_fd(struct stream *s)
 {
 	return s->bev ? bufferevent_getfd(s->bev) : s->fd;

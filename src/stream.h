@@ -62,5 +62,7 @@ void stream_trigger_read(struct stream *s);
 int stream_fd(struct stream *s);
 /* TLS streams: take the most recent OpenSSL error behind an error event; 0: none (left). */
 unsigned long stream_tls_error(struct stream *s);
+/* The SSL of a TLS stream (ALPN, peer certificate), or NULL. */
+SSL *stream_ssl(struct stream *s);
 
 #endif
