@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "clock.h"
+#include "log.h"
 #include "loop.h"
 #include "util.h"
 
@@ -56,6 +57,19 @@ int loop_init(struct loop *l, int id)
 	l->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)id + 1;
 	l->dq_ev = event_new(l->base, -1, 0, dq_cb, l);
 	return 0;
+}
+
+static void libevent_log_cb(int severity, const char *msg)
+{
+	enum log_level lvl = severity == EVENT_LOG_ERR ? LOG_ERROR
+	                   : severity == EVENT_LOG_WARN ? LOG_WARN
+	                   : severity == EVENT_LOG_MSG ? LOG_INFO : LOG_DEBUG;
+	slog(lvl, 0, "libevent: %s", msg);
+}
+
+void loop_global_init(void)
+{
+	event_set_log_callback(libevent_log_cb);
 }
 
 void loop_free_dns(struct loop *l)

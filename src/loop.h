@@ -63,6 +63,9 @@ void loop_free_base(struct loop *l);
 
 void loop_defer_free(struct loop *l, void (*fn)(void *), void *p);
 
+/* Once per process, before any loop runs: libevent's own messages go to the log. */
+void loop_global_init(void);
+
 /* SIZE zeroed bytes for an object of KIND (every object of a kind has the same size). */
 void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);
 /* Give it back (only from the loop's thread; immediately reusable, so free it late). */
