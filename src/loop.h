@@ -51,9 +51,11 @@ struct loop {
 	int ncache[LOOP_NKINDS];
 	struct evbuffer **bufs;         /* empty evbuffers, for reuse */
 	int nbufs;
+	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
 
-/* Create the event base (no locks: one thread per loop) and DNS base. 0 or -1. */
+/* Create the event base (no locks: one thread per loop) and DNS base, after
+ * loop_global_init. 0 or -1. */
 int loop_init(struct loop *l, int id);
 /* Run every deferred free now (frees may queue more: runs until empty). */
 void loop_run_deferred(struct loop *l);
@@ -65,6 +67,19 @@ void loop_fini(struct loop *l);
 void loop_free_base(struct loop *l);
 
 void loop_defer_free(struct loop *l, void (*fn)(void *), void *p);
+
+/* A socket numbered FD was registered with the base. libevent keeps a small entry per fd
+ * number (made at the first event_add of that number, freed with the base); made one at a
+ * time as a burst of connections climbs the numbers, they land among the connections' own
+ * memory, and once the burst has gone they pin its pages (no trim can return a page holding a
+ * live byte): about two pages per fd number. So the entries are made ahead, LOOP_FD_STEP
+ * numbers at once, where they sit together. Cheap unless FD is past the numbers seen. */
+#define LOOP_FD_STEP 1024
+void loop_fd_seen(struct loop *l, int fd);
+
+/* Once per process, before any loop runs: libevent's own messages go to the log (and those
+ * loop_fd_seen provokes on purpose are dropped). */
+void loop_global_init(void);
 
 /* SIZE zeroed bytes for an object of KIND (every object of a kind has the same size). */
 void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);

@@ -24,6 +24,7 @@
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
+#include "loop.h"
 #include "pool.h"
 #include "reconcile.h"
 #include "reconcile_publish.h"
@@ -257,6 +258,7 @@ int main(int argc, char **argv)
 	if (lvl && strcmp(lvl, "debug") == 0)
 		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
+	loop_global_init();
 	g_nworkers = cfg->workers;     /* 1..CFG_MAX_WORKERS: the schema rejects more */
 	main_base = event_base_new();
 	char terr[512];

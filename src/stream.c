@@ -386,6 +386,8 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 		bufferevent_setcb(s->bev, tls_read_cb, tls_write_cb, tls_event_cb, s);
 		s->in = bufferevent_get_input(s->bev);
 		s->out = bufferevent_get_output(s->bev);
+		if (fd >= 0)
+			loop_fd_seen(loop, fd);
 		return s;
 	}
 	s->in = evbuffer_new();
@@ -397,14 +399,18 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 		evutil_make_socket_nonblocking(fd);
 		s->io = event_new(base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST, io_cb, s);
 		event_add(s->io, NULL);
+		loop_fd_seen(loop, fd);
 	}
 	return s;
 }
 
 int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 {
-	if (s->bev)
-		return bufferevent_socket_connect(s->bev, (struct sockaddr *)sa, salen);
+	if (s->bev) {
+		int rc = bufferevent_socket_connect(s->bev, (struct sockaddr *)sa, salen);
+		loop_fd_seen(s->loop, bufferevent_getfd(s->bev));
+		return rc;
+	}
 	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
@@ -419,6 +425,7 @@ int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 		stream_schedule(s);
 	}
 	event_add(s->io, NULL);
+	loop_fd_seen(s->loop, fd);
 	return 0;
 }
 

@@ -123,7 +123,11 @@ def test_repeated_sigterm_during_teardown_still_exits_0(upstream, rg_factory):
 
 # ------------------------------------------------------------------ memory after a burst
 
-BURST_GROWTH_LIMIT = 20 << 20
+# The goal is RSS after a burst within 2x of before. A small absolute slack keeps a tiny "before"
+# from making the bound tighter than what a burst may rightly keep: each worker's bounded free
+# lists (64 exchanges, 64 attempts, 256 evbuffers, about 1 MiB of pages once scattered) and
+# libevent's per-fd entries (40 bytes a number).
+BURST_SLACK = 4 << 20
 
 
 def burst(port, n, concurrent=500):
@@ -167,11 +171,12 @@ def test_rss_returns_after_a_burst_of_connections(rg_factory, upstream):
     print("burst: rss before %s, after %s" % (mib(before), mib(after)))
     if sanitized():
         return
-    # measured (before ~6 MiB): without the trim +26..+48 MiB; with it +12..+14 MiB, the rest
-    # being free pages pinned by small objects that outlive the burst (libevent's per-fd
-    # entries among them), which no trim can hand back
-    assert after - before < BURST_GROWTH_LIMIT, "RSS after 5000 connections: %s (before: %s)" \
-        % (mib(after), mib(before))
+    # measured (before ~6 MiB): without the trim +26..+48 MiB; with it +11..+14 MiB, the rest
+    # being pages pinned by libevent's per-fd entries, made one by one among the connections'
+    # memory; with those made ahead in blocks (loop_fd_seen) +1.6..+2.7 MiB
+    limit = max(2 * before, before + BURST_SLACK)
+    assert after <= limit, "RSS after 5000 connections: %s (before: %s, limit %s)" \
+        % (mib(after), mib(before), mib(limit))
 
 
 # ------------------------------------------------------------------ request line and Host
