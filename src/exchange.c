@@ -36,6 +36,7 @@
 #include "http.h"
 #include "idem_job.h"
 #include "log.h"
+#include "outlier.h"
 #include "loop.h"
 #include "reqbody.h"
 #include "respond.h"
@@ -79,6 +80,7 @@ struct exchange {
 	struct ep_state *att_ep;
 	bool slot_in_flight, slot_retry;
 	struct ep_state *next_ep;
+	uint64_t next_serial;           /* next_ep's identity when it was chosen */
 	int attempts;
 	uint64_t tried;
 	enum outcome last_out;
@@ -293,11 +295,36 @@ static void deliver_last(struct exchange *ex)
 
 /* ------------------------------------------------------------------ endpoints */
 
+/* The address for an attempt, or NULL while no name of the upstream has one (SPEC §13). Only
+ * a first attempt advances round-robin: a retry's choice never shifts where the next request
+ * goes (otherwise every failure would steer the next first attempt to the failing endpoint). */
 static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
-	int n = ex->up->nendpoints < MAX_ENDPOINTS ? ex->up->nendpoints : MAX_ENDPOINTS;
-	uint64_t start = atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
-	return balance_pick(ex->ub->ep, n, start, ex->tried, now, retry);
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int n = upstream_endpoints(ex->ub, eps);
+	if (n == 0)
+		return NULL;
+	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
+	                    : atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
+	return balance_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
+	                    ex->tried, now);
+}
+
+/* SPEC §13: the attempt's outcome, for the passive health of its endpoint. */
+static void report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
+{
+	size_t n;
+	bool hinted = h && (h->status == 429 || h->status == 503) &&
+	              http_head_get(h, "Retry-After", &n);
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int neps = upstream_endpoints(ex->ub, eps);
+	int64_t now = clock_now_us();
+	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, h ? h->status : 0, hinted,
+	                   now))
+		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
+		     "failures in a row", ex->up->name, ex->att_ep->name,
+		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),
+		     ex->up->health.consecutive_failures);
 }
 
 /* ------------------------------------------------------------------ attempts */
@@ -331,6 +358,16 @@ static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
 
 static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 {
+	if (!ep) {
+		/* no address yet (the first lookup has not answered): nothing was sent */
+		ex->last_out = OUT_CONNECT_FAILURE;
+		access_set_outcome(&ex->log, "no-address");
+		if (retry)
+			deliver_last(ex);
+		else
+			finish_error(ex, 502, "connect-failure", false, NULL);
+		return;
+	}
 	int64_t now = clock_now_us();
 	int64_t remaining = ex->deadline_us - now;
 	if (remaining < ex->up->deadline.min_us || remaining < 1000) {
@@ -362,7 +399,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	struct forward_req fw = {
 		.req = ex->req,
 		.host_rewrite = ex->up->host_rewrite,
-		.endpoint = ep->name,
+		.endpoint = ep->host,
 		.peer_ip = ex->peer_ip,
 		.tls = ex->ci.tls,
 		.reqid = ex->reqid,
@@ -389,7 +426,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.head_timeout_us = per_try < remaining ? per_try : 0,
 		.tls = ex->ub->tls,
 		.verify = ex->up->tls_verify,
-		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->name, sni, sizeof(sni)) : NULL,
+		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->host, sni, sizeof(sni)) : NULL,
 	};
 	set_state(ex, X_ATTEMPT);
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
@@ -405,6 +442,16 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	/* another request may have put a hold on the endpoint during our wait: rule 6 again */
 	int64_t now = clock_now_us(), start;
+	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
+		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
+		ex->next_ep = choose_endpoint(ex, now, true);
+		if (!ex->next_ep) {
+			release_slots(ex);
+			deliver_last(ex);
+			return;
+		}
+		ex->next_serial = atomic_load(&ex->next_ep->serial);
+	}
 	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
 	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
 	if (r == RR_NONE && start > now) {
@@ -472,6 +519,11 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		f.retry_after_us = retry_after_hint(ex, h, now);
 	}
 	struct ep_state *next = choose_endpoint(ex, now, true);
+	if (!next) {
+		attempt_free(a);
+		deliver_last(ex);
+		return;
+	}
 	int64_t hold = atomic_load(&next->hold_until_us);
 	f.hold_until_us = hold > now ? hold : 0;
 
@@ -495,6 +547,7 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		else
 			attempt_free(a);
 		ex->next_ep = next;
+		ex->next_serial = atomic_load(&next->serial);
 		set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
 		evtimer_add(&ex->backoff_ev, &tv);
@@ -574,6 +627,7 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
+	report_health(ex, OUT_STATUS, h);
 	access_set_status(&ex->log, h->status);
 	ex->last_out = OUT_STATUS;      /* the last attempt answered (a reset before is history) */
 	ex->last_att_status = h->status;
@@ -660,6 +714,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	if (out != OUT_CONNECT_FAILURE)
 		ex->reached = true;
 	STAT_INC(ex->us->outcomes[bad ? OUT_RESET : out]);
+	report_health(ex, bad ? OUT_RESET : out, NULL);
 	access_set_outcome(&ex->log, bad ? "bad-response" : outcome_name(out));
 	slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d to %s: %s (%s)", ex->up->name, ex->attempts,
 	     attempt_peer(a), bad ? "bad-response" : outcome_name(out), detail ? detail : "");

@@ -21,6 +21,8 @@
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
+#include "probe.h"
+#include "resolve.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -143,6 +145,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	runtime_publish(nrt);
+	resolve_reconfigure(cfg);
 	admin_reconfigure(cfg);
 	config_unref(cfg);
 	log_info("reloaded %s", config_path);
@@ -238,6 +241,12 @@ int main(int argc, char **argv)
 	}
 	if (admin_start(main_base, cfg) != 0)
 		return 1;
+	/* endpoint names get their addresses before traffic (a bounded wait), probes begin */
+	if (resolve_start(main_base, cfg) != 0 || probe_start(main_base) != 0) {
+		fprintf(stderr, "retrygate: cannot start the resolver\n");
+		return 1;
+	}
+	resolve_settle(main_base, 3 * 1000000LL);
 
 	struct event *sig_term = evsignal_new(main_base, SIGTERM, on_term, NULL);
 	struct event *sig_int = evsignal_new(main_base, SIGINT, on_term, NULL);
@@ -276,6 +285,8 @@ int main(int argc, char **argv)
 		free(workers[w].listen_fds);
 	}
 	admin_stop();
+	probe_stop();
+	resolve_stop();
 	idem_store_release_all();
 	event_free(sig_term);
 	event_free(sig_int);
