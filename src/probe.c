@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -35,11 +36,12 @@ struct probe {
 	char req[1024];
 	struct bufferevent *bev;
 	struct event *timer;
+	LIST_ENTRY(probe) link;         /* in p_active */
 };
 
 static struct event_base *p_base;
 static struct event *p_tick;
-static int p_active;                /* probes in flight, freed at stop */
+static LIST_HEAD(, probe) p_active = LIST_HEAD_INITIALIZER(p_active);  /* freed at stop */
 
 int probe_parse_status(const char *line, int len)
 {
@@ -52,6 +54,17 @@ int probe_parse_status(const char *line, int len)
 		st = st * 10 + (line[i] - '0');
 	}
 	return (len == 12 || line[12] == ' ' || line[12] == '\r') && st >= 100 ? st : 0;
+}
+
+static void probe_free(struct probe *p)
+{
+	LIST_REMOVE(p, link);
+	if (p->bev)
+		bufferevent_free(p->bev);
+	if (p->timer)
+		event_free(p->timer);
+	p->magic = 0;
+	free(p);
 }
 
 /* The probe's verdict on its endpoint, then it is freed. */
@@ -79,11 +92,7 @@ static void probe_end(struct probe *p, bool ok, const char *why)
 		}
 	}
 	upstream_unlock();
-	bufferevent_free(p->bev);
-	event_free(p->timer);
-	p->magic = 0;
-	free(p);
-	p_active--;
+	probe_free(p);
 }
 
 static void probe_read_cb(struct bufferevent *bev, void *arg)
@@ -127,10 +136,8 @@ static void probe_send(struct probe *p)
 {
 	p->bev = bufferevent_socket_new(p_base, -1, BEV_OPT_CLOSE_ON_FREE);
 	p->timer = evtimer_new(p_base, probe_timeout_cb, p);
-	p_active++;
+	LIST_INSERT_HEAD(&p_active, p, link);
 	if (!p->bev || !p->timer) {
-		if (!p->bev)
-			p->bev = bufferevent_socket_new(p_base, -1, BEV_OPT_CLOSE_ON_FREE);
 		probe_end(p, false, "out of sockets");
 		return;
 	}
@@ -153,7 +160,8 @@ static void due_cb(void *arg, const struct cfg_upstream *u, struct ep_state *ep)
 {
 	struct due *d = arg;
 	const struct cfg_health *h = &u->health;
-	if (!*h->active_path || ep->probing || ep->probe_next_us > d->now || d->n >= MAX_DUE)
+	/* probes speak plain HTTP/1.1: a TLS upstream keeps passive health only */
+	if (!*h->active_path || u->tls || ep->probing || ep->probe_next_us > d->now || d->n >= MAX_DUE)
 		return;
 	struct probe *p = xcalloc(1, sizeof(*p));
 	p->magic = PROBE_MAGIC;
@@ -200,6 +208,8 @@ int probe_start(struct event_base *base)
 
 void probe_stop(void)
 {
+	while (!LIST_EMPTY(&p_active))
+		probe_free(LIST_FIRST(&p_active));
 	if (p_tick)
 		event_free(p_tick);
 	p_tick = NULL;

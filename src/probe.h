@@ -3,7 +3,8 @@
  * Every `interval` it sends `GET path` with the upstream's Host to each endpoint address of an
  * upstream whose health.active.path is set; `unhealthy_after` failures in a row (no 2xx within
  * `timeout`) take the address out of rotation until `healthy_after` successes in a row. Probes
- * are not attempts: no budget token, no in-flight slot, no request metrics.
+ * are not attempts: no budget token, no in-flight slot, no request metrics. They speak plain
+ * HTTP/1.1: an upstream with tls: is not probed (passive health only).
  */
 #ifndef RG_PROBE_H
 #define RG_PROBE_H
