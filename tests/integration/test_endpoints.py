@@ -242,3 +242,31 @@ def test_check_reports_health(tmp_path):
     assert "balance        least-request" in cp.stdout
     assert "passive health eject after 5 failures in a row for 10s x n (at most 5m)" in cp.stdout
     assert "active health  GET /healthz every 5s" in cp.stdout
+
+
+@pytest.mark.parametrize("mode", ["least-request", "random"])
+def test_other_balance_modes_spread(upstream_factory, rg_factory, mode):
+    ups = [upstream_factory() for _ in range(3)]
+    rg = rg_factory(upstreams={"api": {"endpoints": [u.endpoint for u in ups], "balance": mode}})
+    assert run_gets(rg, 90) == 90
+    counts = [len(u.requests) for u in ups]
+    assert min(counts) >= 10, counts
+
+
+def test_least_request_avoids_the_busy_endpoint(upstream_factory, rg_factory):
+    """One endpoint holds a slow request in flight: with two endpoints, the other wins every
+    draw while it lasts."""
+    slow, fast = upstream_factory(), upstream_factory()
+    from harness import InThread, respond
+    for u in (slow, fast):
+        u.on_path("/slow", respond(200, delay=1.5))
+    rg = rg_factory(upstreams={"api": {"endpoints": [slow.endpoint, fast.endpoint],
+                                       "balance": "least-request"}})
+    pending = InThread(rg.request, "GET", "/slow")
+    wait_for(lambda: slow.requests or fast.requests, timeout=3, what="the slow request")
+    busy = slow if slow.requests else fast
+    idle = fast if busy is slow else slow
+    n = len(busy.requests)
+    assert run_gets(rg, 10) == 10
+    assert len(busy.requests) == n and len(idle.requests) >= 10
+    assert pending().status == 200
