@@ -519,18 +519,13 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		f.retry_after_us = retry_after_hint(ex, h, now);
 	}
 	struct ep_state *next = choose_endpoint(ex, now, true);
-	if (!next) {
-		attempt_free(a);
-		deliver_last(ex);
-		return;
-	}
-	int64_t hold = atomic_load(&next->hold_until_us);
+	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
 	f.hold_until_us = hold > now ? hold : 0;
 
 	int64_t start = 0;
-	/* an Upgrade request is tunnelled without retries (SPEC §8) */
-	enum refusal reason = ex->req->upgrade ? RR_NOT_LISTED
-	                                       : retry_decide(rc, &ex->up->deadline, &f, &start);
+	/* an Upgrade request is tunnelled without retries (SPEC §8); no address: nowhere to go */
+	enum refusal reason = ex->req->upgrade || !next
+	                      ? RR_NOT_LISTED : retry_decide(rc, &ex->up->deadline, &f, &start);
 	if (reason == RR_NONE) {
 		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
 		 * be given back); another worker may have won the race meanwhile */

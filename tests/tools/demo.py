@@ -13,6 +13,11 @@ After the load, it reconciles every POST whose outcome it did not learn: keyed o
 with the same key (the dependency returns the stored result instead of paying again), unkeyed
 ones are looked up by intent id.
 
+Then a replica phase (SPEC §13): one upstream with two replicas (tests/tools/upstream.py), the
+same budget, once without endpoint health and once with retrygate's default passive health; one
+replica is stopped partway through, and a second table shows the success rate after its death,
+the attempts it still got, and retrygate's ejection log line.
+
 Acceptance (PASS/FAIL lines; exit 1 on any FAIL): retrygate's amplification during the outage
 stays within the budget bound computed from the run's own numbers, retrygate causes no
 duplicate side effect, normal success rate, deadlines kept, every unknown outcome reconciled;
