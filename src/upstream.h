@@ -1,19 +1,23 @@
 /*
  * upstream: the per-upstream policy state shared by every worker (SPEC §1: one per process):
- * retry budget, in-flight and retries-in-flight counts, Retry-After holds per endpoint, the
- * runtime switch, and the counters. State is keyed by upstream name and endpoint string, so it
- * survives reloads while the name stays configured.
+ * retry budget, in-flight and retries-in-flight counts, the runtime switch, the counters, and
+ * per endpoint address (SPEC §13) its Retry-After hold, health and figures. State is keyed by
+ * upstream name, endpoint string (struct ep_name) and address, so it survives reloads while the
+ * name stays configured and resolves to the address.
  *
  * struct runtime binds one loaded config to that state: new requests take the current runtime
  * (refcounted); requests in flight keep the one they started with. Lifetime: each runtime holds
- * a reference on every upstream and endpoint state it binds; when the last runtime naming one
- * is freed (on any thread), the state is forgotten: it leaves the registry and its endpoint
- * index and upstream id are free for a new name. So a state reached through a live runtime is
- * alive, and the registry holds only names that some live runtime configures.
+ * a reference on every upstream state and endpoint name it binds; when the last runtime naming
+ * one is freed (on any thread), it is forgotten: the name leaves the registry and its addresses
+ * retire, the upstream state and its id go. Address slots (struct ep_state, at most
+ * MAX_ENDPOINTS per upstream) belong to the upstream state and are freed only with it: a
+ * retired address takes no new attempt, and once nothing was in flight there for EP_GRACE_US
+ * the resolver's sweep frees its slot for the next new address (a new serial). So nothing grows
+ * with the addresses ever seen, and an ep_state reached through a live runtime is valid memory.
  *
- * Per-worker caches keyed by (up->id, ep->index) (pool.c) must not dereference a state they
- * did not reach through a runtime: they compare ep->serial (never reused) and ask
- * upstream_ep_live() after upstream_forget_epoch() moved.
+ * Per-worker caches keyed by (up->id, ep->index) (pool.c) must not trust a slot they did not
+ * reach through a runtime: they compare ep->serial (never reused) and ask upstream_ep_live()
+ * after upstream_forget_epoch() moved.
  */
 #ifndef RG_UPSTREAM_H
 #define RG_UPSTREAM_H
