@@ -68,15 +68,8 @@ struct attempt {
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
 static void attempt_process(struct attempt *a);
 
-/* The one writer of a's state (DESIGN rule 2). */
-static void set_state(struct attempt *a, enum astate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (a->state == A_DONE && st != A_DONE)
-		magic_fail(__FILE__, __LINE__, "A_DONE is terminal");
-#endif
-	a->state = st;
-}
+/* The one writer of the state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(set_state, attempt, astate, A_DONE)
 
 bool attempt_wrote_any(const struct attempt *a) { return a->wrote_any; }
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
@@ -183,6 +176,16 @@ static void write_cb(struct stream *bev, void *arg)
 
 static void replace_conn(struct attempt *a);
 
+/* A TLS 1.3 server checks our client certificate after we count as connected: its refusal
+ * comes as an alert instead of a response, and the request was never processed. */
+static bool peer_refused_tls(struct stream *bev)
+{
+	bool refused = false;
+	for (unsigned long e; (e = stream_tls_error(bev)) != 0;)
+		refused = refused || tls_error_is_peer_refusal(e);
+	return refused;
+}
+
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct attempt *a = arg;
@@ -209,6 +212,11 @@ static void event_cb(struct stream *bev, short what, void *arg)
 			return;
 		}
 		attempt_end(a, OUT_CONNECT_FAILURE, false, "closed before the request was written");
+		return;
+	}
+	if ((what & BEV_EVENT_ERROR) && a->state == A_WAITING && peer_refused_tls(bev)) {
+		attempt_end(a, OUT_CONNECT_FAILURE, false, "TLS handshake refused by the upstream "
+		            "(client certificate)");
 		return;
 	}
 	a->eof = true;

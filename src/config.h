@@ -27,6 +27,7 @@
 #define CFG_MAX_ENDPOINTS 64
 
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+enum cfg_log_format { LF_TEXT, LF_JSON };
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -95,6 +96,7 @@ struct cfg_upstream {
 	char *tls_sni;              /* NULL: none */
 	char *tls_ca;               /* NULL: system default store */
 	bool tls_verify;            /* true */
+	char *tls_cert, *tls_key;   /* NULL: no client certificate; else both (mTLS) */
 	char *host_rewrite;         /* "" : send the client's Host */
 	int64_t connect_timeout_us; /* 250ms */
 	struct cfg_deadline deadline;
@@ -128,6 +130,8 @@ struct cfg_listener {
 	char *listen;               /* "host:port" */
 	bool tls;
 	char *tls_cert, *tls_key;
+	char *tls_client_ca;        /* NULL: no client certificates asked for; else verified (mTLS) */
+	bool tls_require_client_cert; /* true: a client without a valid one fails the handshake */
 	struct cfg_limits limits;
 	struct cfg_route *routes;
 	int nroutes;
@@ -143,6 +147,7 @@ struct config {
 	char *access_log;           /* "off" | "stdout" | path */
 	char **resolvers;           /* "IP:port" DNS servers; none: those of /etc/resolv.conf */
 	int nresolvers;
+	enum cfg_log_format log_format; /* text: stderr event lines as text; json: one object each */
 	struct cfg_listener *listeners;
 	int nlisteners;
 	struct cfg_upstream *upstreams;

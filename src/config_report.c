@@ -115,7 +115,7 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 
 	fprintf(out, "upstream %s: %d endpoint%s (%s%s)%s\n", u->name, u->nendpoints,
 	        u->nendpoints == 1 ? "" : "s", u->endpoints[0], u->nendpoints > 1 ? ", ..." : "",
-	        u->tls ? ", tls" : "");
+	        !u->tls ? "" : u->tls_cert ? ", tls with a client certificate" : ", tls");
 	if (!retries) {
 		fprintf(out, "  attempts       1 per request (%s)\n",
 		        r->enabled ? "max_attempts: 1" : "retries disabled");
@@ -270,10 +270,13 @@ void config_report(const struct config *c, FILE *out)
 	        dur(c->drain_timeout_us, a));
 	for (int i = 0; i < c->nlisteners; i++) {
 		const struct cfg_listener *l = &c->listeners[i];
+		const char *tls = !l->tls ? "" : !l->tls_client_ca ? " (tls)" :
+		                  l->tls_require_client_cert ? " (tls, client certificates required)" :
+		                  " (tls, client certificates verified when offered)";
 		if (strcmp(l->name, l->listen))
-			fprintf(out, "listener %s on %s%s\n", l->name, l->listen, l->tls ? " (tls)" : "");
+			fprintf(out, "listener %s on %s%s\n", l->name, l->listen, tls);
 		else
-			fprintf(out, "listener %s%s\n", l->listen, l->tls ? " (tls)" : "");
+			fprintf(out, "listener %s%s\n", l->listen, tls);
 		for (int k = 0; k < l->nroutes; k++)
 			fprintf(out, "  route          host %s, path %s -> %s\n",
 			        l->routes[k].host ? l->routes[k].host : "any", l->routes[k].path_prefix,

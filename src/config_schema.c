@@ -556,6 +556,13 @@ static void upstream_tls_check(struct load *ld, void *base, const struct node *m
 {
 	const struct cfg_upstream *u = base;
 	files_check_pem(ld, map, "ca", u->tls_ca, PEM_CA);
+	/* a client certificate is its key's pair: one without the other cannot be presented */
+	if (!u->tls_cert != !u->tls_key)
+		key_error(ld, map, u->tls_cert ? "cert" : "key", "%s needs %s beside it (expected both "
+		          "cert and key for a client certificate, or neither)", u->tls_cert ? "cert" : "key",
+		          u->tls_cert ? "key" : "cert");
+	files_check_pem(ld, map, "cert", u->tls_cert, PEM_CERT);
+	files_check_pem(ld, map, "key", u->tls_key, PEM_KEY);
 }
 
 static void listener_tls_check(struct load *ld, void *base, const struct node *map)
@@ -563,6 +570,10 @@ static void listener_tls_check(struct load *ld, void *base, const struct node *m
 	const struct cfg_listener *l = base;
 	files_check_pem(ld, map, "cert", l->tls_cert, PEM_CERT);
 	files_check_pem(ld, map, "key", l->tls_key, PEM_KEY);
+	files_check_pem(ld, map, "client_ca", l->tls_client_ca, PEM_CA);
+	if (!l->tls_client_ca && node_find(map, "require_client_cert"))
+		key_error(ld, map, "require_client_cert", "require_client_cert needs client_ca (expected "
+		          "client_ca: the CA file that signs the client certificates)");
 }
 
 struct bound {
@@ -668,6 +679,7 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 #define WAIT    .min = 0, .max = DUR_MAX
 
 static const char *const non_idempotent_words[] = { "require-key", "never", "always", NULL };
+static const char *const log_format_words[] = { "text", "json", NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -753,6 +765,10 @@ static const struct key upstream_tls_keys[] = {
 	{ "sni", K_STR, OFF(cfg_upstream, tls_sni), .check = check_sni, .expect = "a DNS name" },
 	{ "ca", K_STR, OFF(cfg_upstream, tls_ca), .check = check_nonempty, .expect = "a file path" },
 	{ "verify", K_BOOL, OFF(cfg_upstream, tls_verify), .def = "true" },
+	{ "cert", K_STR, OFF(cfg_upstream, tls_cert), .check = check_nonempty,
+	  .expect = "a PEM client certificate file" },
+	{ "key", K_STR, OFF(cfg_upstream, tls_key), .check = check_nonempty,
+	  .expect = "a PEM private key file" },
 	{ .name = NULL },
 };
 static const struct block upstream_tls_block = { .keys = upstream_tls_keys,
@@ -831,6 +847,9 @@ static const struct key listener_tls_keys[] = {
 	  .expect = "a PEM certificate file" },
 	{ "key", K_STR, OFF(cfg_listener, tls_key), .flags = KF_REQUIRED | KF_NONEMPTY,
 	  .expect = "a PEM private key file" },
+	{ "client_ca", K_STR, OFF(cfg_listener, tls_client_ca), .check = check_nonempty,
+	  .expect = "a PEM CA file" },
+	{ "require_client_cert", K_BOOL, OFF(cfg_listener, tls_require_client_cert), .def = "true" },
 	{ .name = NULL },
 };
 static const struct block listener_tls_block = { .keys = listener_tls_keys,
@@ -879,6 +898,7 @@ static const struct key root_keys[] = {
 	  .expect = "off, stdout or a file path" },
 	{ "resolvers", K_STRS, OFF(config, resolvers), OFF(config, nresolvers), .def = "[]",
 	  .max = 8, .check = check_resolver, .expect = "IP:port such as 127.0.0.1:53" },
+	{ "log_format", K_ENUM, OFF(config, log_format), .def = "text", .names = log_format_words },
 	{ "listeners", K_LIST, OFF(config, listeners), OFF(config, nlisteners),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .sub = &listener_block,
 	  .expect = "at least one listener with a route" },

@@ -107,15 +107,8 @@ static void exchange_go(struct exchange *ex);
 
 static const struct attempt_cbs attempt_callbacks;
 
-/* The one writer of ex's state (DESIGN rule 2). */
-static void set_state(struct exchange *ex, enum xstate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (ex->state == X_DONE && st != X_DONE)
-		magic_fail(__FILE__, __LINE__, "X_DONE is terminal");
-#endif
-	ex->state = st;
-}
+/* The one writer of the state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(set_state, exchange, xstate, X_DONE)
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -650,7 +643,7 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 			attempt_pause(a);
 			return;
 		}
-		evbuffer_add_buffer(ex->saved.body, data);
+		loop_buf_hold(ex->saved.body, data);
 		return;
 	}
 	if (ex->state != X_RELAY || a != ex->relay) {

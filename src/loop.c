@@ -151,3 +151,14 @@ void loop_buf_put(struct loop *l, struct evbuffer *b)
 	evbuffer_drain(b, evbuffer_get_length(b));
 	l->bufs[l->nbufs++] = b;
 }
+
+void loop_buf_hold(struct evbuffer *dst, struct evbuffer *data)
+{
+	size_t n = evbuffer_get_length(data);
+	if (n >= 1024) {
+		evbuffer_add_buffer(dst, data);
+		return;
+	}
+	evbuffer_add(dst, evbuffer_pullup(data, (ev_ssize_t)n), n);
+	evbuffer_drain(data, n);
+}

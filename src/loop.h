@@ -67,6 +67,10 @@ void loop_defer_free(struct loop *l, void (*fn)(void *), void *p);
 void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);
 /* Give it back (only from the loop's thread; immediately reusable, so free it late). */
 void loop_obj_put(struct loop *l, enum loop_kind kind, void *p);
+/* Append DATA (drained) to DST, a buffer that holds bytes for a while (a body kept for
+ * replay): small pieces are copied, since a moved chain keeps its whole allocation (1 KiB or
+ * more for a 100-byte piece), so memory held follows the bytes counted. */
+void loop_buf_hold(struct evbuffer *dst, struct evbuffer *data);
 /* An empty evbuffer; and give one back (drained here). */
 struct evbuffer *loop_buf_get(struct loop *l);
 void loop_buf_put(struct loop *l, struct evbuffer *b);

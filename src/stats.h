@@ -97,8 +97,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(duration, "retrygate_upstream_request_duration_seconds", \
 	  "Client-visible request duration, all attempts and waits included.")
 
-/* Value formats of gauges: a count, budget tokens (3 decimals), a ratio (4), a switch. */
-enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH };
+/* Value formats of gauges: a count, budget tokens (3 decimals), a ratio (4), a switch,
+ * seconds (3 decimals). */
+enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 
 /* per-upstream gauges: JSON key, metric name (NULL: /stats only), help, format, value. The
  * value is an expression over S, a struct usum (stats.c): S->up is the upstream as the registry
@@ -132,6 +133,41 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH };
 	X(requests, "retrygate_downstream_requests_total", \
 	  "Responses sent to clients, by status class.", "code", CODE_VALUES)
 
+/* process-wide figures (no upstream label), rendered after the upstreams. */
+#define RELOAD_VALUES(V)    /* SIGHUP reload results */ \
+	V(RELOAD_OK, "ok") V(RELOAD_FAILED, "failed")
+#define X_VALUE_ENUM(id, value) id,
+enum { RELOAD_VALUES(X_VALUE_ENUM) NRELOAD };
+#undef X_VALUE_ENUM
+
+/* an info metric: field (and JSON key), metric, help, label, its one value; the sample is 1 */
+#define PROCESS_INFO(X) \
+	X(build_info, "retrygate_build_info", "The version built; always 1.", "version", \
+	  RETRYGATE_VERSION)
+
+/* labelled counters the main thread writes (struct pstats): field, metric, help, label, values */
+#define PROCESS_LABELLED(X) \
+	X(config_reloads, "retrygate_config_reloads_total", \
+	  "Config reloads (SIGHUP), by result: a failed one leaves the old config serving.", \
+	  "result", RELOAD_VALUES)
+
+/* figures read at scrape: field (and JSON key), metric, help, Prometheus type, format, value.
+ * The value is an expression over S, a struct psum (stats.c): S->proc from /proc/self
+ * (procstat.h), S->last_load_ok_s from struct pstats. */
+#define PROCESS_FIGURES(X) \
+	X(resident_memory_bytes, "process_resident_memory_bytes", "Resident memory size in bytes.", \
+	  "gauge", SF_COUNT, s->proc.rss_bytes) \
+	X(open_fds, "process_open_fds", "Number of open file descriptors.", "gauge", SF_COUNT, \
+	  s->proc.open_fds) \
+	X(cpu_seconds, "process_cpu_seconds_total", "Total user and system CPU time spent in " \
+	  "seconds.", "counter", SF_SECONDS, s->proc.cpu_seconds) \
+	X(start_time_seconds, "process_start_time_seconds", "Start time of the process since unix " \
+	  "epoch in seconds.", "gauge", SF_SECONDS, s->proc.start_time_s) \
+	X(config_last_reload_success_seconds, \
+	  "retrygate_config_last_reload_success_timestamp_seconds", \
+	  "When the config in use was loaded (startup or a successful SIGHUP reload), unix seconds.", \
+	  "gauge", SF_SECONDS, s->last_load_ok_s)
+
 struct ustats {
 #define X_FIELD(f, name, help) _Atomic uint64_t f;
 	UPSTREAM_COUNTERS(X_FIELD)
@@ -157,6 +193,20 @@ struct gstats {
 	DOWNSTREAM_LABELLED(X_LFIELD)
 #undef X_LFIELD
 } __attribute__((aligned(64)));
+
+/* process-wide figures of the main thread (its only writer) */
+struct pstats {
+#define X_LFIELD(f, name, help, label, values) _Atomic uint64_t f[LABELS_LEN(values)];
+	PROCESS_LABELLED(X_LFIELD)
+#undef X_LFIELD
+	_Atomic int64_t last_load_ok_us;    /* wall clock, microseconds since the epoch */
+};
+extern struct pstats g_pstats;
+
+/* The config in use was loaded: at startup (RELOADED false) or by a SIGHUP (counted ok). */
+void stats_config_loaded(bool reloaded);
+/* A SIGHUP reload failed: counted, the old config keeps serving. */
+void stats_config_reload_failed(void);
 
 /* g_nworkers: 1..MAX_WORKERS, set once before the first runtime and worker exist; every
  * per-worker array (g_gstats, each upstream's ustats) has that many slots. A larger worker

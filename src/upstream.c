@@ -286,14 +286,19 @@ struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen)
 	rt->ltls = xcalloc((size_t)cfg->nlisteners + 1, sizeof(*rt->ltls));
 	for (int i = 0; i < cfg->nlisteners; i++) {
 		struct cfg_listener *l = &cfg->listeners[i];
-		if (l->tls && !(rt->ltls[i] = tls_server_ctx(l->tls_cert, l->tls_key, err, errlen))) {
+		if (l->tls && (!(rt->ltls[i] = tls_server_ctx(l->tls_cert, l->tls_key, err, errlen)) ||
+		               (l->tls_client_ca &&
+		                tls_server_verify_clients(rt->ltls[i], l->tls_client_ca,
+		                                          l->tls_require_client_cert, err, errlen) != 0))) {
 			runtime_free(rt);
 			return NULL;
 		}
 	}
 	for (int i = 0; i < cfg->nupstreams; i++) {
 		struct cfg_upstream *u = &cfg->upstreams[i];
-		if (u->tls && !(rt->ups[i].tls = tls_client_ctx(u->tls_ca, u->tls_verify, err, errlen))) {
+		if (u->tls && (!(rt->ups[i].tls = tls_client_ctx(u->tls_ca, u->tls_verify, err, errlen)) ||
+		               (u->tls_cert && tls_client_use_cert(rt->ups[i].tls, u->tls_cert, u->tls_key,
+		                                                   err, errlen) != 0))) {
 			runtime_free(rt);
 			return NULL;
 		}
