@@ -488,6 +488,7 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 	a->magic = ATTEMPT_MAGIC;
 	a->loop = loop;
 	a->ep = ep;
+	upstream_ep_attempt_begin(ep);
 	a->pe = pool_ep_get(loop, ep);
 	a->cbs = *cbs;
 	a->arg = arg;
@@ -541,6 +542,7 @@ void attempt_free(struct attempt *a)
 	if (!a || a->freed)
 		return;
 	a->freed = true;
+	upstream_ep_attempt_end(a->ep);     /* the endpoint's in-flight count (least-request) */
 	if (a->state != A_DONE) {
 		set_state(a, A_DONE);
 		if (a->pe && a->wt.fn)

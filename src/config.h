@@ -98,6 +98,21 @@ struct cfg_faults {
 	double stop_max_amplification;  /* 2.0; 0: off */
 };
 
+enum balance_mode { BAL_ROUND_ROBIN, BAL_LEAST_REQUEST, BAL_RANDOM };
+
+/* SPEC §13: passive health (outlier detection) and active probes of each endpoint address */
+struct cfg_health {
+	int consecutive_failures;   /* 5; 0: passive health off */
+	int64_t base_ejection_us;   /* 10s */
+	int64_t max_ejection_us;    /* 5m */
+	int max_ejected_percent;    /* 50 */
+	char *active_path;          /* "": no probes */
+	int64_t active_interval_us; /* 5s */
+	int64_t active_timeout_us;  /* 1s */
+	int unhealthy_after;        /* 3 */
+	int healthy_after;          /* 2 */
+};
+
 struct cfg_upstream {
 	char *name;
 	char **endpoints;           /* "host:port" as written; names resolved asynchronously */
@@ -114,6 +129,8 @@ struct cfg_upstream {
 	struct cfg_retry retry;
 	int max_in_flight;          /* 256 */
 	int max_retries_in_flight;  /* 32 (effective: min with max_in_flight) */
+	enum balance_mode balance;  /* round-robin */
+	struct cfg_health health;
 	struct cfg_idempotency idem;
 	struct cfg_faults faults;
 	int line, col;              /* where it was defined, for messages */
@@ -166,6 +183,8 @@ struct config {
 	int workers;                /* 1..CFG_MAX_WORKERS; "auto": the CPU count, capped there */
 	int64_t drain_timeout_us;   /* 15s */
 	char *access_log;           /* "off" | "stdout" | path */
+	char **resolvers;           /* "IP:port" DNS servers; none: those of /etc/resolv.conf */
+	int nresolvers;
 	enum cfg_log_format log_format; /* text: stderr event lines as text; json: one object each */
 	struct cfg_reconcile reconcile;
 	struct cfg_listener *listeners;

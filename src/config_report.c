@@ -25,6 +25,29 @@ static const char *dur(int64_t us, char *buf)
 	return buf;
 }
 
+/* SPEC §13: balancing, passive ejection and active probes, in one or two lines */
+static void report_health(FILE *out, const struct cfg_upstream *u)
+{
+	static const char *const modes[] = { "round-robin", "least-request", "random" };
+	const struct cfg_health *h = &u->health;
+	char a[32], b[32];
+	fprintf(out, "  balance        %s over the endpoints not ejected\n", modes[u->balance]);
+	if (h->consecutive_failures > 0)
+		fprintf(out, "  passive health eject after %d failures in a row for %s x n (at most %s), "
+		        "at most %d%% of the endpoints at once\n", h->consecutive_failures,
+		        dur(h->base_ejection_us, a), dur(h->max_ejection_us, b), h->max_ejected_percent);
+	else
+		fprintf(out, "  passive health off (consecutive_failures: 0)\n");
+	if (*h->active_path && u->tls)
+		fprintf(out, "  active health  off: probes speak plain HTTP and this upstream uses TLS\n");
+	else if (*h->active_path)
+		fprintf(out, "  active health  GET %s every %s (timeout %s): down after %d failures, up "
+		        "after %d successes\n", h->active_path, dur(h->active_interval_us, a),
+		        dur(h->active_timeout_us, b), h->unhealthy_after, h->healthy_after);
+	else
+		fprintf(out, "  active health  off (no path)\n");
+}
+
 /* How deadline D treats the worst case of N attempts that all time out after maximal
  * backoffs: attempt i starts at S(i) and is started only if S(i) + min <= D (SPEC §3).
  * Returns whether all of them run to their end. */
@@ -123,6 +146,7 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 	}
 	fprintf(out, "  concurrency    %d attempts in flight, %d of them retries\n", u->max_in_flight,
 	        u->max_retries_in_flight);
+	report_health(out, u);
 	for (int i = 1; i < n; i++)
 		backoffs += retry_backoff_cap(r, i);
 	if (n > 1)

@@ -555,6 +555,38 @@ static const struct key upstream_tls_keys[] = {
 static const struct block upstream_tls_block = { .keys = upstream_tls_keys,
                                                  .check = upstream_tls_check };
 
+static const char *const balance_words[] = { "round-robin", "least-request", "random", NULL };
+
+static const struct key passive_keys[] = {
+	{ "consecutive_failures", K_INT, OFF(cfg_health, consecutive_failures), .def = "5", .min = 0,
+	  .max = 1000000 },
+	{ "base_ejection", K_DUR, OFF(cfg_health, base_ejection_us), .def = "10s", TIMEOUT },
+	{ "max_ejection", K_DUR, OFF(cfg_health, max_ejection_us), .def = "5m", TIMEOUT },
+	{ "max_ejected_percent", K_INT, OFF(cfg_health, max_ejected_percent), .def = "50", .min = 0,
+	  .max = 100 },
+	{ .name = NULL },
+};
+static const struct block passive_block = { .keys = passive_keys };
+
+static const struct key active_keys[] = {
+	{ "path", K_STR, OFF(cfg_health, active_path), .def = "", .check = check_probe_path,
+	  .expect = "\"\" or a path such as /healthz" },
+	{ "interval", K_DUR, OFF(cfg_health, active_interval_us), .def = "5s", TIMEOUT },
+	{ "timeout", K_DUR, OFF(cfg_health, active_timeout_us), .def = "1s", TIMEOUT },
+	{ "unhealthy_after", K_INT, OFF(cfg_health, unhealthy_after), .def = "3", .min = 1,
+	  .max = 1000 },
+	{ "healthy_after", K_INT, OFF(cfg_health, healthy_after), .def = "2", .min = 1, .max = 1000 },
+	{ .name = NULL },
+};
+static const struct block active_block = { .keys = active_keys };
+
+static const struct key health_keys[] = {
+	{ "passive", K_BLOCK, 0, .sub = &passive_block },
+	{ "active", K_BLOCK, 0, .sub = &active_block },
+	{ .name = NULL },
+};
+static const struct block health_block = { .keys = health_keys };
+
 static const struct key upstream_keys[] = {
 	{ "endpoints", K_STRS, OFF(cfg_upstream, endpoints), OFF(cfg_upstream, nendpoints),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .max = CFG_MAX_ENDPOINTS, .check = check_endpoint,
@@ -567,6 +599,9 @@ static const struct key upstream_keys[] = {
 	{ "deadline", K_BLOCK, OFF(cfg_upstream, deadline), .sub = &deadline_block },
 	{ "retry", K_BLOCK, OFF(cfg_upstream, retry), .sub = &retry_block },
 	{ "concurrency", K_BLOCK, 0, .sub = &concurrency_block },
+	{ "balance", K_ENUM, OFF(cfg_upstream, balance), .def = "round-robin",
+	  .names = balance_words },
+	{ "health", K_BLOCK, OFF(cfg_upstream, health), .sub = &health_block },
 	{ "idempotency", K_BLOCK, OFF(cfg_upstream, idem), .sub = &idempotency_block },
 	{ "faults", K_BLOCK, OFF(cfg_upstream, faults), .sub = &faults_block },
 	{ .name = NULL },
@@ -655,6 +690,8 @@ static const struct key root_keys[] = {
 	{ "drain_timeout", K_DUR, OFF(config, drain_timeout_us), .def = "15s", WAIT },
 	{ "access_log", K_STR, OFF(config, access_log), .def = "off", .flags = KF_NONEMPTY,
 	  .expect = "off, stdout or a file path" },
+	{ "resolvers", K_STRS, OFF(config, resolvers), OFF(config, nresolvers), .def = "[]",
+	  .max = 8, .check = check_resolver, .expect = "IP:port such as 127.0.0.1:53" },
 	{ "log_format", K_ENUM, OFF(config, log_format), .def = "text", .names = log_format_words },
 	{ "reconcile", K_BLOCK, OFF(config, reconcile), .sub = &reconcile_block },
 	{ "listeners", K_LIST, OFF(config, listeners), OFF(config, nlisteners),

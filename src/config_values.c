@@ -190,6 +190,18 @@ const char *check_path_prefix(char *s, char *buf, size_t cap)
 	return buf;
 }
 
+/* health.active.path: "" (no probes) or an origin-form path */
+const char *check_probe_path(char *s, char *buf, size_t cap)
+{
+	return *s ? check_path_prefix(s, buf, cap) : NULL;
+}
+
+/* resolvers: a DNS server, "IP:port" (the port may not be left out: say 53) */
+const char *check_resolver(char *s, char *buf, size_t cap)
+{
+	return check_listen(s, buf, cap);
+}
+
 const char *check_sni(char *s, char *buf, size_t cap)
 {
 	char q[80];

@@ -40,6 +40,7 @@
 #include "http.h"
 #include "idem_job.h"
 #include "log.h"
+#include "outlier.h"
 #include "loop.h"
 #include "reconcile.h"
 #include "reqbody.h"
@@ -65,11 +66,36 @@ void ex_set_state(struct exchange *ex, enum xstate st)
 
 /* ------------------------------------------------------------------ endpoints */
 
+/* The address for an attempt, or NULL while no name of the upstream has one (SPEC §13). Only
+ * a first attempt advances round-robin: a retry's choice never shifts where the next request
+ * goes (otherwise every failure would steer the next first attempt to the failing endpoint). */
 static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
-	int n = ex->up->nendpoints < MAX_ENDPOINTS ? ex->up->nendpoints : MAX_ENDPOINTS;
-	uint64_t start = atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
-	return balance_pick(ex->ub->ep, n, start, ex->tried, now, retry);
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int n = upstream_endpoints(ex->ub, eps);
+	if (n == 0)
+		return NULL;
+	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
+	                    : atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
+	return balance_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
+	                    ex->tried, now);
+}
+
+/* SPEC §13: the attempt's outcome, for the passive health of its endpoint. */
+static void report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
+{
+	size_t n;
+	bool hinted = h && (h->status == 429 || h->status == 503) &&
+	              http_head_get(h, "Retry-After", &n);
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int neps = upstream_endpoints(ex->ub, eps);
+	int64_t now = clock_now_us();
+	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, h ? h->status : 0, hinted,
+	                   now))
+		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
+		     "failures in a row", ex->up->name, ex->att_ep->name,
+		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),
+		     ex->up->health.consecutive_failures);
 }
 
 /* ------------------------------------------------------------------ attempts */
@@ -103,6 +129,16 @@ static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
 
 static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 {
+	if (!ep) {
+		/* no address yet (the first lookup has not answered): nothing was sent */
+		ex->last_out = OUT_CONNECT_FAILURE;
+		access_set_outcome(&ex->log, "no-address");
+		if (retry)
+			ex_deliver_last(ex);
+		else
+			ex_finish_error(ex, 502, "connect-failure", false, NULL);
+		return;
+	}
 	int64_t now = clock_now_us();
 	int64_t remaining = ex->deadline_us - now;
 	if (remaining < ex->up->deadline.min_us || remaining < 1000) {
@@ -156,7 +192,7 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 	struct forward_req fw = {
 		.req = ex->req,
 		.host_rewrite = ex->up->host_rewrite,
-		.endpoint = ep->name,
+		.endpoint = ep->host,
 		.peer_ip = ex->peer_ip,
 		.tls = ex->ci.tls,
 		.reqid = ex->reqid,
@@ -188,7 +224,7 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.head_timeout_us = per_try < remaining ? per_try : 0,
 		.tls = ex->ub->tls,
 		.verify = ex->up->tls_verify,
-		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->name, sni, sizeof(sni)) : NULL,
+		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->host, sni, sizeof(sni)) : NULL,
 		.h2 = h2,
 		.nv = nv.nv,
 		.nvlen = nv.n,
@@ -206,6 +242,16 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	/* another request may have put a hold on the endpoint during our wait: rule 6 again */
 	int64_t now = clock_now_us(), start;
+	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
+		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
+		ex->next_ep = choose_endpoint(ex, now, true);
+		if (!ex->next_ep) {
+			ex_release_slots(ex);
+			ex_deliver_last(ex);
+			return;
+		}
+		ex->next_serial = atomic_load(&ex->next_ep->serial);
+	}
 	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
 	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
 	if (r == RR_NONE && start > now) {
@@ -273,13 +319,13 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		f.retry_after_us = ex_retry_after_hint(ex, h, now);
 	}
 	struct ep_state *next = choose_endpoint(ex, now, true);
-	int64_t hold = atomic_load(&next->hold_until_us);
+	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
 	f.hold_until_us = hold > now ? hold : 0;
 
 	int64_t start = 0;
-	/* an Upgrade request is tunnelled without retries (SPEC §8) */
-	enum refusal reason = ex->req->upgrade ? RR_NOT_LISTED
-	                                       : retry_decide(rc, &ex->up->deadline, &f, &start);
+	/* an Upgrade request is tunnelled without retries (SPEC §8); no address: nowhere to go */
+	enum refusal reason = ex->req->upgrade || !next
+	                      ? RR_NOT_LISTED : retry_decide(rc, &ex->up->deadline, &f, &start);
 	if (reason == RR_NONE) {
 		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
 		 * be given back); another worker may have won the race meanwhile */
@@ -298,6 +344,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 			attempt_free(a);
 		}
 		ex->next_ep = next;
+		ex->next_serial = atomic_load(&next->serial);
 		ex_set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
 		evtimer_add(&ex->backoff_ev, &tv);
@@ -351,6 +398,7 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
+	report_health(ex, OUT_STATUS, h);
 	access_set_status(&ex->log, h->status);
 	ex->last_out = OUT_STATUS;      /* the last attempt answered (a reset before is history) */
 	ex->last_att_status = h->status;
@@ -437,6 +485,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	if (out != OUT_CONNECT_FAILURE)
 		ex->reached = true;
 	STAT_INC(ex->us->outcomes[bad ? OUT_RESET : out]);
+	report_health(ex, bad ? OUT_RESET : out, NULL);
 	access_set_outcome(&ex->log, bad ? "bad-response" : outcome_name(out));
 	slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d to %s: %s (%s)", ex->up->name, ex->attempts,
 	     attempt_peer(a), bad ? "bad-response" : outcome_name(out), detail ? detail : "");

@@ -65,6 +65,7 @@ struct exchange {
 	struct ep_state *att_ep;
 	bool slot_in_flight, slot_retry;
 	struct ep_state *next_ep;
+	uint64_t next_serial;           /* next_ep's identity when it was chosen */
 	int attempts;
 	uint64_t tried;
 	enum outcome last_out;

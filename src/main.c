@@ -25,6 +25,8 @@
 #include "listener.h"
 #include "log.h"
 #include "loop.h"
+#include "probe.h"
+#include "resolve.h"
 #include "pool.h"
 #include "reconcile.h"
 #include "reconcile_publish.h"
@@ -154,6 +156,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	runtime_publish(nrt);
+	resolve_reconfigure(cfg);
 	admin_reconfigure(cfg);
 	log_json = cfg->log_format == LF_JSON;
 	reconcile_set_keep(cfg->reconcile.keep);
@@ -300,6 +303,12 @@ int main(int argc, char **argv)
 	reconcile_set_keep(cfg->reconcile.keep);
 	reconcile_publish_configure(main_base, &cfg->reconcile);
 	faults_watch_start(main_base);
+	/* endpoint names get their addresses before traffic (a bounded wait), probes begin */
+	if (resolve_start(main_base, cfg) != 0 || probe_start(main_base) != 0) {
+		fprintf(stderr, "retrygate: cannot start the resolver\n");
+		return 1;
+	}
+	resolve_settle(main_base, 3 * 1000000LL);
 
 	struct event *sigs[] = {
 		evsignal_new(main_base, SIGTERM, on_term, NULL),
@@ -345,6 +354,8 @@ int main(int argc, char **argv)
 	faults_watch_stop();
 	reconcile_publish_stop();
 	reconcile_clear();
+	probe_stop();
+	resolve_stop();
 	idem_store_release_all();
 	signals_ignore(sigs, nsigs);
 	event_free(workers_done_ev);

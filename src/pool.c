@@ -1,5 +1,5 @@
 /*
- * pool: idle upstream connections and endpoint addresses, per worker. See pool.h. Everything
+ * pool: idle upstream connections, per worker. See pool.h. Everything
  * here belongs to one worker thread; the only shared things it reads are the registry's
  * forget epoch and, through upstream_ep_live(), whether a slot still holds a serial.
  */
@@ -10,7 +10,6 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/util.h>
 
@@ -23,15 +22,11 @@
 #include "util.h"
 #include "loop.h"
 
-#define DNS_TTL_US (30 * 1000000LL)
-
-/* the loop's pools: [upstream state id][endpoint index], and the pools whose endpoint was
- * forgotten while a lookup was under way (freed by its answer, or at exit) */
+/* the loop's pools: [upstream state id][endpoint index] */
 struct pool_table {
 	struct pool_ep ***pools;
 	int npools;
 	uint64_t forget_epoch;          /* the registry's, at the last sweep */
-	LIST_HEAD(, pool_ep) orphans;
 	bool draining;                  /* no connection is parked any more */
 };
 
@@ -39,7 +34,6 @@ static struct pool_table *pool_table(struct loop *l)
 {
 	if (!l->pools) {
 		l->pools = xcalloc(1, sizeof(*l->pools));
-		LIST_INIT(&l->pools->orphans);
 	}
 	return l->pools;
 }
@@ -54,17 +48,12 @@ static void pe_free(struct pool_ep *pe)
 }
 
 /* Close the idle connections of PE and free it (its endpoint is forgotten: nothing but this
- * table knows it). A lookup under way still holds it: then it waits as an orphan. */
+ * table knows it). */
 static void pe_retire(struct pool_table *t, struct pool_ep *pe)
 {
 	struct upconn *c;
 	while ((c = TAILQ_FIRST(&pe->idle)))
 		upconn_close(c);
-	if (pe->resolving) {
-		pe->orphan = true;
-		LIST_INSERT_HEAD(&t->orphans, pe, orphan_link);
-		return;
-	}
 	pe_free(pe);
 }
 
@@ -111,6 +100,8 @@ struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
 		TAILQ_INIT(&pe->waiters);
 		pe->name = xstrdup(ep->name);
 		pe->serial = ep->serial;
+		memcpy(&pe->addr, &ep->addr, sizeof(pe->addr));
+		pe->addrlen = ep->addrlen;
 		pe->up_id = id;
 		pe->index = ep->index;
 		pe->loop = l;
@@ -227,74 +218,10 @@ struct upconn *pool_get(struct pool_ep *pe)
 	return NULL;
 }
 
-static void resolve_done(struct pool_ep *pe, const char *err)
-{
-	pe->resolving = false;
-	/* waiters may register new waiters or cancel others while we call them: pop one by one */
-	struct pool_waiter *wt;
-	while ((wt = TAILQ_FIRST(&pe->waiters))) {
-		TAILQ_REMOVE(&pe->waiters, wt, link);
-		if (err)
-			wt->fn(wt->arg, NULL, 0, err);
-		else
-			wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
-	}
-	if (pe->orphan && !pe->resolving) {
-		LIST_REMOVE(pe, orphan_link);
-		pe_free(pe);
-	}
-}
-
-static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
-{
-	struct pool_ep *pe = arg;
-	if (result != 0 || !res) {
-		if (res)
-			evutil_freeaddrinfo(res);
-		resolve_done(pe, result == EVUTIL_EAI_CANCEL ? "cancelled" : evutil_gai_strerror(result));
-		return;
-	}
-	memcpy(&pe->addr, res->ai_addr, res->ai_addrlen);
-	pe->addrlen = (int)res->ai_addrlen;
-	pe->resolved_until_us = clock_now_us() + DNS_TTL_US;
-	evutil_freeaddrinfo(res);
-	resolve_done(pe, NULL);
-}
-
+/* The address is the endpoint's own (upstream.c keeps one per slot and serial): known now. */
 void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
 {
-	if (pe->resolved_until_us == 0) {
-		/* numeric addresses are parsed once and never expire */
-		int len = sizeof(pe->addr);
-		if (evutil_parse_sockaddr_port(pe->name, (struct sockaddr *)&pe->addr, &len) == 0) {
-			pe->addrlen = len;
-			pe->resolved_until_us = INT64_MAX;
-		}
-	}
-	if (pe->resolved_until_us > clock_now_us()) {
-		wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
-		return;
-	}
-	TAILQ_INSERT_TAIL(&pe->waiters, wt, link);
-	if (pe->resolving)
-		return;
-	char host[256];
-	int port;
-	if (split_host_port(pe->name, host, sizeof(host), &port) != 0) {
-		resolve_done(pe, "bad endpoint");
-		return;
-	}
-	char portstr[16];
-	snprintf(portstr, sizeof(portstr), "%d", port);
-	struct evutil_addrinfo hints;
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_protocol = IPPROTO_TCP;
-	hints.ai_flags = EVUTIL_AI_ADDRCONFIG;
-	pe->resolving = true;
-	/* may call dns_cb synchronously (e.g. /etc/hosts hit) */
-	evdns_getaddrinfo(pe->loop->dns, host, portstr, &hints, dns_cb, pe);
+	wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
 }
 
 void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
@@ -343,11 +270,6 @@ void pool_free_all(struct loop *l)
 			pe_free(pe);
 		}
 		free(t->pools[i]);
-	}
-	while (!LIST_EMPTY(&t->orphans)) {
-		struct pool_ep *pe = LIST_FIRST(&t->orphans);
-		LIST_REMOVE(pe, orphan_link);
-		pe_free(pe);
 	}
 	free(t->pools);
 	free(t);

@@ -1,6 +1,6 @@
 /*
- * pool: per worker, per endpoint: idle keep-alive upstream connections, and the endpoint's
- * resolved address (names resolved with evdns, asynchronously, cached for a while).
+ * pool: per worker, per endpoint address: idle keep-alive upstream connections. The address
+ * itself is the endpoint state's (names are resolved once per process: resolve.c).
  *
  * A connection goes back to the pool only after a complete response on a keep-alive
  * connection. While idle it is watched: any byte or EOF from the peer closes it (SPEC §8), and
@@ -63,16 +63,12 @@ struct pool_waiter {
 struct pool_ep {
 	TAILQ_HEAD(, upconn) idle;
 	int nidle;
-	struct sockaddr_storage addr;
+	struct sockaddr_storage addr;   /* the endpoint's, copied when the pool is made */
 	int addrlen;
-	int64_t resolved_until_us;      /* 0: not resolved; numeric addresses never expire */
-	bool resolving;
 	TAILQ_HEAD(, pool_waiter) waiters;
-	char *name;                     /* the endpoint's "host:port" */
+	char *name;                     /* the endpoint's label */
 	uint64_t serial;                /* of the ep_state it caches */
 	int up_id, index;               /* its slot */
-	bool orphan;                    /* endpoint forgotten while resolving: freed by the answer */
-	LIST_ENTRY(pool_ep) orphan_link;
 	struct loop *loop;
 };
 
@@ -86,8 +82,8 @@ void pool_put(struct upconn *c);
 /* Close and free C (deferred). Idempotent. */
 void upconn_close(struct upconn *c);
 
-/* Resolve the endpoint address: calls FN now if known, else later (W must stay registered
- * until called or cancelled). */
+/* The endpoint address: calls FN now (the interface allows later: W must then stay
+ * registered until called or cancelled). */
 void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt);
 void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt);
 

@@ -386,15 +386,34 @@ static void prom_head(struct evbuffer *o, const struct family *f)
 	                    f->type ? f->type : kind_type[f->kind]);
 }
 
+#define X_EP_COUNT(key, name, help, type, value) +1
+enum { NEP_FIGURES = 0 ENDPOINT_FIGURES(X_EP_COUNT) };
+#undef X_EP_COUNT
+
+struct prom_walk {
+	struct evbuffer *fam[NUP_FAMILIES];
+	struct evbuffer *ep[NEP_FIGURES];
+};
+
 /* one upstream's samples, each appended to its family's buffer */
 static void prom_upstream_cb(void *arg, const struct stats_upstream *up)
 {
-	struct evbuffer **fam = arg;
+	struct prom_walk *pw = arg;
 	struct usum s;
-	sum_upstream(up, clock_now_us(), &s);
+	int64_t now = clock_now_us();
+	sum_upstream(up, now, &s);
 	for (int i = 0; i < NUP_FAMILIES; i++)
 		if (up_families[i].name)
-			prom_samples(fam[i], &up_families[i], &s, up->name);
+			prom_samples(pw->fam[i], &up_families[i], &s, up->name);
+	for (int k = 0; k < up->nendpoints; k++) {
+		const struct stats_endpoint *e = &up->endpoints[k];
+		int f = 0;
+#define X_EP_SAMPLE(key, metric, help, type, value) \
+		evbuffer_add_printf(pw->ep[f++], metric "{upstream=\"%s\",endpoint=\"%s\"} %" PRId64 "\n", \
+		                    up->name, e->name, (int64_t)(value));
+		ENDPOINT_FIGURES(X_EP_SAMPLE)
+#undef X_EP_SAMPLE
+	}
 }
 
 void stats_render_prometheus(struct evbuffer *o, stats_walk_fn walk)
@@ -406,17 +425,26 @@ void stats_render_prometheus(struct evbuffer *o, stats_walk_fn walk)
 		prom_samples(o, &down_families[i], &d, NULL);
 	}
 	/* one walk of the registry; the samples are grouped by family afterwards */
-	struct evbuffer *fam[NUP_FAMILIES];
+	struct prom_walk pw;
 	for (int i = 0; i < NUP_FAMILIES; i++)
-		fam[i] = evbuffer_new();
-	walk(prom_upstream_cb, fam);
+		pw.fam[i] = evbuffer_new();
+	for (int i = 0; i < NEP_FIGURES; i++)
+		pw.ep[i] = evbuffer_new();
+	walk(prom_upstream_cb, &pw);
 	for (int i = 0; i < NUP_FAMILIES; i++) {
 		if (up_families[i].name) {
 			prom_head(o, &up_families[i]);
-			evbuffer_add_buffer(o, fam[i]);
+			evbuffer_add_buffer(o, pw.fam[i]);
 		}
-		evbuffer_free(fam[i]);
+		evbuffer_free(pw.fam[i]);
 	}
+	int f = 0;
+#define X_EP_FAMILY(key, name, help, type, value) \
+	evbuffer_add_printf(o, "# HELP " name " " help "\n# TYPE " name " " type "\n"); \
+	evbuffer_add_buffer(o, pw.ep[f]); \
+	evbuffer_free(pw.ep[f++]);
+	ENDPOINT_FIGURES(X_EP_FAMILY)
+#undef X_EP_FAMILY
 	struct psum ps;
 	sum_process(&ps);
 	for (int i = 0; i < NPROC_FAMILIES; i++) {
@@ -467,6 +495,66 @@ struct json_walk {
 	bool first;
 };
 
+/* SPEC §13: "endpoints": each configured endpoint with its addresses, their state (up,
+ * ejected or held, with the time left), figures and last failure. */
+static void json_endpoints(struct evbuffer *o, const struct stats_upstream *up, int64_t now)
+{
+	evbuffer_add_printf(o, ",\"endpoints\":{");
+	bool done[MAX_STATS_ENDPOINTS] = { false };
+	int n = up->nendpoints < MAX_STATS_ENDPOINTS ? up->nendpoints : MAX_STATS_ENDPOINTS;
+	bool first_name = true;
+	for (int i = 0; i < n; i++) {
+		if (done[i])
+			continue;
+		evbuffer_add_printf(o, "%s\"%s\":{\"addresses\":[", first_name ? "" : ",",
+		                    up->endpoints[i].configured);
+		first_name = false;
+		bool first = true;
+		for (int j = i; j < n; j++) {
+			const struct stats_endpoint *e = &up->endpoints[j];
+			if (done[j] || strcmp(e->configured, up->endpoints[i].configured) != 0)
+				continue;
+			done[j] = true;
+			const char *state = "up";
+			int64_t until = 0;
+			if (e->probe_down) {
+				state = "ejected";
+			} else if (e->eject_until_us > now) {
+				state = "ejected";
+				until = e->eject_until_us;
+			} else if (e->hold_until_us > now) {
+				state = "held";
+				until = e->hold_until_us;
+			}
+			evbuffer_add_printf(o, "%s{\"endpoint\":\"%s\",\"state\":\"%s\"", first ? "" : ",",
+			                    e->name, e->retired ? "draining" : state);
+			first = false;
+			if (until)
+				evbuffer_add_printf(o, ",\"until_ms_left\":%" PRId64, (until - now) / 1000);
+			if (e->probe_down)
+				evbuffer_add_printf(o, ",\"probes\":\"failing\"");
+#define X_EP_JSON(key, metric, help, type, value) \
+			evbuffer_add_printf(o, ",\"" #key "\":%" PRId64, (int64_t)(value));
+			ENDPOINT_FIGURES(X_EP_JSON)
+#undef X_EP_JSON
+			if (e->last_failure) {
+				char what[16];
+				if (e->last_failure < OUT_STATUS)
+					snprintf(what, sizeof(what), "%s", outcome_name((enum outcome)e->last_failure));
+				else
+					snprintf(what, sizeof(what), "%d", e->last_failure);
+				evbuffer_add_printf(o, ",\"last_failure\":{\"what\":\"%s\",\"at_unix_ms\":%" PRId64
+				                    "}", what, e->last_failure_wall_us / 1000);
+			} else {
+				evbuffer_add_printf(o, ",\"last_failure\":null");
+			}
+			evbuffer_add(o, "}", 1);
+		}
+		evbuffer_add(o, "]}", 2);
+	}
+	evbuffer_add(o, "}", 1);
+}
+
 static void json_upstream_cb(void *arg, const struct stats_upstream *up)
 {
 	struct json_walk *jw = arg;
@@ -486,7 +574,9 @@ static void json_upstream_cb(void *arg, const struct stats_upstream *up)
 		                    up->endpoints[i].name, (h - jw->now_us) / 1000);
 		first = false;
 	}
-	evbuffer_add(jw->o, "}}", 2);
+	evbuffer_add(jw->o, "}", 1);
+	json_endpoints(jw->o, up, jw->now_us);
+	evbuffer_add(jw->o, "}", 1);
 }
 
 void stats_render_json(struct evbuffer *o, stats_walk_fn walk)

@@ -254,10 +254,20 @@ struct stats_window {
 void stats_window_sum(const struct ustats *per_worker, int64_t now_us, int64_t from_us,
                       struct stats_window *out);
 
+#define MAX_STATS_ENDPOINTS 64    /* upstream.h's MAX_ENDPOINTS */
+
 /* One upstream as the registry shows it to a scrape; valid during the walker's call only. */
 struct stats_endpoint {
-	const char *name;
+	const char *name;               /* the address label (SPEC §13) */
+	const char *configured;         /* the configured endpoint it is an address of */
 	int64_t hold_until_us;          /* Retry-After hold (monotonic clock), 0: none */
+	int64_t eject_until_us;         /* passive ejection (monotonic clock), 0: none */
+	bool probe_down;                /* active health says down */
+	bool retired;                   /* its name no longer resolves to it: draining */
+	uint64_t attempts, ejections;
+	int64_t in_flight;
+	int last_failure;               /* enum outcome, or a 5xx status; 0: none */
+	int64_t last_failure_wall_us;
 };
 struct stats_upstream {
 	const char *name;
@@ -269,6 +279,25 @@ struct stats_upstream {
 	int nendpoints;
 };
 typedef void (*stats_upstream_fn)(void *arg, const struct stats_upstream *u);
+
+/* SPEC §13: one series per endpoint address (labels upstream, endpoint): JSON key, metric,
+ * help, Prometheus type, value (an int64_t expression over E, a struct stats_endpoint, at
+ * monotonic time NOW). */
+static inline bool stats_endpoint_up(const struct stats_endpoint *e, int64_t now)
+{
+	return !e->probe_down && e->eject_until_us <= now;
+}
+#define ENDPOINT_FIGURES(X) \
+	X(up, "retrygate_endpoint_up", "1 when the endpoint address is not ejected.", "gauge", \
+	  (int64_t)stats_endpoint_up(e, now)) \
+	X(ejections, "retrygate_endpoint_ejections_total", \
+	  "Ejections of the endpoint address, passive and active.", "counter", \
+	  (int64_t)e->ejections) \
+	X(attempts, "retrygate_endpoint_attempts_total", \
+	  "Attempts sent to the endpoint address, first and retries.", "counter", \
+	  (int64_t)e->attempts) \
+	X(in_flight, "retrygate_endpoint_in_flight", "Attempts in flight to the endpoint address.", \
+	  "gauge", e->in_flight)
 /* Calls FN once per upstream, in the order they were first configured. */
 typedef void (*stats_walk_fn)(stats_upstream_fn fn, void *arg);
 

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/util.h>
+
 #include "clock.h"
 #include "tls.h"
 #include "upstream.h"
@@ -38,40 +40,148 @@ static struct upstream_state *upstream_state_find(const char *name)
 	return NULL;
 }
 
-/* A reference on ST's endpoint state NAME, created at the lowest free index; NULL when all
- * MAX_ENDPOINTS indexes are taken. */
-static struct ep_state *ep_bind(struct upstream_state *st, const char *name)
+/* A free slot of ST (allocated on first use), or NULL when all MAX_ENDPOINTS are taken. */
+static struct ep_state *slot_take(struct upstream_state *st)
+{
+	for (int i = 0; i < MAX_ENDPOINTS; i++) {
+		struct ep_state *ep = atomic_load(&st->eps[i]);
+		if (!ep) {
+			ep = xcalloc(1, sizeof(*ep));
+			ep->up = st;
+			ep->index = i;
+			atomic_store(&st->eps[i], ep);
+			return ep;
+		}
+		if (atomic_load(&ep->life) == EPL_FREE)
+			return ep;
+	}
+	return NULL;
+}
+
+/* Make slot EP the LIVE address SA of name NM: a fresh identity, no history. */
+static void slot_init(struct ep_state *ep, struct ep_name *nm, const struct sockaddr_storage *sa)
+{
+	int index = ep->index;
+	struct upstream_state *up = ep->up;
+	memset(ep, 0, sizeof(*ep));
+	ep->index = index;
+	ep->up = up;
+	ep->name_index = nm->index;
+	memcpy(&ep->addr, sa, sizeof(*sa));
+	ep->addrlen = sa->ss_family == AF_INET6 ? (int)sizeof(struct sockaddr_in6)
+	                                        : (int)sizeof(struct sockaddr_in);
+	snprintf(ep->host, sizeof(ep->host), "%s", nm->name);
+	if (nm->literal) {
+		snprintf(ep->name, sizeof(ep->name), "%s", nm->name);
+	} else {
+		char ip[64] = "";
+		const void *in = sa->ss_family == AF_INET6
+		                 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+		                 : (const void *)&((const struct sockaddr_in *)sa)->sin_addr;
+		evutil_inet_ntop(sa->ss_family, in, ip, sizeof(ip));
+		snprintf(ep->name, sizeof(ep->name), "%s/%s", nm->name, ip);
+	}
+	atomic_store(&ep->serial, ++ep_serial_last);
+	atomic_store(&ep->life, EPL_LIVE);
+}
+
+static void slot_retire(struct ep_state *ep, int64_t now)
+{
+	ep->retired_us = now;
+	atomic_store(&ep->life, EPL_RETIRED);
+}
+
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET6)
+		return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+		               &((const struct sockaddr_in6 *)b)->sin6_addr, 16) &&
+		       ((const struct sockaddr_in6 *)a)->sin6_port ==
+		       ((const struct sockaddr_in6 *)b)->sin6_port;
+	return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+	       ((const struct sockaddr_in *)b)->sin_addr.s_addr &&
+	       ((const struct sockaddr_in *)a)->sin_port == ((const struct sockaddr_in *)b)->sin_port;
+}
+
+int upstream_name_set(struct ep_name *nm, const struct sockaddr_storage *addrs, int n)
+{
+	struct upstream_state *st = nm->up;
+	uint64_t old = atomic_load(&nm->addrs), keep = 0, add = 0;
+	int64_t now = clock_now_us();
+	int dropped = 0;
+	for (int j = 0; j < n; j++) {
+		bool have = false;
+		for (int i = 0; i < MAX_ENDPOINTS && !have; i++)
+			if ((((old | add) >> i) & 1) && same_addr(&st->eps[i]->addr, &addrs[j])) {
+				keep |= (old >> i) & 1 ? 1ull << i : 0;
+				have = true;
+			}
+		if (have)
+			continue;
+		struct ep_state *ep = slot_take(st);
+		if (!ep) {
+			dropped++;
+			continue;
+		}
+		slot_init(ep, nm, &addrs[j]);
+		add |= 1ull << ep->index;
+	}
+	for (int i = 0; i < MAX_ENDPOINTS; i++)
+		if (((old & ~keep) >> i) & 1)
+			slot_retire(st->eps[i], now);
+	atomic_store(&nm->addrs, keep | add);
+	return dropped;
+}
+
+/* A reference on ST's endpoint name NAME, created at the lowest free index (a literal address
+ * gets its slot at once); NULL when no index or no slot is free. */
+static struct ep_name *name_bind(struct upstream_state *st, const char *name)
 {
 	int free_index = -1;
 	for (int i = 0; i < MAX_ENDPOINTS; i++) {
-		struct ep_state *ep = st->eps[i];
-		if (ep && strcmp(ep->name, name) == 0) {
-			ep->refs++;
-			return ep;
+		struct ep_name *nm = st->names[i];
+		if (nm && strcmp(nm->name, name) == 0) {
+			nm->refs++;
+			return nm;
 		}
-		if (!ep && free_index < 0)
+		if (!nm && free_index < 0)
 			free_index = i;
 	}
 	if (free_index < 0)
 		return NULL;
-	struct ep_state *ep = xcalloc(1, sizeof(*ep));
-	ep->name = xstrdup(name);
-	ep->up = st;
-	ep->index = free_index;
-	ep->serial = ++ep_serial_last;
-	ep->refs = 1;
-	st->eps[free_index] = ep;
-	return ep;
+	struct ep_name *nm = xcalloc(1, sizeof(*nm));
+	nm->name = xstrdup(name);
+	nm->up = st;
+	nm->index = free_index;
+	nm->serial = ++ep_serial_last;
+	nm->refs = 1;
+	struct sockaddr_storage sa;
+	int len = sizeof(sa);
+	memset(&sa, 0, sizeof(sa));
+	if (evutil_parse_sockaddr_port(name, (struct sockaddr *)&sa, &len) == 0) {
+		nm->literal = true;
+		nm->answered = true;
+		if (upstream_name_set(nm, &sa, 1) > 0) {
+			free(nm->name);
+			free(nm);
+			return NULL;
+		}
+	}
+	st->names[free_index] = nm;
+	return nm;
 }
 
-static void ep_unbind(struct ep_state *ep)
+/* The last runtime naming NM is gone: its addresses retire, the name is forgotten. */
+static void name_unbind(struct ep_name *nm)
 {
-	if (--ep->refs > 0)
+	if (--nm->refs > 0)
 		return;
-	ep->up->eps[ep->index] = NULL;
-	atomic_fetch_add(&forget_epoch, 1);
-	free(ep->name);
-	free(ep);
+	upstream_name_set(nm, NULL, 0);
+	nm->up->names[nm->index] = NULL;
+	free(nm->name);
+	free(nm);
 }
 
 void upstream_faults_switch(struct upstream_state *st, bool on, int stopped)
@@ -122,11 +232,13 @@ static struct upstream_state *state_bind(const struct cfg_upstream *u)
 
 static void state_free(struct upstream_state *st)
 {
-	for (int i = 0; i < MAX_ENDPOINTS; i++)
-		if (st->eps[i]) {
-			free(st->eps[i]->name);
-			free(st->eps[i]);
+	for (int i = 0; i < MAX_ENDPOINTS; i++) {
+		free(atomic_load(&st->eps[i]));
+		if (st->names[i]) {
+			free(st->names[i]->name);
+			free(st->names[i]);
 		}
+	}
 	free(st->stats);
 	free(st->name);
 	free(st);
@@ -152,8 +264,8 @@ static void runtime_unbind(struct runtime *rt)
 	for (int i = 0; i < rt->cfg->nupstreams; i++) {
 		struct upstream_binding *b = &rt->ups[i];
 		for (int e = 0; e < MAX_ENDPOINTS; e++)
-			if (b->ep[e])
-				ep_unbind(b->ep[e]);
+			if (b->names[e])
+				name_unbind(b->names[e]);
 		if (b->st)
 			state_unbind(b->st);
 	}
@@ -208,7 +320,7 @@ struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen)
 		b->cfg = u;
 		b->st = state_bind(u);
 		for (int e = 0; e < u->nendpoints && e < MAX_ENDPOINTS; e++) {
-			if ((b->ep[e] = ep_bind(b->st, u->endpoints[e])))
+			if ((b->names[e] = name_bind(b->st, u->endpoints[e])))
 				continue;
 			snprintf(err, errlen, "upstream %s: more than %d endpoints in use at once (older "
 			         "configs still serve requests); try again later", u->name, MAX_ENDPOINTS);
@@ -269,10 +381,26 @@ void upstream_stats_walk(stats_upstream_fn fn, void *arg)
 	for (struct upstream_state *st = reg_head; st; st = st->next) {
 		struct stats_endpoint eps[MAX_ENDPOINTS];
 		int n = 0;
-		for (int i = 0; i < MAX_ENDPOINTS; i++)
-			if (st->eps[i])
-				eps[n++] = (struct stats_endpoint){ st->eps[i]->name,
-				                                    atomic_load(&st->eps[i]->hold_until_us) };
+		for (int i = 0; i < MAX_ENDPOINTS; i++) {
+			struct ep_state *ep = atomic_load(&st->eps[i]);
+			int life = ep ? atomic_load(&ep->life) : EPL_FREE;
+			if (life == EPL_FREE)
+				continue;
+			struct ep_name *nm = life == EPL_LIVE ? st->names[ep->name_index] : NULL;
+			eps[n++] = (struct stats_endpoint){
+				.name = ep->name,
+				.configured = nm ? nm->name : ep->host,
+				.hold_until_us = atomic_load(&ep->hold_until_us),
+				.eject_until_us = atomic_load(&ep->eject_until_us),
+				.probe_down = atomic_load(&ep->probe_down),
+				.retired = life == EPL_RETIRED,
+				.attempts = atomic_load(&ep->attempts),
+				.ejections = atomic_load(&ep->ejections),
+				.in_flight = atomic_load(&ep->in_flight),
+				.last_failure = atomic_load(&ep->last_failure),
+				.last_failure_wall_us = atomic_load(&ep->last_failure_wall_us),
+			};
+		}
 		const struct cfg_upstream *u = rt ? config_upstream(rt->cfg, st->name) : NULL;
 		struct stats_upstream v = {
 			.name = st->name,
@@ -314,8 +442,9 @@ bool upstream_ep_live(int up_id, int index, uint64_t serial)
 {
 	pthread_mutex_lock(&reg_lock);
 	struct upstream_state *st = up_id >= 0 && up_id < reg_cap ? reg_by_id[up_id] : NULL;
-	struct ep_state *ep = st && index >= 0 && index < MAX_ENDPOINTS ? st->eps[index] : NULL;
-	bool live = ep && ep->serial == serial;
+	struct ep_state *ep = st && index >= 0 && index < MAX_ENDPOINTS ? atomic_load(&st->eps[index])
+	                                                                : NULL;
+	bool live = ep && atomic_load(&ep->serial) == serial && atomic_load(&ep->life) != EPL_FREE;
 	pthread_mutex_unlock(&reg_lock);
 	return live;
 }
@@ -364,4 +493,100 @@ void runtime_publish_none(void)
 	rt_current = NULL;
 	pthread_mutex_unlock(&rt_lock);
 	runtime_unref(old);
+}
+
+int upstream_endpoints(const struct upstream_binding *b, struct ep_state **eps)
+{
+	uint64_t mask = 0;
+	for (int e = 0; e < b->cfg->nendpoints && e < MAX_ENDPOINTS; e++)
+		mask |= atomic_load_explicit(&b->names[e]->addrs, memory_order_acquire);
+	int n = 0;
+	for (int i = 0; i < MAX_ENDPOINTS; i++)
+		if ((mask >> i) & 1)
+			eps[n++] = atomic_load_explicit(&b->st->eps[i], memory_order_acquire);
+	return n;
+}
+
+bool upstream_ep_usable(struct ep_state *ep, uint64_t serial)
+{
+	return atomic_load(&ep->life) == EPL_LIVE && atomic_load(&ep->serial) == serial;
+}
+
+void upstream_ep_attempt_begin(struct ep_state *ep)
+{
+	atomic_fetch_add_explicit(&ep->in_flight, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&ep->attempts, 1, memory_order_relaxed);
+}
+
+void upstream_ep_attempt_end(struct ep_state *ep)
+{
+	atomic_fetch_sub_explicit(&ep->in_flight, 1, memory_order_relaxed);
+}
+
+void upstream_lock(void)
+{
+	pthread_mutex_lock(&reg_lock);
+}
+
+void upstream_unlock(void)
+{
+	pthread_mutex_unlock(&reg_lock);
+}
+
+void upstream_names_walk(upstream_name_fn fn, void *arg)
+{
+	pthread_mutex_lock(&reg_lock);
+	for (struct upstream_state *st = reg_head; st; st = st->next)
+		for (int i = 0; i < MAX_ENDPOINTS; i++)
+			if (st->names[i] && !st->names[i]->literal)
+				fn(arg, st->names[i], st->id);
+	pthread_mutex_unlock(&reg_lock);
+}
+
+struct ep_name *upstream_name_find(int up_id, uint64_t serial)
+{
+	struct upstream_state *st = up_id >= 0 && up_id < reg_cap ? reg_by_id[up_id] : NULL;
+	for (int i = 0; st && i < MAX_ENDPOINTS; i++)
+		if (st->names[i] && st->names[i]->serial == serial)
+			return st->names[i];
+	return NULL;
+}
+
+void upstream_sweep(int64_t now_us)
+{
+	bool forgot = false;
+	pthread_mutex_lock(&reg_lock);
+	for (struct upstream_state *st = reg_head; st; st = st->next)
+		for (int i = 0; i < MAX_ENDPOINTS; i++) {
+			struct ep_state *ep = atomic_load(&st->eps[i]);
+			if (ep && atomic_load(&ep->life) == EPL_RETIRED && atomic_load(&ep->in_flight) == 0 &&
+			    now_us - ep->retired_us >= EP_GRACE_US) {
+				atomic_store(&ep->life, EPL_FREE);
+				forgot = true;
+			}
+		}
+	if (forgot)
+		atomic_fetch_add(&forget_epoch, 1);
+	pthread_mutex_unlock(&reg_lock);
+}
+
+void upstream_eps_walk(struct runtime *rt, upstream_ep_fn fn, void *arg)
+{
+	pthread_mutex_lock(&reg_lock);
+	for (int u = 0; u < rt->cfg->nupstreams; u++) {
+		struct ep_state *eps[MAX_ENDPOINTS];
+		int n = upstream_endpoints(&rt->ups[u], eps);
+		for (int i = 0; i < n; i++)
+			fn(arg, &rt->cfg->upstreams[u], eps[i]);
+	}
+	pthread_mutex_unlock(&reg_lock);
+}
+
+struct ep_state *upstream_ep_find(int up_id, int index, uint64_t serial)
+{
+	struct upstream_state *st = up_id >= 0 && up_id < reg_cap ? reg_by_id[up_id] : NULL;
+	struct ep_state *ep = st && index >= 0 && index < MAX_ENDPOINTS ? atomic_load(&st->eps[index])
+	                                                                : NULL;
+	return ep && atomic_load(&ep->serial) == serial && atomic_load(&ep->life) != EPL_FREE ? ep
+	                                                                                   : NULL;
 }

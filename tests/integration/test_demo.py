@@ -107,6 +107,22 @@ def test_demo_acceptance_line(demo, line):
 
 
 @pytest.mark.timeout(150)
+def test_demo_replica_phase(demo):
+    """SPEC §13 in the demo: one of two replicas dies; with passive health retrygate ejects it
+    (the log line is in the text) and keeps the callers' success; without, the dead replica
+    keeps getting first attempts."""
+    out = demo["out"]
+    assert "When a replica dies" in out and "success rate after it died" in out, _explain(demo)
+    assert "ejected for 10000 ms after 5 failures in a row" in out, _explain(demo)
+    r = demo["json"]["replica"]
+    n, g = r["naive"], r["retrygate"]
+    assert g["ejections"] >= 1 and n["ejections"] == 0
+    assert g["success"] >= 0.98
+    assert g["dead_attempts"] < n["dead_attempts"]
+    assert g["amplification"] < n["amplification"]
+
+
+@pytest.mark.timeout(150)
 def test_demo_numbers_back_the_claims(demo):
     d = demo["json"]
     assert d is not None, _explain(demo)
@@ -142,7 +158,9 @@ def test_demo_numbers_back_the_claims(demo):
 def test_demo_leaves_nothing_running(demo):
     pids = pids_of(demo["tmp"] / "demo")
     assert set(pids) == {"flaky-naive", "retrygate-naive", "flaky-retrygate",
-                         "retrygate-retrygate"}, pids
+                         "retrygate-retrygate", "replica-a-naive", "replica-b-naive",
+                         "retrygate-replica-naive", "replica-a-retrygate", "replica-b-retrygate",
+                         "retrygate-replica-retrygate"}, pids
     assert not [n for n, p in pids.items() if alive(p)]
     for name in ("naive.yaml", "retrygate.yaml"):
         assert (demo["tmp"] / "demo" / name).exists()

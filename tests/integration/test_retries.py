@@ -849,7 +849,9 @@ def test_hold_on_one_endpoint_sends_the_retry_to_the_other(upstream_factory, rg_
         check(rg.request("GET", "/r503"), 200, 2)
     assert time.monotonic() - t_hold < 3.5, "retries waited for the hold instead of using %s" \
         % free.name
-    assert not [q for q in held.requests if q.header("X-Retrygate-Attempt") != "1"]
+    # (step 1's retry may have gone to it before its hold: only step 4's retries count)
+    assert not [q for q in held.requests
+                if q.path == "/r503" and q.header("X-Retrygate-Attempt") != "1"]
 
 
 # ------------------------------------------------------------------------------- this hop's headers

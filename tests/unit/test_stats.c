@@ -46,7 +46,11 @@ static void test_value_lists_size_the_arrays(void **state)
 /* ------------------------------------------------------------------ renderings */
 
 static struct ustats per_worker[2][2];     /* [upstream][worker] */
-static const struct stats_endpoint eps[] = { { "10.0.0.1:80", 0 }, { "10.0.0.2:80", 0 } };
+static const struct stats_endpoint eps[] = {
+	{ .name = "10.0.0.1:80", .configured = "10.0.0.1:80", .attempts = 7, .in_flight = 1 },
+	{ .name = "10.0.0.2:80", .configured = "10.0.0.2:80", .eject_until_us = INT64_MAX,
+	  .ejections = 2, .last_failure = OUT_RESET },
+};
 
 static void walk(stats_upstream_fn fn, void *arg)
 {
@@ -118,6 +122,13 @@ static void test_prometheus_every_family_once(void **state)
 	assert_non_null(strstr(t, "retrygate_upstream_responses_total{upstream=\"api\",code=\"5xx\"} 2\n"));
 	assert_non_null(strstr(t, "retrygate_idempotency_total{upstream=\"db\",result=\"replayed\"} 2\n"));
 	assert_non_null(strstr(t, "retrygate_upstream_in_flight{upstream=\"db\"} 4\n"));
+	/* SPEC §13: one series per endpoint address */
+	assert_non_null(strstr(t, "# TYPE retrygate_endpoint_up gauge\n"
+	                          "retrygate_endpoint_up{upstream=\"api\",endpoint=\"10.0.0.1:80\"} 1\n"
+	                          "retrygate_endpoint_up{upstream=\"api\",endpoint=\"10.0.0.2:80\"} 0\n"));
+	assert_non_null(strstr(t, "retrygate_endpoint_ejections_total{upstream=\"db\",endpoint=\"10.0.0.2:80\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_endpoint_attempts_total{upstream=\"api\",endpoint=\"10.0.0.1:80\"} 7\n"));
+	assert_non_null(strstr(t, "retrygate_endpoint_in_flight{upstream=\"api\",endpoint=\"10.0.0.1:80\"} 1\n"));
 	assert_non_null(strstr(t, "retrygate_upstream_retry_budget_tokens{upstream=\"api\"} 7.500\n"));
 	assert_non_null(strstr(t, "retrygate_upstream_request_duration_seconds_bucket{upstream=\"api\",le=\"0.005\"} 2\n"));
 	assert_non_null(strstr(t, "retrygate_upstream_request_duration_seconds_bucket{upstream=\"api\",le=\"+Inf\"} 2\n"));
@@ -148,7 +159,11 @@ static void test_json_same_figures(void **state)
 	assert_non_null(strstr(j, "\"in_flight\":3,\"retries_in_flight\":1,\"retry_budget_tokens\":7.500,"
 	                          "\"retries_enabled\":true,\"amplification_1m\":0.0000,"));
 	assert_non_null(strstr(j, "\"duration_count\":2,\"duration_sum_seconds\":0.006000,"
-	                          "\"held_endpoints\":{}}"));
+	                          "\"held_endpoints\":{},\"endpoints\":{\"10.0.0.1:80\":{\"addresses\":["
+	                          "{\"endpoint\":\"10.0.0.1:80\",\"state\":\"up\",\"up\":1,\"ejections\":0,"
+	                          "\"attempts\":7,\"in_flight\":1,\"last_failure\":null}]},"));
+	assert_non_null(strstr(j, "{\"endpoint\":\"10.0.0.2:80\",\"state\":\"ejected\","));
+	assert_non_null(strstr(j, "\"last_failure\":{\"what\":\"reset\","));
 	assert_non_null(strstr(j, ",\"db\":{\"requests\":0,"));
 	assert_non_null(strstr(j, "\"retries_enabled\":false"));
 	/* the process figures close the object */

@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 #include "budget.h"
 #include "clock.h"
@@ -82,6 +84,20 @@ static struct census census(void)
 	return c;
 }
 
+/* The address of B's first (literal) endpoint. */
+static struct ep_state *ep0(struct upstream_binding *b)
+{
+	struct ep_state *eps[MAX_ENDPOINTS];
+	assert_int_equal(upstream_endpoints(b, eps), 1);
+	return eps[0];
+}
+
+/* Forget what retired, as the resolver's tick does once the grace has passed. */
+static void sweep(void)
+{
+	upstream_sweep(clock_now_us() + EP_GRACE_US);
+}
+
 static int teardown(void **state)
 {
 	runtime_publish_none();
@@ -95,10 +111,11 @@ static void test_reloads_with_new_endpoints_reuse_the_index(void **state)
 	struct upstream_state *st = b->st;
 	for (int i = 1; i <= 70; i++) {
 		b = reload(cfg_with(20000 + i, false), "a");
+		sweep();
 		assert_ptr_equal(b->st, st);                /* kept by name */
-		assert_non_null(b->ep[0]);
+		assert_non_null(ep0(b));
 		/* the new one is bound while the old one still serves: two indexes, taken in turn */
-		assert_int_equal(b->ep[0]->index, i % 2);
+		assert_int_equal(ep0(b)->index, i % 2);
 		struct census c = census();
 		assert_int_equal(c.upstreams, 1);
 		assert_int_equal(c.endpoints, 1);
@@ -109,20 +126,23 @@ static void test_runtime_in_use_keeps_its_endpoint(void **state)
 {
 	struct upstream_binding *b = reload(cfg_with(20000, false), "a");
 	struct runtime *in_flight = runtime_current();   /* a request still being served */
-	struct ep_state *old = b->ep[0];
-	uint64_t serial = old->serial;
+	struct ep_state *old = ep0(b);
+	uint64_t serial = atomic_load(&old->serial);
 	int id = b->st->id;
 	b = reload(cfg_with(20001, false), "a");
-	assert_int_equal(b->ep[0]->index, 1);
+	assert_int_equal(ep0(b)->index, 1);
 	assert_true(upstream_ep_live(id, 0, serial));
 	assert_string_equal(old->name, "127.0.0.1:20000");  /* still alive, still readable */
 	assert_int_equal(census().endpoints, 2);
 	uint64_t epoch = upstream_forget_epoch();
 	runtime_unref(in_flight);                          /* the request ended */
+	assert_true(upstream_ep_live(id, 0, serial));      /* retired: draining, not yet forgotten */
+	assert_false(upstream_ep_usable(old, serial));     /* but no new attempt goes there */
+	sweep();
 	assert_false(upstream_ep_live(id, 0, serial));
 	assert_true(upstream_forget_epoch() != epoch);
 	assert_int_equal(census().endpoints, 1);
-	assert_true(upstream_ep_live(id, 1, b->ep[0]->serial));
+	assert_true(upstream_ep_live(id, 1, ep0(b)->serial));
 }
 
 static void test_upstream_state_kept_by_name_forgotten_when_removed(void **state)
@@ -162,10 +182,12 @@ static void test_more_endpoints_alive_than_indexes_fails_the_reload(void **state
 	assert_int_equal(census().endpoints, MAX_ENDPOINTS);   /* the failed one left nothing */
 	for (int i = 0; i < MAX_ENDPOINTS; i++)
 		runtime_unref(held[i]);
+	sweep();
 	struct runtime *rt = runtime_new(cfg, err, sizeof(err));
 	assert_non_null(rt);
 	config_unref(cfg);
 	runtime_publish(rt);
+	sweep();
 	assert_int_equal(census().endpoints, 1);
 }
 
@@ -174,20 +196,22 @@ static void test_pool_of_a_forgotten_endpoint_is_not_reused(void **state)
 	struct loop l;
 	memset(&l, 0, sizeof(l));
 	struct upstream_binding *b = reload(cfg_with(20000, true), "a");
-	struct pool_ep *pe = pool_ep_get(&l, b->ep[0]);
-	assert_ptr_equal(pool_ep_get(&l, b->ep[0]), pe);
+	struct pool_ep *pe = pool_ep_get(&l, ep0(b));
+	assert_ptr_equal(pool_ep_get(&l, ep0(b)), pe);
 	assert_string_equal(pe->name, "127.0.0.1:20000");
-	pe->resolved_until_us = INT64_MAX;             /* the old port's address is cached */
 	reload(cfg_with(20001, true), "a");
+	sweep();
 	b = reload(cfg_with(20002, true), "a");
-	assert_int_equal(b->ep[0]->index, 0);          /* the slot is reused */
-	struct pool_ep *pe2 = pool_ep_get(&l, b->ep[0]);
-	assert_int_equal(pe2->serial, b->ep[0]->serial);
+	sweep();
+	assert_int_equal(ep0(b)->index, 0);          /* the slot is reused */
+	struct pool_ep *pe2 = pool_ep_get(&l, ep0(b));
+	assert_int_equal(pe2->serial, ep0(b)->serial);
 	assert_string_equal(pe2->name, "127.0.0.1:20002");
-	assert_int_equal(pe2->resolved_until_us, 0);   /* nothing of the old endpoint */
+	/* nothing of the old endpoint: the address is the new one's */
+	assert_int_equal(ntohs(((struct sockaddr_in *)&pe2->addr)->sin_port), 20002);
 	/* a forgotten upstream's pools are swept when another pool is asked for */
 	struct upstream_binding *bb = reload(cfg_with(0, true), "b");
-	pool_ep_get(&l, bb->ep[0]);
+	pool_ep_get(&l, ep0(bb));
 	pool_free_all(&l);
 }
 

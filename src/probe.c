@@ -1,0 +1,216 @@
+/*
+ * probe: active health checks (see probe.h). A probe carries its endpoint's (upstream id,
+ * index, serial), never a pointer: the address may be forgotten while the probe runs, and then
+ * its result is dropped. Results change the endpoint under the registry lock; the request path
+ * only reads the probe_down flag.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "clock.h"
+#include "config.h"
+#include "log.h"
+#include "probe.h"
+#include "upstream.h"
+#include "util.h"
+
+#define PROBE_MAGIC   0x9a0be000u
+#define TICK_US       (100 * 1000LL)
+#define MAX_DUE       256
+#define MAX_HEAD      4096
+
+struct probe {
+	uint32_t magic;
+	int up_id, index;
+	uint64_t serial;
+	int unhealthy_after, healthy_after;
+	int64_t timeout_us;
+	struct sockaddr_storage addr;
+	int addrlen;
+	char req[1024];
+	struct bufferevent *bev;
+	struct event *timer;
+	LIST_ENTRY(probe) link;         /* in p_active */
+};
+
+static struct event_base *p_base;
+static struct event *p_tick;
+static LIST_HEAD(, probe) p_active = LIST_HEAD_INITIALIZER(p_active);  /* freed at stop */
+
+int probe_parse_status(const char *line, int len)
+{
+	if (len < 12 || memcmp(line, "HTTP/1.", 7) != 0 || line[8] != ' ')
+		return 0;
+	int st = 0;
+	for (int i = 9; i < 12; i++) {
+		if (line[i] < '0' || line[i] > '9')
+			return 0;
+		st = st * 10 + (line[i] - '0');
+	}
+	return (len == 12 || line[12] == ' ' || line[12] == '\r') && st >= 100 ? st : 0;
+}
+
+static void probe_free(struct probe *p)
+{
+	LIST_REMOVE(p, link);
+	if (p->bev)
+		bufferevent_free(p->bev);
+	if (p->timer)
+		event_free(p->timer);
+	p->magic = 0;
+	free(p);
+}
+
+/* The probe's verdict on its endpoint, then it is freed. */
+static void probe_end(struct probe *p, bool ok, const char *why)
+{
+	upstream_lock();
+	struct ep_state *ep = upstream_ep_find(p->up_id, p->index, p->serial);
+	if (ep) {
+		ep->probing = false;
+		if (ok) {
+			ep->probe_fails = 0;
+			if (++ep->probe_oks >= p->healthy_after && atomic_load(&ep->probe_down)) {
+				atomic_store(&ep->probe_down, false);
+				log_info("upstream %s: endpoint %s healthy again (%d probes passed)",
+				         ep->up->name, ep->name, ep->probe_oks);
+			}
+		} else {
+			ep->probe_oks = 0;
+			if (++ep->probe_fails >= p->unhealthy_after && !atomic_load(&ep->probe_down)) {
+				atomic_store(&ep->probe_down, true);
+				atomic_fetch_add(&ep->ejections, 1);
+				log_warn("upstream %s: endpoint %s down: %d probes failed (%s)", ep->up->name,
+				         ep->name, ep->probe_fails, why);
+			}
+		}
+	}
+	upstream_unlock();
+	probe_free(p);
+}
+
+static void probe_read_cb(struct bufferevent *bev, void *arg)
+{
+	struct probe *p = arg;
+	MAGIC_CHECK(p, PROBE_MAGIC);
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer_ptr eol = evbuffer_search_eol(in, NULL, NULL, EVBUFFER_EOL_CRLF);
+	if (eol.pos < 0) {
+		if (evbuffer_get_length(in) > MAX_HEAD)
+			probe_end(p, false, "no status line");
+		return;
+	}
+	char line[64];
+	int n = (int)(eol.pos < (ssize_t)sizeof(line) - 1 ? eol.pos : (ssize_t)sizeof(line) - 1);
+	evbuffer_copyout(in, line, (size_t)n);
+	line[n] = '\0';
+	int st = probe_parse_status(line, n);
+	char why[32];
+	snprintf(why, sizeof(why), "status %d", st);
+	probe_end(p, st >= 200 && st <= 299, st ? why : "not HTTP");
+}
+
+static void probe_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct probe *p = arg;
+	MAGIC_CHECK(p, PROBE_MAGIC);
+	if (what & BEV_EVENT_CONNECTED)
+		return;
+	probe_end(p, false, what & BEV_EVENT_EOF ? "closed" : "connect or read error");
+}
+
+static void probe_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct probe *p = arg;
+	MAGIC_CHECK(p, PROBE_MAGIC);
+	probe_end(p, false, "timeout");
+}
+
+static void probe_send(struct probe *p)
+{
+	p->bev = bufferevent_socket_new(p_base, -1, BEV_OPT_CLOSE_ON_FREE);
+	p->timer = evtimer_new(p_base, probe_timeout_cb, p);
+	LIST_INSERT_HEAD(&p_active, p, link);
+	if (!p->bev || !p->timer) {
+		probe_end(p, false, "out of sockets");
+		return;
+	}
+	struct timeval tv = clock_tv(p->timeout_us);
+	evtimer_add(p->timer, &tv);
+	bufferevent_setcb(p->bev, probe_read_cb, NULL, probe_event_cb, p);
+	bufferevent_enable(p->bev, EV_READ);
+	bufferevent_write(p->bev, p->req, strlen(p->req));
+	if (bufferevent_socket_connect(p->bev, (struct sockaddr *)&p->addr, p->addrlen) < 0)
+		probe_end(p, false, "connect failed");
+}
+
+struct due {
+	struct probe *p[MAX_DUE];
+	int n;
+	int64_t now;
+};
+
+static void due_cb(void *arg, const struct cfg_upstream *u, struct ep_state *ep)
+{
+	struct due *d = arg;
+	const struct cfg_health *h = &u->health;
+	/* probes speak plain HTTP/1.1: a TLS upstream keeps passive health only */
+	if (!*h->active_path || u->tls || ep->probing || ep->probe_next_us > d->now || d->n >= MAX_DUE)
+		return;
+	struct probe *p = xcalloc(1, sizeof(*p));
+	p->magic = PROBE_MAGIC;
+	p->up_id = ep->up->id;
+	p->index = ep->index;
+	p->serial = atomic_load(&ep->serial);
+	p->unhealthy_after = h->unhealthy_after;
+	p->healthy_after = h->healthy_after;
+	p->timeout_us = h->active_timeout_us;
+	memcpy(&p->addr, &ep->addr, sizeof(p->addr));
+	p->addrlen = ep->addrlen;
+	snprintf(p->req, sizeof(p->req), "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: retrygate-probe"
+	         "\r\nConnection: close\r\n\r\n", h->active_path,
+	         *u->host_rewrite ? u->host_rewrite : ep->host);
+	ep->probing = true;
+	ep->probe_next_us = d->now + h->active_interval_us;
+	d->p[d->n++] = p;
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct runtime *rt = runtime_current();
+	if (rt) {
+		struct due d = { .n = 0, .now = clock_now_us() };
+		upstream_eps_walk(rt, due_cb, &d);
+		runtime_unref(rt);
+		for (int i = 0; i < d.n; i++)
+			probe_send(d.p[i]);
+	}
+	struct timeval tv = clock_tv(TICK_US);
+	evtimer_add(p_tick, &tv);
+}
+
+int probe_start(struct event_base *base)
+{
+	p_base = base;
+	p_tick = evtimer_new(base, tick_cb, NULL);
+	if (!p_tick)
+		return -1;
+	struct timeval tv = clock_tv(TICK_US);
+	evtimer_add(p_tick, &tv);
+	return 0;
+}
+
+void probe_stop(void)
+{
+	while (!LIST_EMPTY(&p_active))
+		probe_free(LIST_FIRST(&p_active));
+	if (p_tick)
+		event_free(p_tick);
+	p_tick = NULL;
+}
