@@ -104,6 +104,7 @@ struct cfg_limits {
 	int64_t idle_timeout_us;    /* 60s */
 	int64_t max_body;           /* 0 = unlimited */
 	int64_t max_connections;    /* 10000 */
+	int64_t max_concurrent_streams; /* 100: HTTP/2 streams per connection */
 };
 
 struct cfg_listener {
@@ -111,6 +112,7 @@ struct cfg_listener {
 	char *listen;               /* "host:port" */
 	bool tls;
 	char *tls_cert, *tls_key;
+	bool http2;                 /* true: HTTP/2 by prior knowledge, or ALPN h2 with TLS */
 	struct cfg_limits limits;
 	struct cfg_route *routes;
 	int nroutes;

@@ -429,6 +429,11 @@ int stream_fd(struct stream *s)
 	return s->bev ? bufferevent_getfd(s->bev) : s->fd;
 }
 
+SSL *stream_ssl(struct stream *s)
+{
+	return s->bev ? bufferevent_openssl_get_ssl(s->bev) : NULL;
+}
+
 void stream_enable(struct stream *s, short what)
 {
 	if (s->bev) {

@@ -58,5 +58,7 @@ void stream_set_write_timeout(struct stream *s, int64_t us);
 /* Call READ soon, from the loop, even with no new bytes (input already holds some). */
 void stream_trigger_read(struct stream *s);
 int stream_fd(struct stream *s);
+/* The TLS connection of a TLS stream (ALPN, peer certificate), or NULL. */
+SSL *stream_ssl(struct stream *s);
 
 #endif
