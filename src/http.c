@@ -560,7 +560,9 @@ static int header_line(struct http_msg *m, const struct hspan *h)
 		connection_value(ps, val, vn);
 		break;
 	case HN_UPGRADE:
-		ps->has_upgrade = true;
+		/* SPEC §9: h2c is not upgraded to; the request is served over HTTP/1.1 */
+		if (!ieq(val, vn, "h2c"))
+			ps->has_upgrade = true;
 		break;
 	case HN_EXPECT:
 		if (ieq(val, vn, "100-continue"))
