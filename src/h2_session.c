@@ -47,6 +47,7 @@
 #define OUT_LOW (32 * 1024)
 #define RESP_LOW (64 * 1024)            /* a stream's pending response: tell the exchange below */
 #define NOTICE_RTT_US (100 * 1000)      /* shutdown notice to final GOAWAY, at least */
+#define RECV_SLICE 4096                 /* input handed to nghttp2 between two sends */
 
 enum hstate { H_OPEN, H_DRAINING, H_CLOSING, H_CLOSED };
 
@@ -70,6 +71,8 @@ struct h2_stream {
 	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
 	const char *refuse_reason;
 	bool malformed, head_done;
+	bool oversize;                  /* over max_header_bytes: nothing more of it is kept */
+	bool refused;                   /* beyond max_concurrent_streams: REFUSED_STREAM */
 	struct exchange *ex;
 	bool ex_done;                   /* the exchange reported end() */
 	struct evbuffer *req_in;        /* DATA received, not yet taken (nor consumed) */
@@ -100,6 +103,7 @@ struct h2_session {
 	bool send_pending;
 	size_t resp_pending;            /* response bytes buffered over all streams */
 	int64_t last_progress_us;       /* the last DATA byte written */
+	bool settings_sent;             /* our first SETTINGS left (patched on the way out) */
 	bool notice_sent, goaway_final;
 	int64_t notice_us;
 	unsigned logged;                /* defences logged on this connection, a bit per kind */
@@ -113,6 +117,7 @@ struct h2_session {
 };
 
 static void flush(struct h2_session *s);
+static struct http_hdr *hdr_slot(struct h2_stream *st);
 
 /* The one writer of s's state (DESIGN rule 2). */
 static void set_state(struct h2_session *s, enum hstate st)
@@ -154,7 +159,7 @@ static void stream_release(struct h2_stream *st)
 {
 	for (int i = 0; i < st->nrc; i++)
 		nghttp2_rcbuf_decref(st->rc[i]);
-	st->nrc = 0;
+	st->nrc = st->caprc = st->cap = 0;
 	free(st->rc);
 	st->rc = NULL;
 	free(st->hdrs);
@@ -497,6 +502,11 @@ static void stream_start(struct h2_stream *st)
 	struct h2_session *s = st->s;
 	struct http_head *h = &st->head;
 	st->head_done = true;
+	if (st->refused) {
+		st->ex_done = true;
+		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
+		return;
+	}
 	if (!st->malformed && st->authority && st->hosthdr &&
 	    !str_ieq(st->authority, st->alen, st->hosthdr, st->hlen)) {
 		st->malformed = true;
@@ -507,8 +517,7 @@ static void stream_start(struct h2_stream *st)
 	}
 	if (st->cookie) {
 		if (st->refuse_status == 0 && h->nhdrs < HTTP_MAX_HEADERS) {
-			struct http_hdr *c = &st->hdrs[h->nhdrs++];
-			*c = (struct http_hdr){ .name = "cookie", .nlen = 6, .value = st->cookie,
+			*hdr_slot(st) = (struct http_hdr){ .name = "cookie", .nlen = 6, .value = st->cookie,
 			                        .vlen = (uint32_t)st->cookie_len };
 		}
 	}
@@ -575,6 +584,29 @@ static void stream_pump(struct h2_session *s, struct h2_stream *st)
 
 /* ------------------------------------------------------------------ nghttp2 callbacks */
 
+/* nghttp2 makes a stream beyond the SETTINGS_MAX_CONCURRENT_STREAMS it sent a connection
+ * error; SPEC §9 wants REFUSED_STREAM. So nghttp2 is told a limit it never reaches and the
+ * first SETTINGS frame is rewritten on its way out to advertise ours (begin_headers_cb
+ * refuses the streams beyond it). */
+#define NG_STREAM_LIMIT 0x7fffffffu
+
+static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
+{
+	s->settings_sent = true;
+	if (len < 9 || f[3] != NGHTTP2_SETTINGS || (f[4] & NGHTTP2_FLAG_ACK))
+		return;
+	size_t plen = ((size_t)f[0] << 16) | ((size_t)f[1] << 8) | f[2];
+	uint32_t max = (uint32_t)s->lcfg->limits.max_concurrent_streams;
+	for (size_t i = 9; i + 6 <= 9 + plen && i + 6 <= len; i += 6) {
+		if (f[i] == 0 && f[i + 1] == NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) {
+			f[i + 2] = (uint8_t)(max >> 24);
+			f[i + 3] = (uint8_t)(max >> 16);
+			f[i + 4] = (uint8_t)(max >> 8);
+			f[i + 5] = (uint8_t)max;
+		}
+	}
+}
+
 static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int flags,
                        void *arg)
 {
@@ -583,6 +615,16 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 	struct evbuffer *out = stream_output(s->bev);
 	if (evbuffer_get_length(out) >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
+	if (!s->settings_sent) {
+		struct evbuffer_iovec v;
+		if (evbuffer_reserve_space(out, (ev_ssize_t)len, &v, 1) < 1)
+			return NGHTTP2_ERR_CALLBACK_FAILURE;
+		memcpy(v.iov_base, data, len);
+		advertise_limit(s, v.iov_base, len);
+		v.iov_len = len;
+		evbuffer_commit_space(out, &v, 1);
+		return (ssize_t)len;
+	}
 	evbuffer_add(out, data, len);
 	return (ssize_t)len;
 }
@@ -646,24 +688,39 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	st->head.content_length = -1;
 	st->req_in = evbuffer_new();
 	st->resp = evbuffer_new();
+	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
 	nghttp2_session_set_stream_user_data(ng, st->id, st);
 	return 0;
 }
 
+static int refuse_rank(int status)
+{
+	return status == 414 ? 3 : status == 431 ? 2 : status ? 1 : 0;
+}
+
+/* Precedence (SPEC §5): 414 (checked before the head size), then 431, then 501. */
 static void refuse_head(struct h2_stream *st, int status, const char *reason)
 {
-	/* 414 is checked before the head size (SPEC §5): it stands once found */
-	if (st->refuse_status != 414 && st->refuse_status != 431) {
+	if (refuse_rank(status) > refuse_rank(st->refuse_status)) {
 		st->refuse_status = status;
 		st->refuse_reason = reason;
-	} else if (status == 414) {
-		st->refuse_status = 414;
-		st->refuse_reason = reason;
 	}
-	if (status == 431)
+	if (status == 431 && !st->oversize) {
+		st->oversize = true;
 		stream_release(st);     /* keep nothing more of an oversized head */
+	}
+}
+
+/* Room for one more field in the head. */
+static struct http_hdr *hdr_slot(struct h2_stream *st)
+{
+	if (st->head.nhdrs + 1 >= st->cap) {
+		st->cap = st->cap ? 2 * st->cap : 16;
+		st->hdrs = xrealloc(st->hdrs, (size_t)st->cap * sizeof(*st->hdrs));
+	}
+	return &st->hdrs[st->head.nhdrs++];
 }
 
 static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
@@ -684,7 +741,7 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
 	struct h2_stream *st = stream_of(s, frame->hd.stream_id);
-	if (!st || st->head_done || st->malformed)
+	if (!st || st->head_done || st->malformed || st->refused)
 		return 0;               /* request trailers: dropped (no upstream takes them yet) */
 	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
 	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
@@ -707,12 +764,12 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 				refuse_head(st, 414, "uri-too-long");
 				return 0;
 			}
-			if (st->refuse_status == 431)
+			if (st->oversize)
 				return 0;
 			keep(st, name, value);
 			st->head.path = v;
 			st->head.path_len = vl;
-		} else if (nl == 10 && memcmp(n, ":authority", 10) == 0 && st->refuse_status != 431) {
+		} else if (nl == 10 && memcmp(n, ":authority", 10) == 0 && !st->oversize) {
 			keep(st, name, value);
 			st->authority = v;
 			st->alen = vl;
@@ -724,7 +781,7 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 			st->malformed = true;
 			return 0;
 		}
-		if (st->refuse_status != 431) {
+		if (!st->oversize) {
 			keep(st, name, value);
 			st->hosthdr = v;
 			st->hlen = vl;
@@ -737,7 +794,7 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 			st->malformed = true;
 		st->head.content_length = cl;
 	}
-	if (st->refuse_status == 431)
+	if (st->oversize)
 		return 0;
 	if (nl == 6 && memcmp(n, "cookie", 6) == 0) {
 		st->cookie = xrealloc(st->cookie, st->cookie_len + 2 + vl + 1);
@@ -753,12 +810,8 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 		refuse_head(st, 431, "headers-too-large");
 		return 0;
 	}
-	if (st->head.nhdrs + 1 >= st->cap) {
-		st->cap = st->cap ? 2 * st->cap : 16;
-		st->hdrs = xrealloc(st->hdrs, (size_t)st->cap * sizeof(*st->hdrs));
-	}
 	keep(st, name, value);
-	st->hdrs[st->head.nhdrs++] = (struct http_hdr){
+	*hdr_slot(st) = (struct http_hdr){
 		.name = n, .nlen = (uint32_t)nl, .value = v, .vlen = (uint32_t)vl,
 		.hop = connection_field(n, nl),
 	};
@@ -983,6 +1036,8 @@ static void read_cb(struct stream *bev, void *arg)
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
+		if (v.iov_len > RECV_SLICE)
+			v.iov_len = RECV_SLICE;
 		enum h2g_verdict g = h2_guard_feed(&s->guard, v.iov_base, v.iov_len, clock_now_us());
 		if (g != H2G_OK) {
 			if (g == H2G_FLOOD)
@@ -994,15 +1049,24 @@ static void read_cb(struct stream *bev, void *arg)
 		}
 		ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
 		if (n < 0) {
-			if (n == NGHTTP2_ERR_FLOODED)
+			if (n == NGHTTP2_ERR_FLOODED) {
+				/* replies the client does not read piled up past nghttp2's bound */
 				defence(s, H2E_FLOOD, "nghttp2: flooding detected");
-			else
+				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			} else {
 				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));
+			}
 			if (s->state < H_CLOSING)
 				set_state(s, H_CLOSING);
 			break;
 		}
 		evbuffer_drain(in, (size_t)n);
+		/* replies (SETTINGS and PING ACKs) leave as they are due, before more is read:
+		 * nghttp2 bounds how many may wait */
+		if (nghttp2_session_send(s->ng) != 0) {
+			set_state(s, H_CLOSING);
+			break;
+		}
 	}
 	if (s->state >= H_CLOSING)
 		evbuffer_drain(in, evbuffer_get_length(in));
@@ -1117,7 +1181,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	nghttp2_session_callbacks_del(cbs);
 
 	nghttp2_settings_entry iv[] = {
-		{ NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, (uint32_t)lim->max_concurrent_streams },
+		{ NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, NG_STREAM_LIMIT },  /* see send_cb */
 		{ NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW },
 		{ NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)lim->max_header_bytes },
 	};

@@ -194,6 +194,12 @@ class H2Raw:
         self.pump(lambda: False, timeout)
         return self.closed
 
+    def settle(self, timeout=5):
+        """Wait for the server's SETTINGS (acked by the reader): nothing of ours can then land
+        in the middle of a header block we leave open."""
+        return self.pump(lambda: any(isinstance(f, SettingsFrame) and "ACK" not in f.flags
+                                     for f in self.frames), timeout)
+
     def ping(self, data=b"12345678"):
         self.frame(PingFrame(0, opaque_data=data))
 
