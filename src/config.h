@@ -149,6 +149,8 @@ struct config *config_ref(struct config *c);
 void config_unref(struct config *c);
 
 struct cfg_upstream *config_upstream(const struct config *c, const char *name);
+/* The listener named NAME (sessions look their config up by it, reload after reload). */
+struct cfg_listener *config_listener(const struct config *c, const char *name);
 
 /* --check report: per upstream the worst case its policy allows, warnings, then "FILE: ok". */
 void config_report(const struct config *c, FILE *out);

@@ -324,14 +324,6 @@ static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upst
 }
 
 /* The config the next request is served with: refreshed per request. */
-static struct cfg_listener *find_listener(const struct config *cfg, const char *name)
-{
-	for (int i = 0; i < cfg->nlisteners; i++)
-		if (strcmp(cfg->listeners[i].name, name) == 0)
-			return &cfg->listeners[i];
-	return NULL;
-}
-
 static bool session_refresh_config(struct session *s)
 {
 	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
@@ -339,7 +331,7 @@ static bool session_refresh_config(struct session *s)
 		return s->lcfg != NULL;
 	runtime_unref(s->rt);
 	s->rt = runtime_ref(rt);
-	s->lcfg = find_listener(rt->cfg, s->lname);
+	s->lcfg = config_listener(rt->cfg, s->lname);
 	return s->lcfg != NULL;
 }
 
@@ -548,7 +540,7 @@ struct session *h1_session_new(struct loop *loop, const struct session_owner *ow
 	s->lname = xstrdup(lname);
 	s->id = sid;
 	s->rt = runtime_ref(own->runtime(own->runtime_arg));
-	s->lcfg = find_listener(s->rt->cfg, lname);
+	s->lcfg = config_listener(s->rt->cfg, lname);
 	if (peer->sa_family == AF_INET)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, s->peer_ip, sizeof(s->peer_ip));
 	else if (peer->sa_family == AF_INET6)

@@ -433,20 +433,12 @@ static const struct responder h2_responder = {
 
 /* ------------------------------------------------------------------ requests */
 
-static struct cfg_listener *find_listener(const struct config *cfg, const char *name)
-{
-	for (int i = 0; i < cfg->nlisteners; i++)
-		if (strcmp(cfg->listeners[i].name, name) == 0)
-			return &cfg->listeners[i];
-	return NULL;
-}
-
 static bool refresh_config(struct h2_session *s)
 {
 	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
 	if (rt == s->rt)
 		return s->lcfg != NULL;
-	struct cfg_listener *l = find_listener(rt->cfg, s->lname);
+	struct cfg_listener *l = config_listener(rt->cfg, s->lname);
 	if (!l)
 		return false;
 	runtime_unref(s->rt);
@@ -1094,26 +1086,29 @@ static void event_cb(struct stream *bev, short what, void *arg)
 	h2_session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
 }
 
+/* A connection defence met: count it, GOAWAY with CODE, close once that left. */
+static void defend_and_end(struct h2_session *s, int kind, const char *detail, uint32_t code)
+{
+	defence(s, kind, detail);
+	terminate(s, code);
+	flush(s);
+}
+
 static void idle_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->nstreams > 0 || s->state >= H_CLOSING)
-		return;
-	defence(s, H2E_IDLE, "no stream for idle_timeout");
-	terminate(s, NGHTTP2_NO_ERROR);
-	flush(s);
+	if (s->nstreams == 0 && s->state < H_CLOSING)
+		defend_and_end(s, H2E_IDLE, "no stream for idle_timeout", NGHTTP2_NO_ERROR);
 }
 
 static void hdr_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->state >= H_CLOSING || !h2_guard_block_open(&s->guard, NULL))
-		return;
-	defence(s, H2E_HEADER_BLOCK, "header block not complete within header_timeout");
-	terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
-	flush(s);
+	if (s->state < H_CLOSING && h2_guard_block_open(&s->guard, NULL))
+		defend_and_end(s, H2E_HEADER_BLOCK, "header block not complete within header_timeout",
+		               NGHTTP2_ENHANCE_YOUR_CALM);
 }
 
 /* SPEC §9: a client that keeps its window shut is closed after idle_timeout with no DATA
@@ -1147,7 +1142,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	snprintf(s->peer_ip, sizeof(s->peer_ip), "%s", h->peer_ip);
 	TAILQ_INIT(&s->streams);
 	s->rt = runtime_ref(own->runtime(own->runtime_arg));
-	s->lcfg = find_listener(s->rt->cfg, s->lname);
+	s->lcfg = config_listener(s->rt->cfg, s->lname);
 	s->send_ev = event_new(loop->base, -1, 0, send_ev_cb, s);
 	s->idle_ev = evtimer_new(loop->base, idle_cb, s);
 	s->hdr_ev = evtimer_new(loop->base, hdr_cb, s);

@@ -14,6 +14,7 @@ import pytest
 from harness import make_config, rss_bytes
 from h2raw import CANCEL, NO_ERROR, H2Raw
 from upstream import respond, retry_after, stall
+from test_tls import certs  # noqa: F401  (the fixture: a self-signed localhost certificate)
 
 CURL = shutil.which("curl")
 H2LOAD = shutil.which("h2load")
@@ -271,17 +272,6 @@ def test_h2c_upgrade_ignored(upstream, rg_factory):
     assert status == 200
     req = upstream.wait_requests(1)[0]
     assert req.header("Upgrade") is None and req.header("HTTP2-Settings") is None
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    key, crt = d / "server.key", d / "server.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                    "-keyout", str(key), "-out", str(crt)],
-                   check=True, capture_output=True, timeout=60)
-    return {"key": str(key), "crt": str(crt)}
 
 
 @pytest.mark.skipif(not CURL or not shutil.which("openssl"), reason="curl/openssl missing")
