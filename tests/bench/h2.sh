@@ -5,12 +5,14 @@
 # h2load's per-request log), then the ratios. Proxies on CPU 0, h2load and upstream on CPU 1.
 #
 #   H2_ROUNDS [3]  H2_REQUESTS [200000]  H2_CONNS [4]  H2_STREAMS [16]  RETRYGATE_BIN
+#   H2_PIN [1]: 0 runs everything unpinned (on 2 CPUs the pinned h2load starves the upstream)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/tests/bench
 RG_BIN=${RETRYGATE_BIN:-$ROOT/build/retrygate}
 ROUNDS=${H2_ROUNDS:-3}; N=${H2_REQUESTS:-200000}; C=${H2_CONNS:-4}; M=${H2_STREAMS:-16}
 export PATH=$PATH:/usr/sbin
+if [ "${H2_PIN:-1}" = 1 ]; then P0="taskset -c 0"; P1="taskset -c 1"; else P0=""; P1=""; fi
 RUN=$(mktemp -d "$ROOT/build/bench-h2.XXXXXX")
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -19,7 +21,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 UP=$(port); RG=$(port); NG=$(port); HA=$(port)
 
 gcc -O2 -o "$RUN/upstream" "$HERE/upstream.c"
-taskset -c 1 "$RUN/upstream" "$UP" 13 2>/dev/null & PIDS+=($!)
+$P1 "$RUN/upstream" "$UP" 13 2>/dev/null & PIDS+=($!)
 
 cat > "$RUN/rg.yaml" <<EOC
 admin: { listen: "" }
@@ -32,7 +34,7 @@ listeners:
 upstreams:
   bench: { endpoints: ["127.0.0.1:$UP"] }
 EOC
-taskset -c 0 "$RG_BIN" -c "$RUN/rg.yaml" 2>"$RUN/rg.log" & PIDS+=($!)
+$P0 "$RG_BIN" -c "$RUN/rg.yaml" 2>"$RUN/rg.log" & PIDS+=($!)
 
 mkdir -p "$RUN/ng"
 cat > "$RUN/nginx.conf" <<EOC
@@ -50,7 +52,7 @@ http {
     }
 }
 EOC
-taskset -c 0 nginx -p "$RUN" -c "$RUN/nginx.conf" -e "$RUN/nginx-error.log" >/dev/null 2>&1 & PIDS+=($!)
+$P0 nginx -p "$RUN" -c "$RUN/nginx.conf" -e "$RUN/nginx-error.log" >/dev/null 2>&1 & PIDS+=($!)
 
 cat > "$RUN/haproxy.cfg" <<EOC
 global
@@ -69,13 +71,13 @@ frontend bench
 backend up
     server up1 127.0.0.1:$UP
 EOC
-taskset -c 0 haproxy -db -f "$RUN/haproxy.cfg" >/dev/null 2>&1 & PIDS+=($!)
+$P0 haproxy -db -f "$RUN/haproxy.cfg" >/dev/null 2>&1 & PIDS+=($!)
 sleep 1
 
 declare -A PORTS=([retrygate]=$RG [nginx]=$NG [haproxy]=$HA)
 for r in $(seq "$ROUNDS"); do
     for p in retrygate nginx haproxy; do
-        taskset -c 1 h2load -c"$C" -m"$M" -n"$N" --log-file="$RUN/$p.$r.log" \
+        $P1 h2load -c"$C" -m"$M" -n"$N" --log-file="$RUN/$p.$r.log" \
             "http://127.0.0.1:${PORTS[$p]}/bench" > "$RUN/$p.$r.out" 2>&1 || true
     done
 done
@@ -93,7 +95,7 @@ for p in ("retrygate", "nginx", "haproxy"):
         d = sorted(int(l.split("\t")[2]) for l in open("%s/%s.%d.log" % (run, p, r)) if l.strip())
         p99.append(d[int(len(d) * 0.99)] if d else 0); p50.append(d[len(d) // 2] if d else 0)
     res[p] = (statistics.median(rps), statistics.median(p50), statistics.median(p99), min(ok))
-print("h2load -c%s -m%s, %d rounds (median); latency in us" % (sys.argv and "", "", rounds))
+print("%d rounds (median); latency in us" % rounds)
 for p, (a, b, c, k) in res.items():
     print("%-10s %10.0f req/s  p50 %6d us  p99 %6d us  (min succeeded %d)" % (p, a, b, c, k))
 rg = res["retrygate"]
