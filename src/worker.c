@@ -120,9 +120,12 @@ static void on_h2(void *arg, const struct h2_handoff *h)
 		.closed_arg = c,
 	};
 	c->s = NULL;
-	c->h2 = h2_session_new(&w->loop, &own, h);
-	if (c->h2 && w->draining)
-		h2_session_drain(c->h2, false);
+	struct h2_session *h2 = h2_session_new(&w->loop, &own, h);
+	if (!h2)
+		return;         /* it closed at once: on_conn_closed freed C */
+	c->h2 = h2;
+	if (w->draining)
+		h2_session_drain(h2, false);
 }
 
 static void on_accept(void *arg, struct listener *lst, const char *lname, int fd,
