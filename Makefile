@@ -78,7 +78,7 @@ $(BUILD)/unit/%: tests/unit/%.c $(LIBOBJS)
 # test, fuzz and bench tools (~1.6 GB more).
 APT_BUILD_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev libnghttp2-dev
 APT_PKGS := $(APT_BUILD_PKGS) libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang \
-            python3-h2 python3-grpcio nghttp2-client
+            python3-h2 python3-grpcio python3-yaml nghttp2-client
 # $(call apt_missing,PACKAGES,APT OPTIONS): install those not installed (as root), else say how
 apt_missing = missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \

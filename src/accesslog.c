@@ -60,6 +60,7 @@ void access_add_attempt(struct access_rec *r, const char *ep)
 		r->att[r->natt].ep = ep;
 		r->att[r->natt].outcome = NULL;
 		r->att[r->natt].status = 0;
+		r->att[r->natt].fault = NULL;
 	}
 	r->natt++;
 }
@@ -74,6 +75,12 @@ void access_set_status(struct access_rec *r, int status)
 {
 	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS)
 		r->att[r->natt - 1].status = status;
+}
+
+void access_set_fault(struct access_rec *r, const char *kind)
+{
+	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS)
+		r->att[r->natt - 1].fault = kind;
 }
 
 const char *access_outcome(const struct access_rec *r)
@@ -172,6 +179,8 @@ void accesslog_write(const struct access_rec *r)
 	append(line, &n, sizeof(line), ",\"status\":%d,\"attempts\":%d,\"tries\":[", r->status, r->attempts);
 	for (int i = 0; i < r->natt && i < ACCESS_MAX_ATTEMPTS; i++) {
 		append(line, &n, sizeof(line), "%s{\"endpoint\":\"%s\",", i ? "," : "", r->att[i].ep);
+		if (r->att[i].fault)
+			append(line, &n, sizeof(line), "\"fault\":\"%s\",", r->att[i].fault);
 		if (r->att[i].status)
 			append(line, &n, sizeof(line), "\"status\":%d}", r->att[i].status);
 		else

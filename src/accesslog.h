@@ -29,7 +29,7 @@ struct access_rec {
 	int attempts;
 	enum refusal refused;
 	const char *reason;             /* retrygate's own reason, if it answered itself */
-	struct { const char *ep; const char *outcome; int status; } att[ACCESS_MAX_ATTEMPTS];
+	struct { const char *ep; const char *outcome; int status; const char *fault; } att[ACCESS_MAX_ATTEMPTS];
 	int natt;
 	int64_t deadline_given_us, deadline_left_us, duration_us, body_bytes;
 	const char *key; size_t keylen;
@@ -48,6 +48,8 @@ void access_set_key(struct access_rec *r, const char *key, size_t len);
 void access_add_attempt(struct access_rec *r, const char *ep);
 void access_set_outcome(struct access_rec *r, const char *outcome);
 void access_set_status(struct access_rec *r, int status);
+/* The last attempt's SPEC §11 fault kind ("abort", ...): the line names it in that try. */
+void access_set_fault(struct access_rec *r, const char *kind);
 
 /* "ok", "failed" or "unknown" (a non-idempotent request whose last attempt ended in reset or
  * timeout: it may have been executed). */

@@ -1,7 +1,7 @@
 /*
  * admin: a small HTTP/1.1 server for operators. One request at a time per connection,
- * keep-alive. POST /retries needs the bearer token when admin.token is set, else a loopback
- * peer (SPEC §7).
+ * keep-alive. POST /retries, /faults and /unknown/ack need the bearer token when admin.token
+ * is set, else a loopback peer (SPEC §7).
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,10 +18,12 @@
 
 #include "admin.h"
 #include "config.h"
+#include "faults.h"
 #include "http.h"
 #include "listener.h"
 #include "log.h"
 #include "h1_write.h"
+#include "reconcile.h"
 #include "respond.h"
 #include "stats.h"
 #include "upstream.h"
@@ -50,6 +52,17 @@ void admin_reconfigure(const struct config *cfg)
 {
 	free(admin_token);
 	admin_token = xstrdup(cfg->admin_token ? cfg->admin_token : "");
+}
+
+static int hex_value(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'a' && ch <= 'f')
+		return ch - 'a' + 10;
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return -1;
 }
 
 static void conn_free(struct admin_conn *c)
@@ -113,6 +126,23 @@ static void render_retries(struct evbuffer *b)
 	evbuffer_add(b, "}\n", 2);
 }
 
+/* %XX and '+' decoded from RAW into OUT (CAP bytes, NUL-terminated); a bad escape is kept
+ * as written. */
+static void url_decode(const char *raw, char *out, size_t cap)
+{
+	size_t k = 0;
+	for (const char *p = raw; *p && k + 1 < cap; p++) {
+		int hi, lo;
+		if (*p == '%' && (hi = hex_value(p[1])) >= 0 && (lo = hex_value(p[2])) >= 0) {
+			out[k++] = (char)(hi * 16 + lo);
+			p += 2;
+		} else {
+			out[k++] = *p == '+' ? ' ' : *p;
+		}
+	}
+	out[k] = 0;
+}
+
 /* value of query parameter NAME in Q (not decoded: names and booleans need none) */
 static bool query_param(const char *q, size_t qlen, const char *name, char *out, size_t cap)
 {
@@ -134,7 +164,9 @@ static bool query_param(const char *q, size_t qlen, const char *name, char *out,
 	return false;
 }
 
-static void post_retries(struct admin_conn *c, const struct http_head *h, const char *q, size_t qlen)
+/* The rule of every POST: the bearer token when admin.token is set, else a loopback peer.
+ * False: the 403 was sent. */
+static bool post_allowed(struct admin_conn *c, const struct http_head *h)
 {
 	if (admin_token && admin_token[0]) {
 		size_t n;
@@ -143,19 +175,34 @@ static void post_retries(struct admin_conn *c, const struct http_head *h, const 
 		if (!auth || n != tl + 7 || strncasecmp(auth, "Bearer ", 7) != 0 ||
 		    memcmp(auth + 7, admin_token, tl) != 0) {
 			respond_text(c, 403, "forbidden: bearer token required");
-			return;
+			return false;
 		}
 	} else if (!c->loopback) {
 		respond_text(c, 403, "forbidden: POST only from loopback (or set admin.token)");
-		return;
+		return false;
 	}
-	char up[256], en[16];
+	return true;
+}
+
+/* The enabled=true|false of a switch's POST into *ON; false: the 400 was sent. */
+static bool query_enabled(struct admin_conn *c, const char *q, size_t qlen, bool *on)
+{
+	char en[16];
 	if (!query_param(q, qlen, "enabled", en, sizeof(en)) ||
 	    (strcmp(en, "true") != 0 && strcmp(en, "false") != 0)) {
 		respond_text(c, 400, "enabled=true|false required");
-		return;
+		return false;
 	}
-	bool on = strcmp(en, "true") == 0;
+	*on = strcmp(en, "true") == 0;
+	return true;
+}
+
+static void post_retries(struct admin_conn *c, const struct http_head *h, const char *q, size_t qlen)
+{
+	char up[256];
+	bool on;
+	if (!post_allowed(c, h) || !query_enabled(c, q, qlen, &on))
+		return;
 	bool one = query_param(q, qlen, "upstream", up, sizeof(up));
 	struct runtime *rt = runtime_current();
 	bool found = false;
@@ -179,6 +226,101 @@ static void post_retries(struct admin_conn *c, const struct http_head *h, const 
 	evbuffer_free(b);
 }
 
+/* GET /faults (SPEC §11): per upstream (as GET /retries), the switch, since when, why it last
+ * stopped by itself, and the faults injected so far by kind. An upstream without rules is
+ * never enabled. */
+static void render_faults(struct evbuffer *b)
+{
+	evbuffer_add(b, "{", 1);
+	bool first = true;
+	struct runtime *rt = runtime_current();
+	for (int i = 0; i < rt->cfg->nupstreams; i++) {
+		struct upstream_state *st = rt->ups[i].st;
+		bool on = atomic_load(&st->faults_on) && rt->cfg->upstreams[i].faults.nrules > 0;
+		evbuffer_add_printf(b, "%s\"%s\":{\"enabled\":%s,\"since\":", first ? "" : ",",
+		                    st->name, on ? "true" : "false");
+		first = false;
+		time_t since = (time_t)atomic_load(&st->faults_since_wall);
+		struct tm tm;
+		char ts[32];
+		if (on && gmtime_r(&since, &tm) && strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%SZ", &tm))
+			evbuffer_add_printf(b, "\"%s\"", ts);
+		else
+			evbuffer_add(b, "null", 4);
+		const char *stopped = on ? NULL : faults_stop_name(atomic_load(&st->faults_stopped));
+		if (stopped)
+			evbuffer_add_printf(b, ",\"stopped\":\"%s\"", stopped);
+		else
+			evbuffer_add_printf(b, ",\"stopped\":null");
+		evbuffer_add_printf(b, ",\"injected\":{");
+		for (int k = 0; k < FAULT_NKINDS; k++) {
+			uint64_t n = 0;
+			for (int w = 0; w < g_nworkers; w++)
+				n += atomic_load_explicit(&st->stats[w].faults_injected[k], memory_order_relaxed);
+			evbuffer_add_printf(b, "%s\"%s\":%llu", k ? "," : "", faults_kind_name(k),
+			                    (unsigned long long)n);
+		}
+		evbuffer_add(b, "}}", 2);
+	}
+	runtime_unref(rt);
+	evbuffer_add(b, "}\n", 2);
+}
+
+/* POST /faults?upstream=NAME&enabled=true|false: one upstream, which must have rules. */
+static void post_faults(struct admin_conn *c, const struct http_head *h, const char *q, size_t qlen)
+{
+	char up[256];
+	bool on, found = false;
+	if (!post_allowed(c, h) || !query_enabled(c, q, qlen, &on))
+		return;
+	if (!query_param(q, qlen, "upstream", up, sizeof(up))) {
+		respond_text(c, 400, "upstream=NAME required");
+		return;
+	}
+	struct runtime *rt = runtime_current();
+	for (int i = 0; i < rt->cfg->nupstreams; i++) {
+		struct upstream_state *st = rt->ups[i].st;
+		if (strcmp(st->name, up) != 0 || rt->cfg->upstreams[i].faults.nrules == 0)
+			continue;
+		found = true;
+		upstream_faults_switch(st, on, 0);
+		log_info("admin: faults %s for upstream %s (from %s)", on ? "enabled" : "disabled",
+		         st->name, c->peer);
+	}
+	runtime_unref(rt);
+	if (!found) {
+		respond_unknown_upstream(c, up);
+		return;
+	}
+	struct evbuffer *b = evbuffer_new();
+	render_faults(b);
+	respond(c, 200, "application/json", b, false);
+	evbuffer_free(b);
+}
+
+/* POST /unknown/ack?id=ID (SPEC §12); the id is percent-decoded, so any X-Request-Id can be
+ * named. */
+static void post_unknown_ack(struct admin_conn *c, const struct http_head *h, const char *q,
+                             size_t qlen)
+{
+	if (!post_allowed(c, h))
+		return;
+	char raw[512], id[512];
+	if (!query_param(q, qlen, "id", raw, sizeof(raw)) || !raw[0]) {
+		respond_text(c, 400, "id=ID required");
+		return;
+	}
+	url_decode(raw, id, sizeof(id));
+	if (!reconcile_ack(id)) {
+		respond_text(c, 404, "no such record");
+		return;
+	}
+	struct evbuffer *b = evbuffer_new();
+	evbuffer_add_printf(b, "{\"acked\":true}\n");
+	respond(c, 200, "application/json", b, false);
+	evbuffer_free(b);
+}
+
 static void handle(struct admin_conn *c, const struct http_head *h)
 {
 	const char *path = h->path;
@@ -195,6 +337,10 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 	struct evbuffer *b = evbuffer_new();
 	if (IS("/retries") && strcmp(h->method, "POST") == 0) {
 		post_retries(c, h, q ? q : "", qlen);
+	} else if (IS("/faults") && strcmp(h->method, "POST") == 0) {
+		post_faults(c, h, q ? q : "", qlen);
+	} else if (IS("/unknown/ack") && strcmp(h->method, "POST") == 0) {
+		post_unknown_ack(c, h, q ? q : "", qlen);
 	} else if (!get) {
 		respond_text(c, 405, "method not allowed");
 	} else if (IS("/healthz")) {
@@ -218,6 +364,16 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 		respond(c, 200, "application/json", b, false);
 	} else if (IS("/retries")) {
 		render_retries(b);
+		respond(c, 200, "application/json", b, false);
+	} else if (IS("/faults")) {
+		render_faults(b);
+		respond(c, 200, "application/json", b, false);
+	} else if (IS("/unknown")) {
+		char raw[256], up[256];
+		bool one = q && query_param(q, qlen, "upstream", raw, sizeof(raw));
+		if (one)
+			url_decode(raw, up, sizeof(up));
+		reconcile_render(b, one ? up : NULL);
 		respond(c, 200, "application/json", b, false);
 	} else {
 		respond_text(c, 404, "not found");

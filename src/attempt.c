@@ -27,6 +27,7 @@
 #include "clock.h"
 #include "http.h"
 #include "log.h"
+#include "h2_conn.h"
 #include "pool.h"
 #include "tls.h"
 #include "upstream.h"
@@ -63,25 +64,29 @@ struct attempt {
 	SSL_CTX *tls;
 	char sni[256];
 	bool verify;
+	bool h2;                        /* the transport is the HTTP/2 stream h2s */
+	bool h2_complete;               /* END_STREAM came while body bytes still wait in decoded */
+	struct h2_stream *h2s;
+	struct http_hdr *tr;            /* trailers that came while body bytes still wait */
+	char *trbuf;
+	int ntr;
 };
 
 static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
 static void attempt_process(struct attempt *a);
 
-/* The one writer of a's state (DESIGN rule 2). */
-static void set_state(struct attempt *a, enum astate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (a->state == A_DONE && st != A_DONE)
-		magic_fail(__FILE__, __LINE__, "A_DONE is terminal");
-#endif
-	a->state = st;
-}
+/* The one writer of the state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(set_state, attempt, astate, A_DONE)
 
-bool attempt_wrote_any(const struct attempt *a) { return a->wrote_any; }
+bool attempt_wrote_any(const struct attempt *a)
+{
+	return a->wrote_any || (a->h2s && h2_stream_sent(a->h2s));
+}
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
 size_t attempt_send_pending(const struct attempt *a)
 {
+	if (a->h2)
+		return a->h2s ? h2_stream_pending(a->h2s) : 0;
 	size_t n = a->pending ? evbuffer_get_length(a->pending) : 0;
 	if (a->c && a->c->bev)
 		n += evbuffer_get_length(stream_output(a->c->bev));
@@ -122,6 +127,8 @@ static void attempt_end(struct attempt *a, enum outcome out, bool bad, const cha
 	if (a->pe && a->wt.fn)
 		pool_resolve_cancel(a->pe, &a->wt);
 	conn_detach(a, false);
+	h2_stream_cancel(a->h2s);
+	a->h2s = NULL;
 	a->cbs.on_end(a->arg, a, out, bad, detail);
 }
 
@@ -143,7 +150,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		attempt_end(a, a->fail_out, false, a->fail_detail);
 		return;
 	}
-	if (a->state == A_RESOLVING || a->state == A_CONNECTING || !a->wrote_any)
+	if (a->state == A_RESOLVING || a->state == A_CONNECTING || !attempt_wrote_any(a))
 		attempt_end(a, OUT_CONNECT_FAILURE, false,
 		            a->state == A_RESOLVING ? "resolve timeout" : "connect timeout");
 	else
@@ -183,6 +190,16 @@ static void write_cb(struct stream *bev, void *arg)
 
 static void replace_conn(struct attempt *a);
 
+/* A TLS 1.3 server checks our client certificate after we count as connected: its refusal
+ * comes as an alert instead of a response, and the request was never processed. */
+static bool peer_refused_tls(struct stream *bev)
+{
+	bool refused = false;
+	for (unsigned long e; (e = stream_tls_error(bev)) != 0;)
+		refused = refused || tls_error_is_peer_refusal(e);
+	return refused;
+}
+
 static void event_cb(struct stream *bev, short what, void *arg)
 {
 	struct attempt *a = arg;
@@ -209,6 +226,11 @@ static void event_cb(struct stream *bev, short what, void *arg)
 			return;
 		}
 		attempt_end(a, OUT_CONNECT_FAILURE, false, "closed before the request was written");
+		return;
+	}
+	if ((what & BEV_EVENT_ERROR) && a->state == A_WAITING && peer_refused_tls(bev)) {
+		attempt_end(a, OUT_CONNECT_FAILURE, false, "TLS handshake refused by the upstream "
+		            "(client certificate)");
 		return;
 	}
 	a->eof = true;
@@ -302,6 +324,163 @@ static void replace_conn(struct attempt *a)
 	start_fresh(a);
 }
 
+/* ---------------------------------------------------------------- HTTP/2 transport */
+
+/* Hand the owner the DATA it has room for; open the windows by what it took. After
+ * END_STREAM, the end is reported once the last byte went. */
+static void h2_trailers_now(struct attempt *a, const struct http_hdr *t, int n)
+{
+	log_debug("h2 upstream %s: %d trailer field(s)%s%.*s", a->ep->name, n, n ? ", first " : "",
+	          n ? (int)t[0].nlen : 0, n ? t[0].name : "");
+	if (a->cbs.on_trailers)
+		a->cbs.on_trailers(a->arg, a, t, n);
+}
+
+/* Keep trailers (copied) until the body bytes before them went to the owner. */
+static void h2_trailers_keep(struct attempt *a, const struct http_hdr *t, int n)
+{
+	size_t total = 1;
+	for (int i = 0; i < n; i++)
+		total += t[i].nlen + t[i].vlen;
+	free(a->tr);
+	free(a->trbuf);
+	a->tr = xcalloc((size_t)n + 1, sizeof(*a->tr));
+	a->trbuf = xmalloc(total);
+	char *p = a->trbuf;
+	for (int i = 0; i < n; i++) {
+		a->tr[i] = t[i];
+		memcpy(p, t[i].name, t[i].nlen);
+		a->tr[i].name = p;
+		p += t[i].nlen;
+		memcpy(p, t[i].value, t[i].vlen);
+		a->tr[i].value = p;
+		p += t[i].vlen;
+	}
+	a->ntr = n;
+}
+
+static void h2_deliver(struct attempt *a)
+{
+	while (!a->paused && a->state == A_BODY && evbuffer_get_length(a->decoded) > 0) {
+		size_t before = evbuffer_get_length(a->decoded);
+		a->cbs.on_body(a->arg, a, a->decoded);
+		if (a->freed || a->state == A_DONE)
+			return;
+		size_t took = before - evbuffer_get_length(a->decoded);
+		h2_stream_consume(a->h2s, took);
+		if (took == 0)
+			break;
+	}
+	if (a->tr && a->state == A_BODY && evbuffer_get_length(a->decoded) == 0) {
+		struct http_hdr *t = a->tr;
+		a->tr = NULL;
+		h2_trailers_now(a, t, a->ntr);
+		free(t);
+		free(a->trbuf);
+		a->trbuf = NULL;
+		if (a->freed || a->state == A_DONE)
+			return;
+	}
+	if (a->h2_complete && a->state == A_BODY && evbuffer_get_length(a->decoded) == 0) {
+		set_state(a, A_DONE);
+		evtimer_del(&a->timer);
+		a->cbs.on_end(a->arg, a, OUT_NONE, false, NULL);
+	}
+}
+
+static void h2_head_cb(void *arg, const struct http_head *h)
+{
+	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
+	if (a->state == A_DONE)
+		return;
+	if (h->status >= 200) {
+		set_state(a, A_BODY);
+		evtimer_del(&a->timer);
+	}
+	a->cbs.on_head(a->arg, a, h);
+}
+
+static void h2_data_cb(void *arg, const uint8_t *data, size_t len)
+{
+	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
+	if (a->state != A_BODY)
+		return;
+	evbuffer_add(a->decoded, data, len);
+	h2_deliver(a);
+}
+
+static void h2_trailers_cb(void *arg, const struct http_hdr *t, int n)
+{
+	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
+	if (a->state != A_BODY)
+		return;
+	if (evbuffer_get_length(a->decoded) > 0)
+		h2_trailers_keep(a, t, n);      /* after the body the owner has not taken yet */
+	else
+		h2_trailers_now(a, t, n);
+}
+
+static void h2_drain_cb(void *arg)
+{
+	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
+	if (a->streaming && !a->body_ended && a->state != A_DONE)
+		a->cbs.on_drain(a->arg, a);
+}
+
+static void h2_close_cb(void *arg, enum outcome out, bool bad, const char *detail)
+{
+	struct attempt *a = arg;
+	MAGIC_CHECK(a, ATTEMPT_MAGIC);
+	a->wrote_any = a->wrote_any || (a->h2s && h2_stream_sent(a->h2s)) ||
+	               out != OUT_CONNECT_FAILURE;
+	a->h2s = NULL;      /* gone: never touched again */
+	if (a->state == A_DONE)
+		return;
+	if (out == OUT_NONE && a->state == A_BODY) {
+		a->h2_complete = true;
+		h2_deliver(a);  /* or later, from attempt_resume */
+		return;
+	}
+	attempt_end(a, out == OUT_NONE ? OUT_RESET : out, bad && a->state == A_WAITING, detail);
+}
+
+static const struct h2_stream_cbs h2_callbacks = {
+	.on_head = h2_head_cb,
+	.on_data = h2_data_cb,
+	.on_trailers = h2_trailers_cb,
+	.on_drain = h2_drain_cb,
+	.on_close = h2_close_cb,
+};
+
+static void attempt_start_h2(struct attempt *a, const struct attempt_req *req)
+{
+	a->h2 = true;
+	set_state(a, A_WAITING);
+	struct h2_open o = {
+		.nv = req->nv,
+		.nvlen = req->nvlen,
+		.body = a->body,
+		.streaming = a->streaming,
+		.connect_timeout_us = a->connect_timeout_us,
+		.tls = a->tls,
+		.sni = a->sni[0] ? a->sni : NULL,
+		.verify = a->verify,
+	};
+	a->h2s = h2_stream_open(a->loop, a->ep, a->pe, &o, &h2_callbacks, a);
+	if (!a->h2s) {
+		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "cannot open an HTTP/2 connection");
+		return;
+	}
+	/* a stream cut before its HEADERS left is a connect-failure, whichever timer cut it */
+	arm_head_timer(a);
+	if (a->pending && evbuffer_get_length(a->pending) > 0)
+		h2_stream_send_body(a->h2s, a->pending);
+}
+
 struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,
                               const struct attempt_cbs *cbs, void *arg)
 {
@@ -336,8 +515,13 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 	if (a->head_timeout_us > 0 && a->head_timeout_us < t)
 		t = a->head_timeout_us;
 	struct timeval tv = clock_tv(t);
-	evtimer_add(&a->timer, &tv);
+	if (!req->h2)       /* an HTTP/2 connection keeps its own connect timer */
+		evtimer_add(&a->timer, &tv);
 
+	if (req->h2) {
+		attempt_start_h2(a, req);
+		return a;
+	}
 	struct upconn *c = req->fresh_conn ? NULL : pool_get(a->pe);
 	if (c) {
 		a->c = c;
@@ -363,7 +547,13 @@ void attempt_free(struct attempt *a)
 			pool_resolve_cancel(a->pe, &a->wt);
 		conn_detach(a, false);
 	}
+	h2_stream_cancel(a->h2s);   /* in flight: RST_STREAM CANCEL, its slot released */
+	a->h2s = NULL;
 	evtimer_del(&a->timer);
+	free(a->tr);
+	free(a->trbuf);
+	a->tr = NULL;
+	a->trbuf = NULL;
 	loop_buf_put(a->loop, a->head);
 	loop_buf_put(a->loop, a->pending);
 	loop_buf_put(a->loop, a->decoded);
@@ -374,8 +564,12 @@ void attempt_free(struct attempt *a)
 void attempt_send_body(struct attempt *a, struct evbuffer *data)
 {
 	size_t n = evbuffer_get_length(data);
-	if (a->state == A_DONE) {
+	if (a->state == A_DONE || (a->h2 && !a->h2s)) {
 		evbuffer_drain(data, n);
+		return;
+	}
+	if (a->h2) {
+		h2_stream_send_body(a->h2s, data);
 		return;
 	}
 	/* once a connection exists its output queues bytes until connected */
@@ -393,6 +587,11 @@ void attempt_send_body_end(struct attempt *a)
 	if (a->body_ended)
 		return;
 	a->body_ended = true;
+	if (a->h2) {
+		if (a->h2s)
+			h2_stream_body_end(a->h2s);
+		return;
+	}
 	if (a->state == A_DONE || !a->chunked)
 		return;
 	http_chunk_last(a->c ? stream_output(a->c->bev) : a->pending);
@@ -410,6 +609,10 @@ void attempt_resume(struct attempt *a)
 	if (!a->paused || a->state == A_DONE)
 		return;
 	a->paused = false;
+	if (a->h2) {
+		h2_deliver(a);
+		return;
+	}
 	if (a->c && a->c->bev) {
 		stream_enable(a->c->bev, EV_READ);
 		/* bytes (or an EOF) already buffered would get no new read event */
@@ -419,7 +622,7 @@ void attempt_resume(struct attempt *a)
 
 struct stream *attempt_take_bev(struct attempt *a)
 {
-	if (!a->c)
+	if (!a->c || a->h2)
 		return NULL;
 	struct upconn *c = a->c;
 	struct stream *bev = c->bev;

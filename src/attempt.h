@@ -5,14 +5,21 @@
  * writing), timeout (no head in time), or a status. It makes no retry decision: it reports
  * through the callbacks it was handed (DESIGN rule 7) and the exchange decides.
  *
+ * The transport is an HTTP/1.1 connection (pool.c, or a fresh one) or, with req->h2, a stream
+ * on a multiplexed HTTP/2 connection (h2_conn.c): REFUSED_STREAM, above-GOAWAY and never-sent
+ * streams are connect-failures there, other resets are resets.
+ *
  * The owner frees an attempt with attempt_free() at any time, including from inside one of
- * its callbacks; the connection is pooled only if the response completed cleanly.
+ * its callbacks (an HTTP/2 stream in flight is then reset with CANCEL); the connection is
+ * pooled only if the response completed cleanly.
  */
 #ifndef RG_ATTEMPT_H
 #define RG_ATTEMPT_H
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include <nghttp2/nghttp2.h>
 
 #include "retry.h"
 
@@ -52,6 +59,11 @@ struct attempt_req {
 	struct ssl_ctx_st *tls;         /* TLS to the upstream, or NULL */
 	const char *sni;                /* server name to send and, with verify, to check */
 	bool verify;
+	/* HTTP/2 upstream (protocol: h2): the request as a field list (copied when the attempt
+	 * starts) instead of HEAD, sent on a stream of a shared connection (h2_conn.c) */
+	bool h2;
+	const nghttp2_nv *nv;
+	size_t nvlen;
 };
 
 struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,

@@ -27,6 +27,8 @@
 #define CFG_MAX_ENDPOINTS 64
 
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
+enum cfg_log_format { LF_TEXT, LF_JSON };
+enum up_protocol { UP_HTTP1, UP_H2 };
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -72,6 +74,30 @@ struct cfg_idempotency {
 	char *store_password;       /* NULL: none (percent-decoded) */
 };
 
+/* SPEC §11: fault injection for gray tests. The kinds, in the order of
+ * cfg_fault_kind_words (config_schema.c) and of faults.h's names. */
+enum fault_kind { FAULT_CONNECT_FAILURE, FAULT_ABORT, FAULT_DELAY, FAULT_LOST_RESPONSE, FAULT_NKINDS };
+
+struct cfg_fault_rule {
+	int kind;                   /* enum fault_kind */
+	double percent;             /* 0..100, fractions allowed */
+	char **methods;             /* []: every method */
+	int nmethods;
+	char *path_prefix;          /* "/" */
+	int status;                 /* abort: 503 */
+	char *retry_after;          /* abort: "" = no Retry-After */
+	int64_t delay_us;           /* delay: 1s */
+};
+
+struct cfg_faults {
+	bool enabled;               /* false: at start; POST /faults switches it at runtime */
+	struct cfg_fault_rule *rules;
+	int nrules;
+	int64_t stop_after_us;      /* 10m; 0: off */
+	double stop_min_success_rate;   /* 0.9; 0: off */
+	double stop_max_amplification;  /* 2.0; 0: off */
+};
+
 struct cfg_upstream {
 	char *name;
 	char **endpoints;           /* "host:port" as written; names resolved asynchronously */
@@ -80,13 +106,16 @@ struct cfg_upstream {
 	char *tls_sni;              /* NULL: none */
 	char *tls_ca;               /* NULL: system default store */
 	bool tls_verify;            /* true */
+	char *tls_cert, *tls_key;   /* NULL: no client certificate; else both (mTLS) */
 	char *host_rewrite;         /* "" : send the client's Host */
+	enum up_protocol protocol;  /* http1; h2: HTTP/2 (prior knowledge, or ALPN h2 with tls) */
 	int64_t connect_timeout_us; /* 250ms */
 	struct cfg_deadline deadline;
 	struct cfg_retry retry;
 	int max_in_flight;          /* 256 */
 	int max_retries_in_flight;  /* 32 (effective: min with max_in_flight) */
 	struct cfg_idempotency idem;
+	struct cfg_faults faults;
 	int line, col;              /* where it was defined, for messages */
 };
 
@@ -112,10 +141,23 @@ struct cfg_listener {
 	char *listen;               /* "host:port" */
 	bool tls;
 	char *tls_cert, *tls_key;
+	char *tls_client_ca;        /* NULL: no client certificates asked for; else verified (mTLS) */
+	bool tls_require_client_cert; /* true: a client without a valid one fails the handshake */
 	bool http2;                 /* true: HTTP/2 by prior knowledge, or ALPN h2 with TLS */
 	struct cfg_limits limits;
 	struct cfg_route *routes;
 	int nroutes;
+};
+
+/* SPEC §12: the queue of unknown outcomes */
+struct cfg_reconcile {
+	int64_t keep;               /* 1000 records in memory, oldest dropped */
+	char *redis;                /* "": none; else "redis://[user:password@]host[:port][/db]" */
+	char *stream;               /* "retrygate:unknown" */
+	/* reconcile.redis decoded at load (host NULL when "") */
+	char *redis_host;
+	int redis_port, redis_db;
+	char *redis_user, *redis_password;
 };
 
 struct config {
@@ -126,6 +168,8 @@ struct config {
 	int workers;                /* 1..CFG_MAX_WORKERS; "auto": the CPU count, capped there */
 	int64_t drain_timeout_us;   /* 15s */
 	char *access_log;           /* "off" | "stdout" | path */
+	enum cfg_log_format log_format; /* text: stderr event lines as text; json: one object each */
+	struct cfg_reconcile reconcile;
 	struct cfg_listener *listeners;
 	int nlisteners;
 	struct cfg_upstream *upstreams;

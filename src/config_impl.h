@@ -178,6 +178,8 @@ void key_error(struct load *ld, const struct node *map, const char *key, const c
 extern const struct block cfg_root_block;
 /* retry.on words, in the order of their RETRY_ON_* bits */
 extern const char *const cfg_retry_on_words[];
+/* faults.rules.kind words, in enum fault_kind order */
+extern const char *const cfg_fault_kind_words[];
 
 /* idempotency.store split into its parts (nothing allocated) */
 struct store_url {
@@ -189,7 +191,23 @@ struct store_url {
 };
 
 /* "memory" | "redis://[user:password@]host[:port][/db]": true and *U filled when S is one. */
+/* config_values.c: checks of single values, named by the schema tables */
+const char *check_nonempty(char *s, char *buf, size_t cap);
+const char *check_visible(char *s, char *buf, size_t cap);
+const char *check_name(char *s, char *buf, size_t cap);
+const char *check_token(char *s, char *buf, size_t cap);
+const char *check_listen(char *s, char *buf, size_t cap);
+const char *check_admin_listen(char *s, char *buf, size_t cap);
+const char *check_endpoint(char *s, char *buf, size_t cap);
+const char *check_host(char *s, char *buf, size_t cap);
+const char *check_path_prefix(char *s, char *buf, size_t cap);
+const char *check_sni(char *s, char *buf, size_t cap);
+const char *check_store(char *s, char *buf, size_t cap);
+bool listen_parse(const char *s, int *family, unsigned char addr[16], int *port);
 bool store_split(const char *s, struct store_url *u);
+/* A redis:// URL's parts, decoded (user and password percent-decoded, taken); false if none. */
+bool redis_url_decode(const char *url, char **host, int *port, int *db, char **user,
+                             char **pass);
 
 /* ------------------------------------------------------------------ files (config_files.c) */
 

@@ -92,7 +92,7 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 
 	fprintf(out, "upstream %s: %d endpoint%s (%s%s)%s\n", u->name, u->nendpoints,
 	        u->nendpoints == 1 ? "" : "s", u->endpoints[0], u->nendpoints > 1 ? ", ..." : "",
-	        u->tls ? ", tls" : "");
+	        !u->tls ? "" : u->tls_cert ? ", tls with a client certificate" : ", tls");
 	if (!retries) {
 		fprintf(out, "  attempts       1 per request (%s)\n",
 		        r->enabled ? "max_attempts: 1" : "retries disabled");
@@ -176,6 +176,25 @@ static bool route_covers(const struct cfg_route *a, const struct cfg_route *b)
 	return false;
 }
 
+/* SPEC §11: a gray test changes one condition at a time, and always has a way to stop. */
+static void report_fault_warnings(FILE *out, const struct cfg_upstream *u)
+{
+	const struct cfg_faults *f = &u->faults;
+	if (f->nrules == 0)
+		return;
+	if (f->nrules > 1)
+		fprintf(out, "warning: upstreams.%s.faults.rules: %d rules change several conditions at "
+		        "once; one rule per experiment tells which one the retries handled\n", u->name,
+		        f->nrules);
+	static const char *const what[] = { "after", "min_success_rate", "max_amplification" };
+	const bool off[] = { f->stop_after_us == 0, f->stop_min_success_rate == 0,
+	                     f->stop_max_amplification == 0 };
+	for (int i = 0; i < 3; i++)
+		if (off[i])
+			fprintf(out, "warning: upstreams.%s.faults.stop.%s: 0 turns this stop condition off; "
+			        "the experiment will not end by itself on it\n", u->name, what[i]);
+}
+
 static void report_warnings(FILE *out, const struct config *c)
 {
 	char a[32], b[32];
@@ -207,6 +226,7 @@ static void report_warnings(FILE *out, const struct config *c)
 			fprintf(out, "warning: upstreams.%s.retry.per_try_timeout: %s is above deadline.max "
 			        "%s; the deadline always cuts it\n", n, dur(r->per_try_timeout_us, a),
 			        dur(u->deadline.max_us, b));
+		report_fault_warnings(out, u);
 		if (!r->enabled || r->max_attempts < 2)
 			continue;
 		if (r->non_idempotent == NI_ALWAYS)
@@ -246,10 +266,13 @@ void config_report(const struct config *c, FILE *out)
 	        dur(c->drain_timeout_us, a));
 	for (int i = 0; i < c->nlisteners; i++) {
 		const struct cfg_listener *l = &c->listeners[i];
+		const char *tls = !l->tls ? "" : !l->tls_client_ca ? " (tls)" :
+		                  l->tls_require_client_cert ? " (tls, client certificates required)" :
+		                  " (tls, client certificates verified when offered)";
 		if (strcmp(l->name, l->listen))
-			fprintf(out, "listener %s on %s%s\n", l->name, l->listen, l->tls ? " (tls)" : "");
+			fprintf(out, "listener %s on %s%s\n", l->name, l->listen, tls);
 		else
-			fprintf(out, "listener %s%s\n", l->listen, l->tls ? " (tls)" : "");
+			fprintf(out, "listener %s%s\n", l->listen, tls);
 		for (int k = 0; k < l->nroutes; k++)
 			fprintf(out, "  route          host %s, path %s -> %s\n",
 			        l->routes[k].host ? l->routes[k].host : "any", l->routes[k].path_prefix,

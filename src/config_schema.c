@@ -1,7 +1,7 @@
 /*
  * config_schema: every key of SPEC §2 in one table per mapping level (name, type, field,
- * default as YAML text, range), the string checks of single values and the `check` of each
- * level for rules across keys. Adding a key is one line in a table here, its field in
+ * default as YAML text, range) and the `check` of each level for rules across keys; the
+ * checks of single string values are config_values.c's. Adding a key is one line in a table here, its field in
  * config.h and its line in conf/retrygate.yaml (a unit test enforces the documentation).
  *
  * Invariants of a config that config_load() returned (consumers rely on them):
@@ -30,305 +30,6 @@
 #include <unistd.h>
 
 #define DUR_MAX         (8760LL * 3600 * 1000000)     /* 365 days */
-
-/* ------------------------------------------------------------------ string checks */
-
-static bool char_is_tchar(int c)
-{
-	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-	       (c && strchr("!#$%&'*+-.^_`|~", c));
-}
-
-static bool str_is_visible(const char *s)
-{
-	for (; *s; s++)
-		if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
-			return false;
-	return true;
-}
-
-/* DNS-ish: dot-separated labels of letters, digits, '-' and '_', 1-63 each, 253 in all.
- * Also accepts dotted IPv4. */
-static bool hostname_ok(const char *h)
-{
-	size_t label = 0, n = strlen(h);
-
-	if (n == 0 || n > 253)
-		return false;
-	for (; *h; h++) {
-		char c = *h;
-		if (c == '.') {
-			if (label == 0)
-				return false;
-			label = 0;
-		} else if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-		           c == '-' || c == '_') {
-			if (++label > 63)
-				return false;
-		} else
-			return false;
-	}
-	return label > 0;
-}
-
-static const char *check_nonempty(char *s, char *buf, size_t cap)
-{
-	return *s ? NULL : "empty (expected a file path)";
-}
-
-static const char *check_visible(char *s, char *buf, size_t cap)
-{
-	return str_is_visible(s) ? NULL : "contains a space or a non-printable character "
-	                                  "(expected printable ASCII)";
-}
-
-static const char *check_name(char *s, char *buf, size_t cap)
-{
-	char q[80];
-	size_t n = strlen(s);
-
-	for (const char *p = s; *p; p++)
-		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-		      strchr("-_.:", *p))) {
-			snprintf(buf, cap, "bad name %s (expected letters, digits, '-', '_', '.' or ':')",
-			         cfg_quote(s, q, sizeof q));
-			return buf;
-		}
-	if (n == 0 || n > 128)
-		return "bad name length (expected 1 to 128 characters)";
-	return NULL;
-}
-
-static const char *check_token(char *s, char *buf, size_t cap)
-{
-	char q[80];
-
-	for (const char *p = s; *p; p++)
-		if (!char_is_tchar((unsigned char)*p))
-			goto bad;
-	if (*s)
-		return NULL;
-bad:
-	snprintf(buf, cap, "%s is not an HTTP token (expected a name such as POST or Idempotency-Key)",
-	         cfg_quote(s, q, sizeof q));
-	return buf;
-}
-
-/* a literal IP and a port, as a listener binds it: names are not resolved here */
-static bool listen_parse(const char *s, int *family, unsigned char addr[16], int *port)
-{
-	char host[HOST_MAX];
-
-	if (split_host_port(s, host, sizeof host, port) < 0)
-		return false;
-	memset(addr, 0, 16);
-	if (s[0] == '[') {
-		*family = AF_INET6;
-		return inet_pton(AF_INET6, host, addr) == 1;
-	}
-	*family = AF_INET;
-	return inet_pton(AF_INET, host, addr) == 1;
-}
-
-static const char *check_listen(char *s, char *buf, size_t cap)
-{
-	unsigned char addr[16];
-	int family, port;
-	char q[80];
-
-	if (listen_parse(s, &family, addr, &port))
-		return NULL;
-	snprintf(buf, cap, "bad address %s (expected IP:port such as 127.0.0.1:15001 or [::1]:15001)",
-	         cfg_quote(s, q, sizeof q));
-	return buf;
-}
-
-/* admin.listen: "" turns the admin listener off */
-static const char *check_admin_listen(char *s, char *buf, size_t cap)
-{
-	return *s ? check_listen(s, buf, cap) : NULL;
-}
-
-static const char *check_endpoint(char *s, char *buf, size_t cap)
-{
-	char host[HOST_MAX], q[80];
-	int port;
-
-	if (split_host_port(s, host, sizeof host, &port) == 0 && (s[0] == '[' || hostname_ok(host)))
-		return NULL;
-	snprintf(buf, cap, "bad endpoint %s (expected host:port with port 1-65535, IPv6 in brackets)",
-	         cfg_quote(s, q, sizeof q));
-	return buf;
-}
-
-/* Route host pattern: lower-cased in place; "*" alone means any host. */
-static const char *check_host(char *s, char *buf, size_t cap)
-{
-	static const char expect[] = "(expected a name like payments or *.example.com)";
-	unsigned char addr[16];
-	char q[80], *p = s;
-
-	if (!strcmp(s, "*"))
-		return NULL;
-	for (; *p; p++)
-		if (*p >= 'A' && *p <= 'Z')
-			*p = (char)(*p - 'A' + 'a');
-	if (s[0] == '[') {
-		size_t n = strlen(s);
-		char v6[HOST_MAX];
-		if (n > 2 && n < sizeof v6 && s[n - 1] == ']') {
-			memcpy(v6, s + 1, n - 2);
-			v6[n - 2] = '\0';
-			if (inet_pton(AF_INET6, v6, addr) == 1)
-				return NULL;
-		}
-		snprintf(buf, cap, "bad IPv6 host %s %s", cfg_quote(s, q, sizeof q), expect);
-		return buf;
-	}
-	p = !strncmp(s, "*.", 2) ? s + 2 : s;
-	if (strchr(p, '*'))
-		snprintf(buf, cap, "host %s: a wildcard is only allowed as the whole first label %s",
-		         cfg_quote(s, q, sizeof q), expect);
-	else if (strchr(p, ':'))
-		snprintf(buf, cap, "host %s must not include a port %s", cfg_quote(s, q, sizeof q), expect);
-	else if (!hostname_ok(p))
-		snprintf(buf, cap, "bad host %s %s", cfg_quote(s, q, sizeof q), expect);
-	else
-		return NULL;
-	return buf;
-}
-
-static const char *check_path_prefix(char *s, char *buf, size_t cap)
-{
-	char q[80];
-
-	if (s[0] == '/' && str_is_visible(s) && !strchr(s, '#'))
-		return NULL;
-	snprintf(buf, cap, "bad path prefix %s (expected a path starting with \"/\", printable, "
-	         "without spaces or '#')", cfg_quote(s, q, sizeof q));
-	return buf;
-}
-
-static const char *check_sni(char *s, char *buf, size_t cap)
-{
-	char q[80];
-
-	if (hostname_ok(s))
-		return NULL;
-	snprintf(buf, cap, "bad server name %s (expected a DNS name)", cfg_quote(s, q, sizeof q));
-	return buf;
-}
-
-/* ------------------------------------------------------------------ the idempotency store URL */
-
-/* Decodes %XX escapes of N bytes at S into a new string; NULL when an escape is malformed. */
-static char *percent_decode(const char *s, size_t n)
-{
-	char *out = xmalloc(n + 1), *o = out;
-
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] != '%') {
-			*o++ = s[i];
-			continue;
-		}
-		unsigned v = 0;
-		for (int k = 1; k <= 2; k++) {
-			char c = i + (size_t)k < n ? s[i + (size_t)k] : 0;
-			int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 :
-			        (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
-			if (d < 0) {
-				free(out);
-				return NULL;
-			}
-			v = v * 16 + (unsigned)d;
-		}
-		if (v == 0) {
-			free(out);
-			return NULL;
-		}
-		*o++ = (char)v;
-		i += 2;
-	}
-	*o = '\0';
-	return out;
-}
-
-bool store_split(const char *s, struct store_url *u)
-{
-	const char *rest, *at, *hp, *slash, *colon;
-	size_t hplen;
-
-	memset(u, 0, sizeof *u);
-	if (!strcmp(s, "memory"))
-		return true;
-	if (strncmp(s, "redis://", 8) != 0)
-		return false;
-	u->redis = true;
-	u->port = 6379;
-	rest = s + 8;
-	at = strrchr(rest, '@');
-	hp = rest;
-	if (at) {
-		colon = memchr(rest, ':', (size_t)(at - rest));
-		if (!colon || colon + 1 == at)
-			return false;   /* userinfo must be user:password or :password */
-		u->user = rest;
-		u->user_len = (size_t)(colon - rest);
-		u->pass = colon + 1;
-		u->pass_len = (size_t)(at - colon - 1);
-		for (int k = 0; k < 2; k++) {
-			char *d = k ? percent_decode(u->pass, u->pass_len) :
-			              percent_decode(u->user, u->user_len);
-			if (!d)
-				return false;
-			free(d);
-		}
-		hp = at + 1;
-	}
-	slash = strchr(hp, '/');
-	hplen = slash ? (size_t)(slash - hp) : strlen(hp);
-	if (slash) {
-		const char *d = slash + 1;
-		long db = 0;
-		if (!*d || strlen(d) > 6)
-			return false;
-		for (; *d; d++) {
-			if (*d < '0' || *d > '9')
-				return false;
-			db = db * 10 + (*d - '0');
-		}
-		u->db = (int)db;
-	}
-	if (hplen == 0 || hplen >= sizeof u->host)
-		return false;
-	if (memchr(hp, ':', hplen) || hp[0] == '[') {
-		char tmp[HOST_MAX];
-		memcpy(tmp, hp, hplen);
-		tmp[hplen] = '\0';
-		if (split_host_port(tmp, u->host, sizeof u->host, &u->port) < 0)
-			return false;
-		return hp[0] == '[' || hostname_ok(u->host);
-	}
-	memcpy(u->host, hp, hplen);
-	u->host[hplen] = '\0';
-	return hostname_ok(u->host);
-}
-
-static const char *check_store(char *s, char *buf, size_t cap)
-{
-	struct store_url u;
-	char q[80];
-
-	if (store_split(s, &u))
-		return NULL;
-	/* the URL may hold a password: do not echo it */
-	if (!strncmp(s, "redis://", 8))
-		snprintf(buf, cap, "bad redis URL (expected redis://[user:password@]host:port[/db])");
-	else
-		snprintf(buf, cap, "unknown store %s (expected \"memory\" or "
-		         "\"redis://[user:password@]host:port[/db]\")", cfg_quote(s, q, sizeof q));
-	return buf;
-}
 
 /* ------------------------------------------------------------------ custom keys */
 
@@ -467,20 +168,14 @@ static void limits_check(struct load *ld, void *base, const struct node *map)
 	l->max_uri_bytes = l->max_header_bytes;
 }
 
+
 static void idempotency_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_idempotency *id = base;
-	struct store_url u;
 
-	if (!key_ok(ld, "store") || !id->store || !store_split(id->store, &u) || !u.redis)
-		return;
-	id->store_host = xstrdup(u.host);
-	id->store_port = u.port;
-	id->store_db = u.db;
-	if (u.user) {
-		id->store_user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
-		id->store_password = percent_decode(u.pass, u.pass_len);
-	}
+	if (key_ok(ld, "store"))
+		redis_url_decode(id->store, &id->store_host, &id->store_port, &id->store_db,
+		                 &id->store_user, &id->store_password);
 }
 
 static void idempotency_release(void *base)
@@ -489,6 +184,64 @@ static void idempotency_release(void *base)
 	free(id->store_host);
 	free(id->store_user);
 	free(id->store_password);
+}
+
+/* abort's Retry-After: "" (none) or delta-seconds */
+static const char *check_delta_seconds(char *s, char *buf, size_t cap)
+{
+	char q[80];
+	size_t n = strlen(s);
+
+	if (n <= 9 && strspn(s, "0123456789") == n)
+		return NULL;
+	snprintf(buf, cap, "bad Retry-After %s (expected whole seconds such as \"2\", or \"\")",
+	         cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* "" (no Redis) or a redis URL, whose password is never echoed */
+static const char *check_reconcile_redis(char *s, char *buf, size_t cap)
+{
+	struct store_url u;
+
+	if (!*s || (store_split(s, &u) && u.redis))
+		return NULL;
+	snprintf(buf, cap, "bad redis URL (expected \"\" or redis://[user:password@]host:port[/db])");
+	return buf;
+}
+
+static void reconcile_check(struct load *ld, void *base, const struct node *map)
+{
+	struct cfg_reconcile *r = base;
+
+	if (key_ok(ld, "redis"))
+		redis_url_decode(r->redis, &r->redis_host, &r->redis_port, &r->redis_db,
+		                 &r->redis_user, &r->redis_password);
+}
+
+static void reconcile_release(void *base)
+{
+	struct cfg_reconcile *r = base;
+	free(r->redis_host);
+	free(r->redis_user);
+	free(r->redis_password);
+}
+
+/* A rule's kind-specific keys belong to their kind: status and retry_after to abort, delay to
+ * delay (a key that would do nothing is a mistake worth saying). */
+static void fault_rule_check(struct load *ld, void *base, const struct node *map)
+{
+	const struct cfg_fault_rule *r = base;
+	static const struct { const char *key; int kind; } own[] = {
+		{ "status", FAULT_ABORT }, { "retry_after", FAULT_ABORT }, { "delay", FAULT_DELAY },
+	};
+
+	if (!key_ok(ld, "kind"))
+		return;
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+		if (node_find(map, own[i].key) && r->kind != own[i].kind)
+			key_error(ld, map, own[i].key, "%s applies to kind %s only", own[i].key,
+			          cfg_fault_kind_words[own[i].kind]);
 }
 
 static void upstream_check(struct load *ld, void *base, const struct node *map)
@@ -544,6 +297,13 @@ static void upstream_tls_check(struct load *ld, void *base, const struct node *m
 {
 	const struct cfg_upstream *u = base;
 	files_check_pem(ld, map, "ca", u->tls_ca, PEM_CA);
+	/* a client certificate is its key's pair: one without the other cannot be presented */
+	if (!u->tls_cert != !u->tls_key)
+		key_error(ld, map, u->tls_cert ? "cert" : "key", "%s needs %s beside it (expected both "
+		          "cert and key for a client certificate, or neither)", u->tls_cert ? "cert" : "key",
+		          u->tls_cert ? "key" : "cert");
+	files_check_pem(ld, map, "cert", u->tls_cert, PEM_CERT);
+	files_check_pem(ld, map, "key", u->tls_key, PEM_KEY);
 }
 
 static void listener_tls_check(struct load *ld, void *base, const struct node *map)
@@ -551,6 +311,10 @@ static void listener_tls_check(struct load *ld, void *base, const struct node *m
 	const struct cfg_listener *l = base;
 	files_check_pem(ld, map, "cert", l->tls_cert, PEM_CERT);
 	files_check_pem(ld, map, "key", l->tls_key, PEM_KEY);
+	files_check_pem(ld, map, "client_ca", l->tls_client_ca, PEM_CA);
+	if (!l->tls_client_ca && node_find(map, "require_client_cert"))
+		key_error(ld, map, "require_client_cert", "require_client_cert needs client_ca (expected "
+		          "client_ca: the CA file that signs the client certificates)");
 }
 
 struct bound {
@@ -656,6 +420,10 @@ static void root_check(struct load *ld, void *base, const struct node *map)
 #define WAIT    .min = 0, .max = DUR_MAX
 
 static const char *const non_idempotent_words[] = { "require-key", "never", "always", NULL };
+static const char *const log_format_words[] = { "text", "json", NULL };
+const char *const cfg_fault_kind_words[] = { "connect-failure", "abort", "delay", "lost-response",
+                                             NULL };
+static const char *const protocol_words[] = { "http1", "h2", NULL };
 
 static const struct key backoff_keys[] = {
 	{ "base", K_DUR, OFF(cfg_retry, backoff_base_us), .def = "25ms", WAIT },
@@ -737,10 +505,51 @@ static const struct key idempotency_keys[] = {
 static const struct block idempotency_block = { .keys = idempotency_keys, .check = idempotency_check,
                                                 .release = idempotency_release };
 
+static const struct key fault_rule_keys[] = {
+	{ "kind", K_ENUM, OFF(cfg_fault_rule, kind), .flags = KF_REQUIRED,
+	  .names = cfg_fault_kind_words },
+	{ "percent", K_NUM, OFF(cfg_fault_rule, percent), .flags = KF_REQUIRED, .min = 0, .max = 100 },
+	{ "methods", K_STRS, OFF(cfg_fault_rule, methods), OFF(cfg_fault_rule, nmethods), .def = "[]",
+	  .check = check_token, .expect = "a method such as POST" },
+	{ "path_prefix", K_STR, OFF(cfg_fault_rule, path_prefix), .def = "/",
+	  .check = check_path_prefix, .expect = "a path" },
+	{ "status", K_INT, OFF(cfg_fault_rule, status), .def = "503", .min = 200, .max = 599 },
+	{ "retry_after", K_STR, OFF(cfg_fault_rule, retry_after), .def = "",
+	  .check = check_delta_seconds, .expect = "whole seconds such as \"2\"" },
+	{ "delay", K_DUR, OFF(cfg_fault_rule, delay_us), .def = "1s", TIMEOUT },
+	{ .name = NULL },
+};
+static const struct block fault_rule_block = { .keys = fault_rule_keys,
+                                               .size = sizeof(struct cfg_fault_rule),
+                                               .check = fault_rule_check };
+
+static const struct key fault_stop_keys[] = {
+	{ "after", K_DUR, OFF(cfg_faults, stop_after_us), .def = "10m", WAIT },
+	{ "min_success_rate", K_NUM, OFF(cfg_faults, stop_min_success_rate), .def = "0.9", .min = 0,
+	  .max = 1 },
+	{ "max_amplification", K_NUM, OFF(cfg_faults, stop_max_amplification), .def = "2.0",
+	  .min = 0, .max = 100 },
+	{ .name = NULL },
+};
+static const struct block fault_stop_block = { .keys = fault_stop_keys };
+
+static const struct key faults_keys[] = {
+	{ "enabled", K_BOOL, OFF(cfg_faults, enabled), .def = "false" },
+	{ "rules", K_LIST, OFF(cfg_faults, rules), OFF(cfg_faults, nrules), .sub = &fault_rule_block,
+	  .expect = "a sequence of rules" },
+	{ "stop", K_BLOCK, 0, .sub = &fault_stop_block },
+	{ .name = NULL },
+};
+static const struct block faults_block = { .keys = faults_keys };
+
 static const struct key upstream_tls_keys[] = {
 	{ "sni", K_STR, OFF(cfg_upstream, tls_sni), .check = check_sni, .expect = "a DNS name" },
 	{ "ca", K_STR, OFF(cfg_upstream, tls_ca), .check = check_nonempty, .expect = "a file path" },
 	{ "verify", K_BOOL, OFF(cfg_upstream, tls_verify), .def = "true" },
+	{ "cert", K_STR, OFF(cfg_upstream, tls_cert), .check = check_nonempty,
+	  .expect = "a PEM client certificate file" },
+	{ "key", K_STR, OFF(cfg_upstream, tls_key), .check = check_nonempty,
+	  .expect = "a PEM private key file" },
 	{ .name = NULL },
 };
 static const struct block upstream_tls_block = { .keys = upstream_tls_keys,
@@ -753,11 +562,13 @@ static const struct key upstream_keys[] = {
 	{ "tls", K_BLOCK, 0, OFF(cfg_upstream, tls), .flags = KF_GIVEN, .sub = &upstream_tls_block },
 	{ "host_rewrite", K_STR, OFF(cfg_upstream, host_rewrite), .def = "", .check = check_visible,
 	  .expect = "a Host header value" },
+	{ "protocol", K_ENUM, OFF(cfg_upstream, protocol), .def = "http1", .names = protocol_words },
 	{ "connect_timeout", K_DUR, OFF(cfg_upstream, connect_timeout_us), .def = "250ms", TIMEOUT },
 	{ "deadline", K_BLOCK, OFF(cfg_upstream, deadline), .sub = &deadline_block },
 	{ "retry", K_BLOCK, OFF(cfg_upstream, retry), .sub = &retry_block },
 	{ "concurrency", K_BLOCK, 0, .sub = &concurrency_block },
 	{ "idempotency", K_BLOCK, OFF(cfg_upstream, idem), .sub = &idempotency_block },
+	{ "faults", K_BLOCK, OFF(cfg_upstream, faults), .sub = &faults_block },
 	{ .name = NULL },
 };
 static const struct block upstream_block = { .keys = upstream_keys,
@@ -786,6 +597,9 @@ static const struct key listener_tls_keys[] = {
 	  .expect = "a PEM certificate file" },
 	{ "key", K_STR, OFF(cfg_listener, tls_key), .flags = KF_REQUIRED | KF_NONEMPTY,
 	  .expect = "a PEM private key file" },
+	{ "client_ca", K_STR, OFF(cfg_listener, tls_client_ca), .check = check_nonempty,
+	  .expect = "a PEM CA file" },
+	{ "require_client_cert", K_BOOL, OFF(cfg_listener, tls_require_client_cert), .def = "true" },
 	{ .name = NULL },
 };
 static const struct block listener_tls_block = { .keys = listener_tls_keys,
@@ -826,6 +640,17 @@ static const struct key admin_keys[] = {
 };
 static const struct block admin_block = { .keys = admin_keys };
 
+static const struct key reconcile_keys[] = {
+	{ "keep", K_I64, OFF(cfg_reconcile, keep), .def = "1000", .min = 1, .max = 1000000 },
+	{ "redis", K_STR, OFF(cfg_reconcile, redis), .def = "", .check = check_reconcile_redis,
+	  .emit = emit_store, .expect = "\"\" or redis://host:port/db" },
+	{ "stream", K_STR, OFF(cfg_reconcile, stream), .def = "retrygate:unknown",
+	  .flags = KF_NONEMPTY, .check = check_visible, .expect = "a Redis key" },
+	{ .name = NULL },
+};
+static const struct block reconcile_block = { .keys = reconcile_keys, .check = reconcile_check,
+                                              .release = reconcile_release };
+
 static const struct key root_keys[] = {
 	{ "admin", K_BLOCK, 0, .sub = &admin_block },
 	{ "workers", K_CUSTOM, OFF(config, workers), .def = "1", .min = 1, .max = CFG_MAX_WORKERS,
@@ -833,6 +658,8 @@ static const struct key root_keys[] = {
 	{ "drain_timeout", K_DUR, OFF(config, drain_timeout_us), .def = "15s", WAIT },
 	{ "access_log", K_STR, OFF(config, access_log), .def = "off", .flags = KF_NONEMPTY,
 	  .expect = "off, stdout or a file path" },
+	{ "log_format", K_ENUM, OFF(config, log_format), .def = "text", .names = log_format_words },
+	{ "reconcile", K_BLOCK, OFF(config, reconcile), .sub = &reconcile_block },
 	{ "listeners", K_LIST, OFF(config, listeners), OFF(config, nlisteners),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .sub = &listener_block,
 	  .expect = "at least one listener with a route" },

@@ -1,15 +1,17 @@
 /*
  * exchange: one request, its attempts, and the retry loop between them (see exchange.h).
  *
- *   X_WAIT_BODY --body end--> (X_CLAIM) --> X_ATTEMPT --head/failure--> decide() --retry--> X_BACKOFF
+ *   X_WAIT_BODY --body end--> (X_CLAIM) --> X_ATTEMPT --head/failure--> ex_decide() --retry--> X_BACKOFF
  *        |                                     ^                          |                    |
  *        +--(streamed body)--------------------+                          +--relay--> X_RELAY  |
  *                                               +-------------backoff timer--------------------+
- *   and from anywhere: X_DONE (finish(): the responder's end() reported once).
+ *   and from anywhere: X_DONE (ex_finish(): the responder's end() reported once).
  *
- * The exchange holds the state machine only: the decision is retry_decide(), the upstream
- * request is forward_h1_head(), every response it makes is respond.c's, the client's wire
- * format is the responder's, the idempotency claim is an idem_job.
+ * This file holds the state machine only: the decision is retry_decide(), the upstream
+ * request is forward_h1_head() or, to an HTTP/2 upstream, forward_h2_headers(), every response
+ * it makes is respond.c's, the client's wire format is the responder's, the idempotency claim
+ * is an idem_job; how the exchange ends and what reaches the client is exchange_reply.c,
+ * SPEC §11 faults are exchange_fault.c.
  *
  * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
  * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the
@@ -32,11 +34,14 @@
 #include "config.h"
 #include "deadline.h"
 #include "exchange.h"
+#include "exchange_impl.h"
+#include "faults.h"
 #include "forward.h"
 #include "http.h"
 #include "idem_job.h"
 #include "log.h"
 #include "loop.h"
+#include "reconcile.h"
 #include "reqbody.h"
 #include "respond.h"
 #include "retry.h"
@@ -46,249 +51,16 @@
 #include "upstream.h"
 #include "util.h"
 
-#define EXCHANGE_MAGIC 0xe8c4a46eu
-#define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
-
-enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
-
-struct exchange {
-	uint32_t magic;
-	enum xstate state;
-	struct loop *loop;
-	struct runtime *rt;
-	struct cfg_listener *l;
-	struct client_info ci;
-	char peer_ip[64];
-	const struct http_head *req;
-	struct responder rsp;
-
-	struct cfg_upstream *up;
-	struct upstream_binding *ub;
-	struct upstream_state *st;
-	struct ustats *us;
-
-	int64_t t0_us, deadline_us, given_us;
-	bool dl_present[DL_NKINDS];
-	bool req_nested, has_key, enforce_idem;
-	enum method_class mclass;
-
-	struct reqbody rb;              /* the request body: buffered for replay, or streamed */
-
-	struct attempt *att;            /* the attempt waiting for its head */
-	struct attempt *relay;          /* the attempt whose response goes to the client */
-	struct ep_state *att_ep;
-	bool slot_in_flight, slot_retry;
-	struct ep_state *next_ep;
-	int attempts;
-	uint64_t tried;
-	enum outcome last_out;
-	bool last_bad;
-	struct saved_response saved;  /* the last retried response, in case no later one comes */
-	enum refusal refused;
-
-	struct event deadline_ev, backoff_ev;   /* embedded: no allocation per request */
-	bool head_sent, close_after;
-	int resp_status;
-	char reqid[FORWARD_ID_MAX];     /* the client's X-Request-Id (truncated), else ours */
-	struct access_rec log;
-
-	struct idem_job *idem;          /* SPEC §6 enforcement at this hop, or NULL */
-	int last_att_status;            /* the last attempt's response status, 0: none */
-	bool reached;                   /* some attempt may have reached the upstream */
-	bool resp_complete;             /* a relayed response went out whole */
-};
-
-static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
 static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry);
-static void deliver_last(struct exchange *ex);
 static void exchange_go(struct exchange *ex);
 
 static const struct attempt_cbs attempt_callbacks;
 
-/* The one writer of ex's state (DESIGN rule 2). */
-static void set_state(struct exchange *ex, enum xstate st)
+/* The one writer of the state (DESIGN rule 2). */
+void ex_set_state(struct exchange *ex, enum xstate st)
 {
-#ifdef RG_CHECK_MAGIC
-	if (ex->state == X_DONE && st != X_DONE)
-		magic_fail(__FILE__, __LINE__, "X_DONE is terminal");
-#endif
+	STATE_TERMINAL_CHECK(ex, st, X_DONE);
 	ex->state = st;
-}
-
-/* ------------------------------------------------------------------ helpers */
-
-static void release_slots(struct exchange *ex)
-{
-	if (ex->slot_in_flight) {
-		upstream_release_in_flight(ex->st);
-		ex->slot_in_flight = false;
-	}
-	if (ex->slot_retry) {
-		upstream_release_retry_slot(ex->st);
-		ex->slot_retry = false;
-	}
-}
-
-/* The one close rule of the exchange: the connection cannot carry another request when the
- * request body was not read whole — unless it is still streaming to the upstream whose
- * response this is (OURS: retrygate answers itself, so nothing will read the rest). */
-static bool body_left_unread(const struct exchange *ex, bool ours)
-{
-	return reqbody_left_unread(&ex->rb, ours);
-}
-
-static const char *own_refusal(const struct exchange *ex)
-{
-	return ex->refused != RR_NONE && ex->refused != RR_NOT_LISTED ? refusal_name(ex->refused)
-	                                                              : NULL;
-}
-
-/* ------------------------------------------------------------------ finishing */
-
-/* Stop everything the exchange runs: timers, attempts, slots, the kept response, the claim.
- * Used once, by finish() or exchange_abort(). */
-static void exchange_end(struct exchange *ex)
-{
-	set_state(ex, X_DONE);
-	release_slots(ex);
-	evtimer_del(&ex->deadline_ev);
-	evtimer_del(&ex->backoff_ev);
-	attempt_free(ex->att);
-	attempt_free(ex->relay);
-	ex->att = ex->relay = NULL;
-	saved_clear(&ex->saved);
-	if (idem_job_settle(ex->idem, ex->last_att_status, ex->reached, ex->resp_complete))
-		STAT_INC(ex->us->idem[IS_STORED]);
-}
-
-/* The access-log line: once per request, however it ended. */
-static void log_request(struct exchange *ex, int64_t now)
-{
-	ex->log.status = ex->resp_status;
-	ex->log.attempts = ex->attempts;
-	ex->log.refused = ex->refused;
-	ex->log.non_idempotent = ex->mclass == MC_OTHER;
-	ex->log.last_out = ex->last_out;
-	ex->log.duration_us = now - ex->t0_us;
-	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
-	accesslog_write(&ex->log);
-}
-
-static void count_end(struct exchange *ex, int64_t now)
-{
-	int c = ex->resp_status / 100;
-	if (c >= 1 && c <= 5)
-		STAT_INC(g_gstats[ex->loop->id].requests[c]);
-	if (ex->us && ex->attempts > 0)
-		stats_observe_duration(ex->us, now - ex->t0_us);
-	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
-	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT))
-		STAT_INC(ex->us->unknown_outcomes);
-}
-
-/* COMPLETE: the response went out whole; CLOSE: the connection must not be reused. */
-static void finish(struct exchange *ex, bool complete, bool close)
-{
-	if (ex->state == X_DONE)
-		return;
-	exchange_end(ex);
-	int64_t now = clock_now_us();
-	count_end(ex, now);
-	log_request(ex, now);
-	ex->rsp.end(ex->rsp.arg, complete, close || ex->close_after);
-}
-
-static void finish_error(struct exchange *ex, int status, const char *reason, bool close,
-                         const char *retry_after)
-{
-	struct made_response m;
-	respond_error(&m, status, reason, ex->up ? ex->up->name : "", ex->attempts, own_refusal(ex),
-	              retry_after, close || ex->close_after || body_left_unread(ex, true));
-	ex->resp_status = status;
-	ex->log.reason = reason;
-	ex->head_sent = true;
-	ex->close_after = m.head.close;
-	respond_send(&ex->rsp, &m.head, m.body, m.body_len);
-	finish(ex, true, false);
-}
-
-/* ------------------------------------------------------------------ response to the client */
-
-static void send_head(struct exchange *ex, const struct http_head *h, enum refusal reason)
-{
-	const char *refused = reason != RR_NONE && reason != RR_NOT_LISTED ? refusal_name(reason) : NULL;
-	if (body_left_unread(ex, false))
-		ex->close_after = true;
-	struct relayed_head rh;
-	respond_relayed(&rh, h, ex->attempts, refused, ex->close_after, false);
-	idem_job_record_head(ex->idem, &rh.head);
-	ex->head_sent = true;
-	ex->resp_status = h->status;
-	ex->log.ok_response = true;
-	ex->rsp.head(ex->rsp.arg, &rh.head);
-}
-
-static void relay_body(struct exchange *ex, struct evbuffer *data)
-{
-	if (evbuffer_get_length(data) == 0)
-		return;
-	idem_job_record_body(ex->idem, data);
-	ex->rsp.body(ex->rsp.arg, data);
-}
-
-/* The response of attempt A goes to the client. */
-static void relay_from(struct exchange *ex, struct attempt *a, const struct http_head *h,
-                       enum refusal reason)
-{
-	set_state(ex, X_RELAY);
-	ex->relay = a;
-	if (ex->att == a)
-		ex->att = NULL;
-	send_head(ex, h, reason);
-}
-
-static void relay_complete(struct exchange *ex)
-{
-	ex->resp_complete = true;
-	finish(ex, true, false);
-}
-
-static void relay_saved(struct exchange *ex, enum refusal reason)
-{
-	struct saved_response *s = &ex->saved;
-	if (s->complete)
-		s->h.content_length = (int64_t)evbuffer_get_length(s->body);
-	set_state(ex, X_RELAY);
-	send_head(ex, &s->h, reason);
-	relay_body(ex, s->body);
-	if (s->complete) {
-		relay_complete(ex);
-		return;
-	}
-	/* its attempt is still collecting (or paused, full): from now on it streams to the client */
-	ex->relay = s->a;
-	s->a = NULL;
-	s->valid = false;
-	attempt_resume(ex->relay);
-}
-
-static void deliver_last(struct exchange *ex)
-{
-	if (ex->saved.valid) {
-		relay_saved(ex, ex->refused);
-		return;
-	}
-	switch (ex->last_out) {
-	case OUT_CONNECT_FAILURE:
-		finish_error(ex, 502, "connect-failure", false, NULL);
-		break;
-	case OUT_TIMEOUT:
-		finish_error(ex, 504, "timeout", false, NULL);
-		break;
-	default:
-		finish_error(ex, 502, ex->last_bad ? "bad-response" : "reset", false, NULL);
-		break;
-	}
 }
 
 /* ------------------------------------------------------------------ endpoints */
@@ -319,13 +91,13 @@ static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
 	if (retry) {
 		ex->refused = why;
 		STAT_INC(ex->us->refused[why]);
-		deliver_last(ex);
+		ex_deliver_last(ex);
 	} else if (why == RR_DEADLINE) {
 		STAT_INC(ex->us->rejected[REJ_DEADLINE]);
-		finish_error(ex, 504, "deadline-exceeded", false, NULL);
+		ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
 	} else {
 		STAT_INC(ex->us->rejected[REJ_OVERLOADED]);
-		finish_error(ex, 503, "overloaded", false, "1");
+		ex_finish_error(ex, 503, "overloaded", false, "1");
 	}
 }
 
@@ -355,9 +127,31 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
 	ex->tried |= 1ull << ep->index;
 	ex->att_ep = ep;
+	ex->att_t0_us = now;
 	ex->last_att_status = 0;
+	ex_set_state(ex, X_ATTEMPT);
+	access_add_attempt(&ex->log, ep->name);
+	ex->fault = ex_fault_draw(ex, now);
+	if (ex->fault) {
+		STAT_INC(ex->us->faults_injected[ex->fault->kind]);
+		access_set_fault(&ex->log, faults_kind_name(ex->fault->kind));
+		if (ex->fault->kind != FAULT_LOST_RESPONSE) {
+			ex_fault_arm(ex, now);
+			return;
+		}
+	}
+	ex_send_attempt(ex, ep);
+}
 
-	int64_t per_try = ex->up->retry.per_try_timeout_us;
+/* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
+ * rest), and X-Timeout-Ms says so. */
+void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
+{
+	int64_t now = clock_now_us();
+	int64_t remaining = ex->deadline_us - now;
+	int64_t per_try = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
+	if (per_try < 1000)
+		per_try = 1000;
 	int64_t wait = per_try < remaining ? per_try : remaining;
 	struct forward_req fw = {
 		.req = ex->req,
@@ -374,7 +168,12 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.body_len = ex->rb.len,
 	};
 	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
-	forward_h1_head(&fw, head);
+	struct forward_nv nv = { 0 };
+	bool h2 = ex->up->protocol == UP_H2;
+	if (h2)
+		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
+	else
+		forward_h1_head(&fw, head);
 	struct retry_facts rf = { 0 };
 	request_facts(ex, &rf);
 	char sni[256];
@@ -390,10 +189,12 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		.tls = ex->ub->tls,
 		.verify = ex->up->tls_verify,
 		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->name, sni, sizeof(sni)) : NULL,
+		.h2 = h2,
+		.nv = nv.nv,
+		.nvlen = nv.n,
 	};
-	set_state(ex, X_ATTEMPT);
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
-	access_add_attempt(&ex->log, ep->name);
+	forward_nv_free(&nv);       /* nghttp2 copied the fields */
 	reqbody_stream_to(&ex->rb, ex->att);
 }
 
@@ -413,10 +214,10 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	if (r != RR_NONE) {
-		release_slots(ex);
+		ex_release_slots(ex);
 		ex->refused = r;
 		STAT_INC(ex->us->refused[r]);
-		deliver_last(ex);
+		ex_deliver_last(ex);
 		return;
 	}
 	start_attempt(ex, ex->next_ep, true);
@@ -424,7 +225,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 
 /* SPEC §4: a 429 or 503 with a valid Retry-After (when honored) puts a hold on the endpoint
  * that answered, whether or not a retry follows. Returns the hint in µs, or -1 for none. */
-static int64_t retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now)
+int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now)
 {
 	size_t n;
 	const char *ra = (h->status == 429 || h->status == 503) && ex->up->retry.retry_after_honor
@@ -438,7 +239,7 @@ static int64_t retry_after_hint(struct exchange *ex, const struct http_head *h, 
 }
 
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
-static void decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
+void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
 	const struct cfg_retry *rc = &ex->up->retry;
 	int64_t now = clock_now_us();
@@ -446,7 +247,7 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	ex->att = NULL;
 	ex->last_out = out;
 	ex->last_bad = bad;
-	release_slots(ex);              /* the failed attempt's slots go before the decision */
+	ex_release_slots(ex);              /* the failed attempt's slots go before the decision */
 
 	struct retry_facts f = {
 		.outcome = out,
@@ -469,7 +270,7 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	if (h) {
 		if (admit_response_nested(h))
 			f.nested = true;
-		f.retry_after_us = retry_after_hint(ex, h, now);
+		f.retry_after_us = ex_retry_after_hint(ex, h, now);
 	}
 	struct ep_state *next = choose_endpoint(ex, now, true);
 	int64_t hold = atomic_load(&next->hold_until_us);
@@ -490,12 +291,14 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 		ex->slot_retry = reason == RR_NONE;
 	}
 	if (reason == RR_NONE) {
-		if (h)
+		if (h) {
 			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
-		else
+			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
+		} else {
 			attempt_free(a);
+		}
 		ex->next_ep = next;
-		set_state(ex, X_BACKOFF);
+		ex_set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
 		evtimer_add(&ex->backoff_ev, &tv);
 		return;
@@ -506,51 +309,16 @@ static void decide(struct exchange *ex, enum outcome out, const struct http_head
 	}
 	if (h) {
 		saved_clear(&ex->saved);
-		relay_from(ex, a, h, reason);
+		ex_relay_from(ex, a, h, reason);
+		if (!a)
+			ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
 		return;
 	}
 	attempt_free(a);
-	deliver_last(ex);
+	ex_deliver_last(ex);
 }
 
 /* ------------------------------------------------------------------ attempt callbacks */
-
-/* 101 to an Upgrade request: relay the head, hand the raw connection to the codec. */
-static void start_tunnel(struct exchange *ex, struct attempt *a, const struct http_head *h)
-{
-	STAT_INC(ex->us->responses[1]);
-	access_set_status(&ex->log, 101);
-	struct relayed_head rh;
-	respond_relayed(&rh, h, ex->attempts, NULL, false, true);
-	struct stream *ubev = attempt_take_bev(a);
-	ex->att = NULL;
-	attempt_free(a);
-	ex->resp_status = 101;
-	ex->last_out = OUT_STATUS;
-	ex->log.ok_response = true;
-	ex->head_sent = true;
-	exchange_end(ex);
-	int64_t now = clock_now_us();
-	count_end(ex, now);
-	log_request(ex, now);
-	ex->rsp.tunnel(ex->rsp.arg, &rh.head, ubev);
-}
-
-/* 1xx: 100 only for a client that asked (and that we did not answer ourselves), 103 always;
- * the codec drops them where its protocol does not allow them. */
-static void relay_informational(struct exchange *ex, const struct http_head *h)
-{
-	if (ex->head_sent)
-		return;
-	bool asked = h->status == 100 && ex->req->expect_continue && ex->rb.mode == BODY_STREAM;
-	if (!asked && h->status != 103)
-		return;
-	struct resp_head rh = {
-		.status = h->status, .reason = h->reason, .reason_len = h->reason_len,
-		.hdrs = h->hdrs, .nhdrs = h->status == 103 ? h->nhdrs : 0, .content_length = -1,
-	};
-	ex->rsp.informational(ex->rsp.arg, &rh);
-}
 
 static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 {
@@ -559,18 +327,27 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 	if (ex->state == X_DONE || a != ex->att)
 		return;
 	if (h->status >= 100 && h->status < 200 && h->status != 101) {
-		relay_informational(ex, h);
+		ex_relay_informational(ex, h);
 		return;
 	}
 	if (h->status == 101 && ex->req->upgrade) {
-		start_tunnel(ex, a, h);
+		ex_start_tunnel(ex, a, h);
+		return;
+	}
+	if (ex->fault && ex->fault->kind == FAULT_LOST_RESPONSE) {
+		/* SPEC §11: the upstream processed it; its response is thrown away and the connection
+		 * closed (ex_decide() frees the attempt, which never pools it): a reset */
+		STAT_INC(ex->us->outcomes[OUT_RESET]);
+		access_set_outcome(&ex->log, outcome_name(OUT_RESET));
+		ex->reached = true;
+		ex_decide(ex, OUT_RESET, NULL, false);
 		return;
 	}
 	if (h->status == 101) {
 		/* an unsolicited 101: an invalid response */
 		STAT_INC(ex->us->outcomes[OUT_RESET]);
 		access_set_outcome(&ex->log, "bad-response");
-		decide(ex, OUT_RESET, NULL, true);
+		ex_decide(ex, OUT_RESET, NULL, true);
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
@@ -579,11 +356,11 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 	ex->last_att_status = h->status;
 	ex->reached = true;
 	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
-		decide(ex, OUT_STATUS, h, false);
+		ex_decide(ex, OUT_STATUS, h, false);
 		return;
 	}
-	retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
-	relay_from(ex, a, h, RR_NONE);
+	ex_retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
+	ex_relay_from(ex, a, h, RR_NONE);
 }
 
 static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
@@ -601,14 +378,14 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 			attempt_pause(a);
 			return;
 		}
-		evbuffer_add_buffer(ex->saved.body, data);
+		loop_buf_hold(ex->saved.body, data);
 		return;
 	}
 	if (ex->state != X_RELAY || a != ex->relay) {
 		evbuffer_drain(data, evbuffer_get_length(data));
 		return;
 	}
-	relay_body(ex, data);
+	ex_relay_body(ex, data);
 	if (ex->rsp.queued(ex->rsp.arg) > CLIENT_HIGH)
 		attempt_pause(a);
 }
@@ -648,10 +425,10 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 		ex->relay = NULL;
 		attempt_free(a);
 		if (out == OUT_NONE) {
-			relay_complete(ex);
+			ex_relay_complete(ex);
 		} else {
 			slog(LOG_WARN, ex->ci.sid, "upstream %s: %s: response cut short", ex->up->name, detail);
-			finish(ex, false, true);    /* never pad or complete a truncated body */
+			ex_finish(ex, false, true);    /* never pad or complete a truncated body */
 		}
 		return;
 	}
@@ -663,7 +440,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	access_set_outcome(&ex->log, bad ? "bad-response" : outcome_name(out));
 	slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d to %s: %s (%s)", ex->up->name, ex->attempts,
 	     attempt_peer(a), bad ? "bad-response" : outcome_name(out), detail ? detail : "");
-	decide(ex, bad ? OUT_RESET : out, NULL, bad);
+	ex_decide(ex, bad ? OUT_RESET : out, NULL, bad);
 }
 
 static const struct attempt_cbs attempt_callbacks = {
@@ -692,15 +469,23 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 		access_set_outcome(&ex->log, outcome_name(o));
 		attempt_free(ex->att);
 		ex->att = NULL;
+	} else if (ex->fault_pending) {
+		/* a fault's attempt: a delay cut is a timeout (SPEC §11), the rest sent nothing */
+		enum outcome o = ex->fault->kind == FAULT_DELAY ? OUT_TIMEOUT : OUT_CONNECT_FAILURE;
+		STAT_INC(ex->us->outcomes[o]);
+		ex->last_out = o;
+		access_set_outcome(&ex->log, outcome_name(o));
+		evtimer_del(&ex->fault_ev);
+		ex->fault_pending = false;
 	}
-	release_slots(ex);
+	ex_release_slots(ex);
 	if (ex->saved.valid) {
 		ex->refused = RR_DEADLINE;
 		STAT_INC(ex->us->refused[RR_DEADLINE]);
-		relay_saved(ex, RR_DEADLINE);
+		ex_relay_saved(ex, RR_DEADLINE);
 		return;
 	}
-	finish_error(ex, 504, "deadline-exceeded", false, NULL);
+	ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
 }
 
 /* ------------------------------------------------------------------ the codec's side */
@@ -726,6 +511,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->t0_us = clock_now_us();
 	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
 	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
+	evtimer_assign(&ex->fault_ev, loop->base, ex_fault_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
@@ -758,7 +544,7 @@ void exchange_start(struct exchange *ex)
 	if (ad.status) {
 		if (ad.too_late)
 			STAT_INC(ex->us->rejected[REJ_DEADLINE]);
-		finish_error(ex, ad.status, ad.reason, ad.close, NULL);
+		ex_finish_error(ex, ad.status, ad.reason, ad.close, NULL);
 		return;
 	}
 	struct timeval tv = clock_tv(ex->given_us);
@@ -770,7 +556,7 @@ void exchange_start(struct exchange *ex)
 			struct resp_head cont = { .status = 100, .content_length = -1 };
 			ex->rsp.informational(ex->rsp.arg, &cont);
 		}
-		set_state(ex, X_WAIT_BODY);
+		ex_set_state(ex, X_WAIT_BODY);
 		return;
 	}
 	exchange_go(ex);
@@ -791,24 +577,26 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		STAT_INC(ex->us->idem[IS_REPLAYED]);
 		struct replay_response m;
 		respond_replay(&m, stored);
+		respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])),
+		                   ex->reqid);
 		ex->resp_status = stored->status;
 		ex->log.reason = "idempotency-replayed";
 		ex->head_sent = true;
 		respond_send(&ex->rsp, &m.head, stored->body,
 		             m.head.content_length > 0 ? stored->body_len : 0);
-		finish(ex, true, false);
+		ex_finish(ex, true, false);
 		return;
 	}
 	case IDEM_MISMATCH:
 		STAT_INC(ex->us->idem[IS_MISMATCH]);
-		finish_error(ex, 422, "idempotency-key-mismatch", false, NULL);
+		ex_finish_error(ex, 422, "idempotency-key-mismatch", false, NULL);
 		return;
 	case IDEM_IN_PROGRESS:
 		STAT_INC(ex->us->idem[IS_CONFLICT]);
-		finish_error(ex, 409, "idempotency-in-progress", false, NULL);
+		ex_finish_error(ex, 409, "idempotency-in-progress", false, NULL);
 		return;
 	case IDEM_UNAVAILABLE:
-		finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
+		ex_finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
 		return;
 	}
 }
@@ -822,12 +610,12 @@ static void exchange_go(struct exchange *ex)
 		return;
 	}
 	const char *err = NULL;
-	set_state(ex, X_CLAIM);
+	ex_set_state(ex, X_CLAIM);
 	ex->idem = idem_job_claim(ex->loop, ic, ex->up->name, ex->req, ex->rb.buf, idem_claimed_cb, ex,
 	                          &err);
 	if (!ex->idem) {
 		slog(LOG_ERROR, ex->ci.sid, "idempotency store %s: %s", ic->store, err ? err : "unavailable");
-		finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
+		ex_finish_error(ex, 503, "idempotency-store-unavailable", false, NULL);
 	}
 }
 
@@ -851,11 +639,11 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 	if (e == RB_OUTGREW) {
 		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
 	} else if (e == RB_OVER_LIMIT && ex->head_sent) {
-		finish(ex, false, true);
+		ex_finish(ex, false, true);
 	} else if (e == RB_OVER_LIMIT) {
 		attempt_free(ex->att);
 		ex->att = NULL;
-		finish_error(ex, 413, "body-too-large", true, NULL);
+		ex_finish_error(ex, 413, "body-too-large", true, NULL);
 	}
 }
 
@@ -892,8 +680,8 @@ void exchange_abort(struct exchange *ex)
 	ex->log.client_abort = true;
 	if (!ex->head_sent)
 		ex->resp_status = 499;  /* nginx's "client closed request", for the log only */
-	exchange_end(ex);
-	log_request(ex, clock_now_us());
+	ex_end(ex);
+	ex_log_request(ex, clock_now_us());
 }
 
 static void exchange_free_cb(void *p)
@@ -911,6 +699,7 @@ void exchange_free(struct exchange *ex)
 		exchange_abort(ex);
 	evtimer_del(&ex->deadline_ev);
 	evtimer_del(&ex->backoff_ev);
+	evtimer_del(&ex->fault_ev);
 	loop_buf_put(ex->loop, ex->rb.buf);
 	idem_job_free(ex->idem);
 	runtime_unref(ex->rt);

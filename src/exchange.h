@@ -11,19 +11,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "responder.h"
+
 struct loop;
 struct runtime;
 struct cfg_listener;
 struct http_head;
-struct responder;
 struct evbuffer;
 struct exchange;
-
-struct client_info {
-	uint64_t sid;
-	const char *peer_ip;
-	bool tls;
-};
 
 /* REQ stays owned by the codec and valid until exchange_free. RSP is how the exchange answers
  * (copied). */

@@ -12,6 +12,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <stddef.h>
+
+#include <nghttp2/nghttp2.h>
+
 #include "deadline.h"
 
 struct evbuffer;
@@ -41,5 +45,20 @@ void forward_request_id(const struct http_head *req, char out[FORWARD_ID_MAX], u
 
 /* Append the HTTP/1.1 request head to OUT. */
 void forward_h1_head(const struct forward_req *f, struct evbuffer *out);
+
+/* The same request as an HTTP/2 field list (SPEC §9 mapping): :method, :scheme (https when
+ * UP_TLS), :authority (host_rewrite, else the client's Host or :authority, else the endpoint),
+ * :path, then the fields of forward_h1_head with lowercase names, no host and no
+ * connection-specific field, te: trailers only when the client's TE listed it, a length when
+ * known and never chunked. OUT (zeroed, or reused) owns the names and values: they stay valid
+ * until the next call or forward_nv_free(). */
+struct forward_nv {
+	nghttp2_nv *nv;
+	size_t n, cap;
+	char *arena;
+	size_t used, acap;
+};
+void forward_h2_headers(const struct forward_req *f, bool up_tls, struct forward_nv *out);
+void forward_nv_free(struct forward_nv *o);
 
 #endif

@@ -76,15 +76,8 @@ struct session {
 
 static void session_process(struct session *s);
 
-/* The one writer of s's state (DESIGN rule 2). */
-static void set_state(struct session *s, enum sstate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (s->state == S_CLOSED && st != S_CLOSED)
-		magic_fail(__FILE__, __LINE__, "S_CLOSED is terminal");
-#endif
-	s->state = st;
-}
+/* The one writer of the state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(set_state, session, sstate, S_CLOSED)
 
 static void session_free_cb(void *p)
 {

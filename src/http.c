@@ -333,8 +333,9 @@ static bool hop_class(enum hname c)
 	}
 }
 
-/* uri-host [ ":" port ] (RFC 3986 / RFC 9110 §7.2). Empty is valid (a Host for a target
- * without authority); the absolute-form caller refuses an empty authority itself. */
+/* uri-host [ ":" port ] (RFC 3986 / RFC 9110 §7.2). Empty is valid syntax (a Host for a target
+ * without authority); finish_request refuses it, as we route no such target, and the
+ * absolute-form caller refuses an empty authority itself. */
 static bool host_valid(const char *s, size_t n)
 {
 	size_t i = 0, digits = 0;
@@ -904,6 +905,17 @@ static bool version_rewrite(struct http_msg *m)
 	       used == m->hlen - start;
 }
 
+/* Request: the target ended at a CR (no " HTTP/x.y"), which llhttp reads as an HTTP/0.9
+ * request line and then waits for header lines: the head can only be refused, so now. The
+ * target's span has ended once a byte after it was consumed (url_done is not set on this
+ * path: llhttp completes the URL only before a version). */
+static bool version_missing(const struct http_msg *m)
+{
+	size_t end = m->ps.url_off + m->ps.url_len;
+	return m->kind == HTTP_REQUEST_KIND && m->ps.url_seen && !m->ps.ver_seen &&
+	       end < m->hlen && (m->hbuf[end] == '\r' || m->hbuf[end] == '\n');
+}
+
 /* The request target: form, Host agreement; sets path. NULL or the 400 detail. */
 static const char *check_target(struct http_msg *m)
 {
@@ -1023,6 +1035,8 @@ static enum http_event finish_request(struct http_msg *m)
 		return fail(m, 400, d);
 	if (ps->host_count == 0 && ps->vmaj == 1 && ps->vmin == 1)
 		return fail(m, 400, "missing Host");
+	if (ps->host_count == 1 && ps->host_len == 0)
+		return fail(m, 400, "empty Host");
 	if (ps->te_count > 0 && !ps->te_last_chunked)
 		return fail(m, 400, "Transfer-Encoding not ending in chunked");
 	/* our reading of the framing must be llhttp's, which frames the chunks */
@@ -1176,6 +1190,8 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 			return fail(m, m->ps.cb_status, m->ps.cb_detail);
 		switch (e) {
 		case HPE_OK:
+			if (version_missing(m))
+				return fail(m, 400, "request line without HTTP version");
 			continue;
 		case HPE_PAUSED:
 			if (!m->ps.head_done)

@@ -1,15 +1,19 @@
 /*
- * log: one line per event on stderr: "2026-11-29T11:30:00.123Z LEVEL [sid] message".
+ * log: one line per event on stderr: "2026-11-29T11:30:00.123Z LEVEL [sid] message", or with
+ * log_json one JSON object per line: {"time":"...","level":"info","session":N,"msg":"..."}
+ * ("session" only on lines about one connection).
  * The access log (one JSON line per request) is separate: accesslog.c.
  */
 #ifndef RG_LOG_H
 #define RG_LOG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR };
 
 extern enum log_level log_min_level;
+extern _Atomic bool log_json;          /* log_format: json; set by main before workers start/reload */
 
 void log_msg(enum log_level lvl, uint64_t sid, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -1,6 +1,7 @@
 /*
  * loop: one worker's event base, DNS base, rng and deferred-free queue (see loop.h).
  */
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <event2/event.h>
 
 #include "clock.h"
+#include "log.h"
 #include "loop.h"
 #include "util.h"
 
@@ -55,7 +57,52 @@ int loop_init(struct loop *l, int id)
 	evdns_base_load_hosts(l->dns, NULL);
 	l->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)id + 1;
 	l->dq_ev = event_new(l->base, -1, 0, dq_cb, l);
+	loop_fd_seen(l, 0);             /* the first block now, before any connection */
 	return 0;
+}
+
+static _Thread_local bool quiet;     /* loop_fd_seen provokes libevent warnings on purpose */
+
+static void libevent_log_cb(int severity, const char *msg)
+{
+	if (quiet)
+		return;
+	enum log_level lvl = severity == EVENT_LOG_ERR ? LOG_ERROR
+	                   : severity == EVENT_LOG_WARN ? LOG_WARN
+	                   : severity == EVENT_LOG_MSG ? LOG_INFO : LOG_DEBUG;
+	slog(lvl, 0, "libevent: %s", msg);
+}
+
+void loop_global_init(void)
+{
+	event_set_log_callback(libevent_log_cb);
+}
+
+static void fd_noop_cb(evutil_socket_t fd, short what, void *arg)
+{
+}
+
+/* Adding a read event for a number makes its entry, whether or not the number is open: a free
+ * number fails in epoll_ctl (EBADF, one system call, the warning dropped); one open elsewhere
+ * in the process is added to this base's epoll and removed before the loop runs again; one
+ * this base already watches costs no system call. */
+void loop_fd_seen(struct loop *l, int fd)
+{
+	if (fd < l->fd_room)
+		return;
+	int end = (fd / LOOP_FD_STEP + 1) * LOOP_FD_STEP;
+	struct event *ev = event_new(l->base, -1, 0, fd_noop_cb, NULL);
+	if (!ev)
+		return;
+	quiet = true;
+	for (int n = l->fd_room; n < end; n++) {
+		event_assign(ev, l->base, n, EV_READ, fd_noop_cb, NULL);
+		if (event_add(ev, NULL) == 0)
+			event_del(ev);
+	}
+	quiet = false;
+	event_free(ev);
+	l->fd_room = end;
 }
 
 void loop_free_dns(struct loop *l)
@@ -150,4 +197,15 @@ void loop_buf_put(struct loop *l, struct evbuffer *b)
 		l->bufs = xcalloc(LOOP_BUF_MAX, sizeof(*l->bufs));
 	evbuffer_drain(b, evbuffer_get_length(b));
 	l->bufs[l->nbufs++] = b;
+}
+
+void loop_buf_hold(struct evbuffer *dst, struct evbuffer *data)
+{
+	size_t n = evbuffer_get_length(data);
+	if (n >= 1024) {
+		evbuffer_add_buffer(dst, data);
+		return;
+	}
+	evbuffer_add(dst, evbuffer_pullup(data, (ev_ssize_t)n), n);
+	evbuffer_drain(data, n);
 }

@@ -1,7 +1,8 @@
 /*
  * loop: what every object of one worker thread shares, and the only thing lower files see of
  * the worker (DESIGN rule 7): the event base, the DNS base, a random generator, the worker's
- * index (its slot in per-worker counters), the per-worker connection pools, and the
+ * index (its slot in per-worker counters), the per-worker connection pools (HTTP/1.1 and
+ * HTTP/2), and the
  * deferred-free queue.
  *
  * Deferred free: loop_defer_free() queues a free that runs once the current callback stack has
@@ -17,6 +18,7 @@ struct event_base;
 struct evdns_base;
 struct event;
 struct pool_table;
+struct h2_table;
 struct evbuffer;
 
 /* Per-loop free lists for what every request allocates: its exchange and attempts, and the
@@ -41,6 +43,7 @@ struct loop {
 	uint64_t rng;
 	int id;                         /* worker index: the per-worker counter slot */
 	struct pool_table *pools;       /* pool.c's, created on first use */
+	struct h2_table *h2;            /* h2_conn.c's HTTP/2 upstream connections, likewise */
 	struct loop_deferred *dq;
 	int ndq, capdq;
 	struct event *dq_ev;
@@ -48,9 +51,11 @@ struct loop {
 	int ncache[LOOP_NKINDS];
 	struct evbuffer **bufs;         /* empty evbuffers, for reuse */
 	int nbufs;
+	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
 
-/* Create the event base (no locks: one thread per loop) and DNS base. 0 or -1. */
+/* Create the event base (no locks: one thread per loop) and DNS base, after
+ * loop_global_init. 0 or -1. */
 int loop_init(struct loop *l, int id);
 /* Run every deferred free now (frees may queue more: runs until empty). */
 void loop_run_deferred(struct loop *l);
@@ -63,10 +68,27 @@ void loop_free_base(struct loop *l);
 
 void loop_defer_free(struct loop *l, void (*fn)(void *), void *p);
 
+/* A socket numbered FD was registered with the base. libevent keeps a small entry per fd
+ * number (made at the first event_add of that number, freed with the base); made one at a
+ * time as a burst of connections climbs the numbers, they land among the connections' own
+ * memory, and once the burst has gone they pin its pages (no trim can return a page holding a
+ * live byte): about two pages per fd number. So the entries are made ahead, LOOP_FD_STEP
+ * numbers at once, where they sit together. Cheap unless FD is past the numbers seen. */
+#define LOOP_FD_STEP 1024
+void loop_fd_seen(struct loop *l, int fd);
+
+/* Once per process, before any loop runs: libevent's own messages go to the log (and those
+ * loop_fd_seen provokes on purpose are dropped). */
+void loop_global_init(void);
+
 /* SIZE zeroed bytes for an object of KIND (every object of a kind has the same size). */
 void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);
 /* Give it back (only from the loop's thread; immediately reusable, so free it late). */
 void loop_obj_put(struct loop *l, enum loop_kind kind, void *p);
+/* Append DATA (drained) to DST, a buffer that holds bytes for a while (a body kept for
+ * replay): small pieces are copied, since a moved chain keeps its whole allocation (1 KiB or
+ * more for a 100-byte piece), so memory held follows the bytes counted. */
+void loop_buf_hold(struct evbuffer *dst, struct evbuffer *data);
 /* An empty evbuffer; and give one back (drained here). */
 struct evbuffer *loop_buf_get(struct loop *l);
 void loop_buf_put(struct loop *l, struct evbuffer *b);

@@ -1,9 +1,11 @@
 /*
  * main: command line, startup, signals (SIGHUP reload, SIGTERM/SIGINT drain, SIGUSR1 reopen
- * the access log), and shutdown. The main thread runs the admin listener and the signal
- * events; workers run the proxy.
+ * the access log), and shutdown. The main thread runs the admin listener, the signal events
+ * and the trim timer (memory back to the system after a burst of connections); workers run
+ * the proxy. From teardown on, signals are ignored: the process is already stopping.
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +19,15 @@
 #include "admin.h"
 #include "clock.h"
 #include "config.h"
+#include "faults_watch.h"
 #include "health.h"
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
+#include "loop.h"
+#include "pool.h"
+#include "reconcile.h"
+#include "reconcile_publish.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -30,7 +37,9 @@ static struct event_base *main_base;
 static const char *config_path = "conf/retrygate.yaml";
 static struct worker workers[MAX_WORKERS];
 static _Atomic int workers_running;
-static struct event *workers_done_ev, *drain_timer, *flush_timer;
+static struct event *workers_done_ev, *drain_timer, *flush_timer, *trim_timer;
+
+#define TRIM_PERIOD_US 1000000
 
 static void usage(FILE *f)
 {
@@ -112,6 +121,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 				log_error("reload: %s", ln);
 		}
 		log_error("reload of %s failed; the old config keeps serving", config_path);
+		stats_config_reload_failed();
 		free(errs);
 		return;
 	}
@@ -139,18 +149,64 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	struct runtime *nrt = runtime_new(cfg, terr, sizeof(terr));
 	if (!nrt) {
 		log_error("reload of %s failed; the old config keeps serving: %s", config_path, terr);
+		stats_config_reload_failed();
 		config_unref(cfg);
 		return;
 	}
 	runtime_publish(nrt);
 	admin_reconfigure(cfg);
+	log_json = cfg->log_format == LF_JSON;
+	reconcile_set_keep(cfg->reconcile.keep);
+	reconcile_publish_configure(main_base, &cfg->reconcile);
 	config_unref(cfg);
+	stats_config_loaded(true);
 	log_info("reloaded %s", config_path);
 }
 
 static void flush_cb(evutil_socket_t fd, short what, void *arg)
 {
 	accesslog_flush();
+}
+
+/* glibc keeps freed memory in its arenas (one per worker thread): after a burst of
+ * connections the heap in use is small and the RSS is not. Once a second, when the open
+ * connections have fallen to half the most seen since the last trim, hand the free pages
+ * back; once more when the upstream connections the burst left idle in the pools have timed
+ * out. Trimming walks the free lists, so it runs only after such a fall, not every tick. */
+static void trim_cb(evutil_socket_t fd, short what, void *arg)
+{
+	static int64_t peak, again;     /* again: ticks to the trim after the pools' idle time */
+	int64_t now = 0;
+	for (int i = 0; i < g_nworkers; i++)
+		now += atomic_load(&g_gstats[i].conns_active);
+	if (now > peak) {
+		peak = now;
+	} else if (now < peak / 2 || (now == 0 && peak > 0)) {
+		malloc_trim(0);
+		peak = now;
+		again = POOL_IDLE_US / TRIM_PERIOD_US + 2;
+	} else if (again > 0 && --again == 0) {
+		malloc_trim(0);
+	}
+}
+
+/* From here on a signal finds the process stopping: SIGTERM again, or a SIGHUP, must not
+ * kill it (freeing a signal event restores the default disposition, which terminates). Only
+ * the main thread is left, so blocking the signals in it holds any that arrive while the
+ * events are freed; SIG_IGN then discards them. */
+static void signals_ignore(struct event **evs, int n)
+{
+	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP, SIGUSR1 };
+	sigset_t set;
+	sigemptyset(&set);
+	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		sigaddset(&set, sigs[i]);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	for (int i = 0; i < n; i++)
+		event_free(evs[i]);
+	for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		signal(sigs[i], SIG_IGN);
+	sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
 static void on_usr1(evutil_socket_t sig, short what, void *arg)
@@ -194,6 +250,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 
+	log_json = cfg->log_format == LF_JSON;
 	for (int i = 0; i < cfg->nwarnings; i++)
 		log_warn("%s: %s", config_path, cfg->warnings[i]);
 	signal(SIGPIPE, SIG_IGN);
@@ -201,6 +258,7 @@ int main(int argc, char **argv)
 	if (lvl && strcmp(lvl, "debug") == 0)
 		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
+	loop_global_init();
 	g_nworkers = cfg->workers;     /* 1..CFG_MAX_WORKERS: the schema rejects more */
 	main_base = event_base_new();
 	char terr[512];
@@ -210,6 +268,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	runtime_publish(rt0);
+	stats_config_loaded(false);
 
 	if (accesslog_open(cfg->access_log) != 0) {
 		fprintf(stderr, "%s: cannot open access log %s: %s\n", config_path, cfg->access_log,
@@ -238,20 +297,27 @@ int main(int argc, char **argv)
 	}
 	if (admin_start(main_base, cfg) != 0)
 		return 1;
+	reconcile_set_keep(cfg->reconcile.keep);
+	reconcile_publish_configure(main_base, &cfg->reconcile);
+	faults_watch_start(main_base);
 
-	struct event *sig_term = evsignal_new(main_base, SIGTERM, on_term, NULL);
-	struct event *sig_int = evsignal_new(main_base, SIGINT, on_term, NULL);
-	struct event *sig_hup = evsignal_new(main_base, SIGHUP, on_hup, NULL);
-	struct event *sig_usr1 = evsignal_new(main_base, SIGUSR1, on_usr1, NULL);
-	evsignal_add(sig_term, NULL);
-	evsignal_add(sig_int, NULL);
-	evsignal_add(sig_hup, NULL);
-	evsignal_add(sig_usr1, NULL);
+	struct event *sigs[] = {
+		evsignal_new(main_base, SIGTERM, on_term, NULL),
+		evsignal_new(main_base, SIGINT, on_term, NULL),
+		evsignal_new(main_base, SIGHUP, on_hup, NULL),
+		evsignal_new(main_base, SIGUSR1, on_usr1, NULL),
+	};
+	int nsigs = (int)(sizeof sigs / sizeof sigs[0]);
+	for (int i = 0; i < nsigs; i++)
+		evsignal_add(sigs[i], NULL);
 	workers_done_ev = event_new(main_base, -1, 0, workers_done_cb, NULL);
 	drain_timer = evtimer_new(main_base, drain_timeout_cb, NULL);
 	flush_timer = event_new(main_base, -1, EV_PERSIST, flush_cb, NULL);
 	struct timeval flush_tv = { 0, 200 * 1000 };
 	evtimer_add(flush_timer, &flush_tv);
+	trim_timer = event_new(main_base, -1, EV_PERSIST, trim_cb, NULL);
+	struct timeval trim_tv = clock_tv(TRIM_PERIOD_US);
+	evtimer_add(trim_timer, &trim_tv);
 
 	atomic_store(&workers_running, g_nworkers);
 	for (int w = 0; w < g_nworkers; w++) {
@@ -276,14 +342,15 @@ int main(int argc, char **argv)
 		free(workers[w].listen_fds);
 	}
 	admin_stop();
+	faults_watch_stop();
+	reconcile_publish_stop();
+	reconcile_clear();
 	idem_store_release_all();
-	event_free(sig_term);
-	event_free(sig_int);
-	event_free(sig_hup);
-	event_free(sig_usr1);
+	signals_ignore(sigs, nsigs);
 	event_free(workers_done_ev);
 	event_free(drain_timer);
 	event_free(flush_timer);
+	event_free(trim_timer);
 	event_base_free(main_base);
 	struct runtime *rt = runtime_current();
 	runtime_unref(rt);

@@ -4,6 +4,7 @@
 #include <event2/buffer.h>
 
 #include "attempt.h"
+#include "loop.h"
 #include "reqbody.h"
 
 #define STREAM_HIGH (256 * 1024)    /* upstream output above this: stop reading the client */
@@ -28,7 +29,7 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
 		return RB_OVER_LIMIT;
 	}
 	if (b->mode == BODY_BUFFER) {
-		evbuffer_add_buffer(b->buf, data);
+		loop_buf_hold(b->buf, data);
 		if (b->len <= keep_max)
 			return RB_TAKEN;
 		if (strict)

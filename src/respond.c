@@ -180,3 +180,17 @@ void respond_replay(struct replay_response *m, const struct idem_response *store
 		.content_length = bodyless ? -1 : (int64_t)stored->body_len,
 	};
 }
+
+void respond_request_id(struct resp_head *h, struct http_hdr *fields, int cap, const char *reqid)
+{
+	if (!reqid || !*reqid)
+		return;
+	int k = 0;
+	for (int i = 0; i < h->nhdrs; i++)
+		if (!NAMED(&fields[i], "X-Request-Id"))
+			fields[k++] = fields[i];
+	if (k < cap)
+		set_field(&fields[k++], "X-Request-Id", reqid, strlen(reqid));
+	h->hdrs = fields;
+	h->nhdrs = k;
+}

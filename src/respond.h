@@ -23,7 +23,7 @@ const char *respond_status_text(int status);
 
 struct made_response {
 	struct resp_head head;
-	struct http_hdr fields[6];
+	struct http_hdr fields[8];
 	char attempts[24];
 	char body[512];
 	size_t body_len;
@@ -36,7 +36,7 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
 
 struct relayed_head {
 	struct resp_head head;
-	struct http_hdr fields[HTTP_MAX_HEADERS + 4];
+	struct http_hdr fields[HTTP_MAX_HEADERS + 5];
 	char num[24];
 };
 
@@ -54,11 +54,17 @@ void respond_send(const struct responder *rsp, const struct resp_head *h, const 
 
 struct replay_response {
 	struct resp_head head;
-	struct http_hdr fields[HTTP_MAX_HEADERS + 2];
+	struct http_hdr fields[HTTP_MAX_HEADERS + 3];
 };
 
 /* A stored idempotent response (§6), with Idempotency-Replayed: true and
  * X-Retrygate-Attempts: 0; STORED stays referenced. */
 void respond_replay(struct replay_response *m, const struct idem_response *stored);
+
+/* Every response to a request carries its X-Request-Id (the client's, else the one retrygate
+ * made and sent upstream), so a caller that got a 502 can find its record (SPEC §12): any
+ * X-Request-Id already in H (from the upstream, or a stored response) is replaced by REQID.
+ * FIELDS is H's field array (H->hdrs), CAP its length; REQID stays referenced. */
+void respond_request_id(struct resp_head *h, struct http_hdr *fields, int cap, const char *reqid);
 
 #endif

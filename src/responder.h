@@ -20,6 +20,13 @@ struct evbuffer;
 struct http_hdr;
 struct stream;
 
+/* Who the client is, as the codec tells the exchange. */
+struct client_info {
+	uint64_t sid;
+	const char *peer_ip;
+	bool tls;
+};
+
 struct resp_head {
 	int status;
 	const char *reason;             /* HTTP/1 reason phrase; NULL: the standard one */

@@ -9,14 +9,36 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/time.h>
 
 #include <event2/buffer.h>
 
 #include "clock.h"
+#include "procstat.h"
 #include "stats.h"
 
 struct gstats g_gstats[MAX_WORKERS];
 int g_nworkers = 1;
+struct pstats g_pstats;
+
+static int64_t wall_us(void)
+{
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000000 + tv.tv_usec;
+}
+
+void stats_config_loaded(bool reloaded)
+{
+	if (reloaded)
+		STAT_INC(g_pstats.config_reloads[RELOAD_OK]);
+	atomic_store_explicit(&g_pstats.last_load_ok_us, wall_us(), memory_order_relaxed);
+}
+
+void stats_config_reload_failed(void)
+{
+	STAT_INC(g_pstats.config_reloads[RELOAD_FAILED]);
+}
 
 static const double bucket_le[NBUCKETS] = {
 #define X_LE(b) b,
@@ -36,17 +58,53 @@ void stats_observe_duration(struct ustats *s, int64_t us)
 	STAT_ADD(s->duration_sum_us, (uint64_t)(us > 0 ? us : 0));
 }
 
-void stats_window_add(struct ustats *s, int64_t now_us, int req, int att)
+/* The ring slot of NOW's second, emptied when it last held an older second. */
+static int window_slot(struct ustats *s, int64_t now_us)
 {
 	int64_t sec = now_us / 1000000;
 	int i = (int)(sec % 60);
 	if (atomic_load_explicit(&s->win_sec[i], memory_order_relaxed) != sec) {
 		atomic_store_explicit(&s->win_req[i], 0, memory_order_relaxed);
 		atomic_store_explicit(&s->win_att[i], 0, memory_order_relaxed);
+		atomic_store_explicit(&s->win_resp[i], 0, memory_order_relaxed);
+		atomic_store_explicit(&s->win_fail[i], 0, memory_order_relaxed);
 		atomic_store_explicit(&s->win_sec[i], sec, memory_order_relaxed);
 	}
+	return i;
+}
+
+void stats_window_add(struct ustats *s, int64_t now_us, int req, int att)
+{
+	int i = window_slot(s, now_us);
 	STAT_ADD(s->win_req[i], (uint64_t)req);
 	STAT_ADD(s->win_att[i], (uint64_t)att);
+}
+
+void stats_window_response(struct ustats *s, int64_t now_us, bool failed)
+{
+	int i = window_slot(s, now_us);
+	STAT_INC(s->win_resp[i]);
+	if (failed)
+		STAT_INC(s->win_fail[i]);
+}
+
+void stats_window_sum(const struct ustats *per_worker, int64_t now_us, int64_t from_us,
+                      struct stats_window *out)
+{
+	int64_t now_sec = now_us / 1000000, from_sec = from_us / 1000000;
+	memset(out, 0, sizeof(*out));
+	for (int w = 0; w < g_nworkers; w++) {
+		const struct ustats *p = &per_worker[w];
+		for (int i = 0; i < 60; i++) {
+			int64_t sec = atomic_load_explicit(&p->win_sec[i], memory_order_relaxed);
+			if (sec <= now_sec - 60 || sec > now_sec || sec < from_sec)
+				continue;
+			out->req += atomic_load_explicit(&p->win_req[i], memory_order_relaxed);
+			out->att += atomic_load_explicit(&p->win_att[i], memory_order_relaxed);
+			out->resp += atomic_load_explicit(&p->win_resp[i], memory_order_relaxed);
+			out->fail += atomic_load_explicit(&p->win_fail[i], memory_order_relaxed);
+		}
+	}
 }
 
 /* ------------------------------------------------------------------ summed figures */
@@ -77,6 +135,9 @@ struct usum {
 struct dsum {
 #define X_GFIELD(f, key, m, h) int64_t f;
 	DOWNSTREAM_GAUGES(X_GFIELD)
+#undef X_GFIELD
+#define X_GFIELD(f, key, m, h) uint64_t f;
+	DOWNSTREAM_COUNTERS(X_GFIELD)
 #undef X_GFIELD
 #define X_LFIELD(f, m, h, label, values) uint64_t f[LABELS_LEN(values)];
 	DOWNSTREAM_LABELLED(X_LFIELD)
@@ -121,15 +182,33 @@ static void sum_downstream(struct dsum *s)
 	for (int w = 0; w < g_nworkers; w++) {
 		const struct gstats *p = &g_gstats[w];
 		DOWNSTREAM_GAUGES(X_SUM)
+		DOWNSTREAM_COUNTERS(X_SUM)
 		DOWNSTREAM_LABELLED(X_SUM_VALUES)
 	}
+}
+/* the process-wide figures: /proc/self now, and what the main thread recorded */
+struct psum {
+	struct proc_figures proc;
+#define X_LFIELD(f, m, h, label, values) uint64_t f[LABELS_LEN(values)];
+	PROCESS_LABELLED(X_LFIELD)
+#undef X_LFIELD
+	double last_load_ok_s;
+};
+
+static void sum_process(struct psum *s)
+{
+	const struct pstats *p = &g_pstats;
+	memset(s, 0, sizeof(*s));
+	procstat_read(&s->proc);
+	PROCESS_LABELLED(X_SUM_VALUES)
+	s->last_load_ok_s = (double)LOAD(g_pstats.last_load_ok_us) / 1e6;
 }
 #undef X_SUM
 #undef X_SUM_VALUES
 
 /* ------------------------------------------------------------------ the families */
 
-enum fam_kind { FK_COUNTER, FK_LABELLED, FK_GAUGE, FK_HISTOGRAM };
+enum fam_kind { FK_COUNTER, FK_LABELLED, FK_GAUGE, FK_HISTOGRAM, FK_INFO };
 
 struct label_value {
 	int index;                      /* in the counter array */
@@ -142,7 +221,9 @@ struct family {
 	const char *key;                /* JSON */
 	const char *help;
 	size_t off;                     /* COUNTER, LABELLED, HISTOGRAM: the field in its sums */
-	const char *label;              /* LABELLED: the label name and its values */
+	const char *type;               /* Prometheus type when not the kind's */
+	const char *label;              /* LABELLED, INFO: the label name and its values */
+	const char *info;               /* INFO: the label's one value */
 	const struct label_value *values;
 	int nvalues;
 	enum stats_fmt fmt;             /* GAUGE: the format and how to read the value */
@@ -153,6 +234,7 @@ struct family {
 #define X_VALUES(f, m, h, label, values) static const struct label_value values_##f[] = { values(X_VALUE) };
 UPSTREAM_LABELLED(X_VALUES)
 DOWNSTREAM_LABELLED(X_VALUES)
+PROCESS_LABELLED(X_VALUES)
 #undef X_VALUES
 #undef X_VALUE
 
@@ -163,6 +245,10 @@ UPSTREAM_GAUGES(X_READ)
 #define X_READ(f, key, m, h) \
 	static double read_##f(const void *sums) { return (double)((const struct dsum *)sums)->f; }
 DOWNSTREAM_GAUGES(X_READ)
+#undef X_READ
+#define X_READ(f, m, h, t, fmt, expr) \
+	static double read_##f(const void *sums) { const struct psum *s = sums; return (double)(expr); }
+PROCESS_FIGURES(X_READ)
 #undef X_READ
 
 #define X_COUNTER(f, m, h) { .kind = FK_COUNTER, .name = m, .key = #f, .help = h, \
@@ -176,6 +262,8 @@ DOWNSTREAM_GAUGES(X_READ)
                              .off = offsetof(SUMS, f) },
 #define X_DGAUGE(f, jkey, m, h) { .kind = FK_GAUGE, .name = m, .key = jkey, .help = h, \
                              .fmt = SF_COUNT, .read = read_##f },
+#define X_DCOUNTER(f, jkey, m, h) { .kind = FK_COUNTER, .name = m, .key = jkey, .help = h, \
+                             .off = offsetof(SUMS, f) },
 
 #define SUMS struct usum
 static const struct family up_families[] = {
@@ -188,16 +276,29 @@ static const struct family up_families[] = {
 #define SUMS struct dsum
 static const struct family down_families[] = {
 	DOWNSTREAM_GAUGES(X_DGAUGE)
+	DOWNSTREAM_COUNTERS(X_DCOUNTER)
 	DOWNSTREAM_LABELLED(X_LABELLED)
+};
+#undef SUMS
+#define X_INFO(f, m, h, lname, value) { .kind = FK_INFO, .name = m, .key = #f, .help = h, \
+                             .label = lname, .info = value },
+#define X_PFIGURE(f, m, h, ptype, format, expr) { .kind = FK_GAUGE, .name = m, .key = #f, \
+                             .help = h, .type = ptype, .fmt = format, .read = read_##f },
+#define SUMS struct psum
+static const struct family proc_families[] = {
+	PROCESS_INFO(X_INFO)
+	PROCESS_LABELLED(X_LABELLED)
+	PROCESS_FIGURES(X_PFIGURE)
 };
 #undef SUMS
 
 enum { NUP_FAMILIES = sizeof(up_families) / sizeof(up_families[0]) };
 enum { NDOWN_FAMILIES = sizeof(down_families) / sizeof(down_families[0]) };
+enum { NPROC_FAMILIES = sizeof(proc_families) / sizeof(proc_families[0]) };
 
 static const char *const kind_type[] = {
 	[FK_COUNTER] = "counter", [FK_LABELLED] = "counter", [FK_GAUGE] = "gauge",
-	[FK_HISTOGRAM] = "histogram",
+	[FK_HISTOGRAM] = "histogram", [FK_INFO] = "gauge",
 };
 
 static void put_value(struct evbuffer *o, enum stats_fmt fmt, double v, bool json)
@@ -206,6 +307,7 @@ static void put_value(struct evbuffer *o, enum stats_fmt fmt, double v, bool jso
 	case SF_COUNT:  evbuffer_add_printf(o, "%" PRId64, (int64_t)v); break;
 	case SF_TOKENS: evbuffer_add_printf(o, "%.3f", v); break;
 	case SF_RATIO:  evbuffer_add_printf(o, "%.4f", v); break;
+	case SF_SECONDS: evbuffer_add_printf(o, "%.3f", v); break;
 	case SF_SWITCH:
 		if (json)
 			evbuffer_add_printf(o, "%s", v != 0 ? "true" : "false");
@@ -253,6 +355,10 @@ static void prom_samples(struct evbuffer *o, const struct family *f, const void 
 		put_value(o, f->fmt, f->read(sums), false);
 		evbuffer_add(o, "\n", 1);
 		break;
+	case FK_INFO:
+		prom_series(o, f->name, "", up, f->label, f->info);
+		evbuffer_add(o, " 1\n", 3);
+		break;
 	case FK_HISTOGRAM: {
 		const struct hsum *h = p;
 		uint64_t cum = 0;
@@ -277,7 +383,7 @@ static void prom_samples(struct evbuffer *o, const struct family *f, const void 
 static void prom_head(struct evbuffer *o, const struct family *f)
 {
 	evbuffer_add_printf(o, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name,
-	                    kind_type[f->kind]);
+	                    f->type ? f->type : kind_type[f->kind]);
 }
 
 /* one upstream's samples, each appended to its family's buffer */
@@ -311,6 +417,12 @@ void stats_render_prometheus(struct evbuffer *o, stats_walk_fn walk)
 		}
 		evbuffer_free(fam[i]);
 	}
+	struct psum ps;
+	sum_process(&ps);
+	for (int i = 0; i < NPROC_FAMILIES; i++) {
+		prom_head(o, &proc_families[i]);
+		prom_samples(o, &proc_families[i], &ps, NULL);
+	}
 }
 
 /* ------------------------------------------------------------------ JSON */
@@ -335,6 +447,9 @@ static void json_figures(struct evbuffer *o, const struct family *fams, int n, c
 		case FK_GAUGE:
 			evbuffer_add(o, "\":", 2);
 			put_value(o, f->fmt, f->read(sums), true);
+			break;
+		case FK_INFO:
+			evbuffer_add_printf(o, "\":{\"%s\":\"%s\"}", f->label, f->info);
 			break;
 		case FK_HISTOGRAM: {
 			const struct hsum *h = p;
@@ -383,5 +498,9 @@ void stats_render_json(struct evbuffer *o, stats_walk_fn walk)
 	evbuffer_add_printf(o, "},\"upstreams\":{");
 	struct json_walk jw = { .o = o, .now_us = clock_now_us(), .first = true };
 	walk(json_upstream_cb, &jw);
+	struct psum ps;
+	sum_process(&ps);
+	evbuffer_add_printf(o, "},\"process\":{");
+	json_figures(o, proc_families, NPROC_FAMILIES, &ps);
 	evbuffer_add(o, "}}\n", 3);
 }

@@ -52,6 +52,9 @@ enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 	V(H2E_MALFORMED, "malformed") V(H2E_REFUSED, "refused-stream") \
 	V(H2E_RAPID_RESET, "rapid-reset") V(H2E_HEADER_BLOCK, "header-block") V(H2E_FLOOD, "flood") \
 	V(H2E_STALLED, "stalled") V(H2E_IDLE, "idle")
+#define FAULT_VALUES(V)     /* enum fault_kind (config.h): SPEC §11 */ \
+	V(FAULT_CONNECT_FAILURE, "connect-failure") V(FAULT_ABORT, "abort") V(FAULT_DELAY, "delay") \
+	V(FAULT_LOST_RESPONSE, "lost-response")
 
 #define X_VALUE_ENUM(id, value) id,
 enum { H2ERR_VALUES(X_VALUE_ENUM) NH2ERR };
@@ -70,6 +73,7 @@ enum { IDEM_VALUES(X_VALUE_ENUM) NIDEM };
 _Static_assert(LABELS_LEN(REFUSED_VALUES) == RR_NREASONS &&
                LABELS_COUNT(REFUSED_VALUES) == RR_NREASONS - RR_DISABLED,
                "REFUSED_VALUES must list every refusal reason of enum refusal");
+_Static_assert(LABELS_LEN(FAULT_VALUES) == FAULT_NKINDS, "FAULT_VALUES must list every fault kind");
 _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
                LABELS_COUNT(OUTCOME_VALUES) == OUT_STATUS - OUT_CONNECT_FAILURE,
                "OUTCOME_VALUES must list every outcome without a response");
@@ -82,7 +86,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(client_aborts, "retrygate_upstream_client_aborts_total", \
 	  "Requests cancelled because the client disconnected while an attempt was in flight.") \
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
-	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).")
+	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).") \
+	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
+	  "Unknown outcomes recorded in the reconciliation queue (SPEC §12).")
 
 /* per-upstream labelled counters: field (and JSON key), metric, help, label, its values */
 #define UPSTREAM_LABELLED(X) \
@@ -95,7 +101,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(outcomes, "retrygate_upstream_outcomes_total", \
 	  "Attempts that ended without a response, by outcome.", "outcome", OUTCOME_VALUES) \
 	X(idem, "retrygate_idempotency_total", \
-	  "Idempotency enforcement results.", "result", IDEM_VALUES)
+	  "Idempotency enforcement results.", "result", IDEM_VALUES) \
+	X(faults_injected, "retrygate_upstream_faults_injected_total", \
+	  "Attempts given a fault by the faults rules (SPEC §11), by kind.", "kind", FAULT_VALUES)
 
 /* per-upstream histograms: field (JSON keys FIELD_count, FIELD_sum_seconds), metric, help;
  * buckets DURATION_BUCKETS */
@@ -103,8 +111,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(duration, "retrygate_upstream_request_duration_seconds", \
 	  "Client-visible request duration, all attempts and waits included.")
 
-/* Value formats of gauges: a count, budget tokens (3 decimals), a ratio (4), a switch. */
-enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH };
+/* Value formats of gauges: a count, budget tokens (3 decimals), a ratio (4), a switch,
+ * seconds (3 decimals). */
+enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 
 /* per-upstream gauges: JSON key, metric name (NULL: /stats only), help, format, value. The
  * value is an expression over S, a struct usum (stats.c): S->up is the upstream as the registry
@@ -131,7 +140,15 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH };
 	X(conns_active, "connections_active", "retrygate_downstream_connections_active", \
 	  "Client connections open on the proxy listeners.") \
 	X(exchanges_active, "exchanges_active", "retrygate_downstream_exchanges_active", \
-	  "Requests being served, tunnels included (a drain waits for none).")
+	  "Requests being served, tunnels included (a drain waits for none).") \
+	X(reconcile_pending, "reconcile_pending", "retrygate_reconcile_pending", \
+	  "Unknown outcomes in the reconciliation queue (SPEC §12; kept in worker slot 0).")
+
+/* process-wide counters (no upstream label), summed over workers: field, JSON key, metric, help */
+#define DOWNSTREAM_COUNTERS(X) \
+	X(reconcile_publish_errors, "reconcile_publish_errors", \
+	  "retrygate_reconcile_publish_errors_total", \
+	  "Reconciliation records that failed to reach the Redis stream (they stay in memory).")
 
 /* process-wide downstream labelled counters: field (and JSON key), metric, help, label, values */
 #define DOWNSTREAM_LABELLED(X) \
@@ -140,6 +157,41 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH };
 	X(h2_errors, "retrygate_downstream_h2_protocol_errors_total", \
 	  "HTTP/2 client protocol errors and connection defences (SPEC 9), per event.", "error", \
 	  H2ERR_VALUES)
+
+/* process-wide figures (no upstream label), rendered after the upstreams. */
+#define RELOAD_VALUES(V)    /* SIGHUP reload results */ \
+	V(RELOAD_OK, "ok") V(RELOAD_FAILED, "failed")
+#define X_VALUE_ENUM(id, value) id,
+enum { RELOAD_VALUES(X_VALUE_ENUM) NRELOAD };
+#undef X_VALUE_ENUM
+
+/* an info metric: field (and JSON key), metric, help, label, its one value; the sample is 1 */
+#define PROCESS_INFO(X) \
+	X(build_info, "retrygate_build_info", "The version built; always 1.", "version", \
+	  RETRYGATE_VERSION)
+
+/* labelled counters the main thread writes (struct pstats): field, metric, help, label, values */
+#define PROCESS_LABELLED(X) \
+	X(config_reloads, "retrygate_config_reloads_total", \
+	  "Config reloads (SIGHUP), by result: a failed one leaves the old config serving.", \
+	  "result", RELOAD_VALUES)
+
+/* figures read at scrape: field (and JSON key), metric, help, Prometheus type, format, value.
+ * The value is an expression over S, a struct psum (stats.c): S->proc from /proc/self
+ * (procstat.h), S->last_load_ok_s from struct pstats. */
+#define PROCESS_FIGURES(X) \
+	X(resident_memory_bytes, "process_resident_memory_bytes", "Resident memory size in bytes.", \
+	  "gauge", SF_COUNT, s->proc.rss_bytes) \
+	X(open_fds, "process_open_fds", "Number of open file descriptors.", "gauge", SF_COUNT, \
+	  s->proc.open_fds) \
+	X(cpu_seconds, "process_cpu_seconds_total", "Total user and system CPU time spent in " \
+	  "seconds.", "counter", SF_SECONDS, s->proc.cpu_seconds) \
+	X(start_time_seconds, "process_start_time_seconds", "Start time of the process since unix " \
+	  "epoch in seconds.", "gauge", SF_SECONDS, s->proc.start_time_s) \
+	X(config_last_reload_success_seconds, \
+	  "retrygate_config_last_reload_success_timestamp_seconds", \
+	  "When the config in use was loaded (startup or a successful SIGHUP reload), unix seconds.", \
+	  "gauge", SF_SECONDS, s->last_load_ok_s)
 
 struct ustats {
 #define X_FIELD(f, name, help) _Atomic uint64_t f;
@@ -152,8 +204,9 @@ struct ustats {
 	_Atomic uint64_t f##_bucket[NBUCKETS]; _Atomic uint64_t f##_count; _Atomic uint64_t f##_sum_us;
 	UPSTREAM_HISTOGRAMS(X_HFIELD)
 #undef X_HFIELD
-	/* amplification over the last minute: per-second ring of first attempts and attempts */
-	_Atomic uint64_t win_req[60], win_att[60];
+	/* amplification over the last minute: per-second ring of first attempts and attempts; and
+	 * of client-visible responses and the 5xx among them (SPEC §11 stop conditions) */
+	_Atomic uint64_t win_req[60], win_att[60], win_resp[60], win_fail[60];
 	_Atomic int64_t win_sec[60];
 } __attribute__((aligned(64)));
 
@@ -162,10 +215,27 @@ struct gstats {
 #define X_GFIELD(f, key, name, help) _Atomic int64_t f;
 	DOWNSTREAM_GAUGES(X_GFIELD)
 #undef X_GFIELD
+#define X_GFIELD(f, key, name, help) _Atomic uint64_t f;
+	DOWNSTREAM_COUNTERS(X_GFIELD)
+#undef X_GFIELD
 #define X_LFIELD(f, name, help, label, values) _Atomic uint64_t f[LABELS_LEN(values)];
 	DOWNSTREAM_LABELLED(X_LFIELD)
 #undef X_LFIELD
 } __attribute__((aligned(64)));
+
+/* process-wide figures of the main thread (its only writer) */
+struct pstats {
+#define X_LFIELD(f, name, help, label, values) _Atomic uint64_t f[LABELS_LEN(values)];
+	PROCESS_LABELLED(X_LFIELD)
+#undef X_LFIELD
+	_Atomic int64_t last_load_ok_us;    /* wall clock, microseconds since the epoch */
+};
+extern struct pstats g_pstats;
+
+/* The config in use was loaded: at startup (RELOADED false) or by a SIGHUP (counted ok). */
+void stats_config_loaded(bool reloaded);
+/* A SIGHUP reload failed: counted, the old config keeps serving. */
+void stats_config_reload_failed(void);
 
 /* g_nworkers: 1..MAX_WORKERS, set once before the first runtime and worker exist; every
  * per-worker array (g_gstats, each upstream's ustats) has that many slots. A larger worker
@@ -181,6 +251,16 @@ extern int g_nworkers;
 
 void stats_observe_duration(struct ustats *s, int64_t us);
 void stats_window_add(struct ustats *s, int64_t now_us, int req, int att);
+/* A client-visible response of this upstream's request; FAILED: a 5xx. */
+void stats_window_response(struct ustats *s, int64_t now_us, bool failed);
+
+/* The window rings of PER_WORKER[g_nworkers] summed over the seconds of the last minute that
+ * are not before FROM_US (monotonic; 0: the whole minute). */
+struct stats_window {
+	uint64_t req, att, resp, fail;
+};
+void stats_window_sum(const struct ustats *per_worker, int64_t now_us, int64_t from_us,
+                      struct stats_window *out);
 
 /* One upstream as the registry shows it to a scrape; valid during the walker's call only. */
 struct stats_endpoint {

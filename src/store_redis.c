@@ -7,11 +7,19 @@
  * the two); complete/keep/release compare the current value with this request's claim record
  * before writing. Records are the byte encoding of store.h under "retrygate:idem:<scope hex>".
  *
+ * A claim carries the moment its requester gives up, on the server's clock: the script
+ * refuses to claim once Redis TIME is past it. A stalled server (SIGSTOP, a long fork) runs
+ * the commands it buffered when it resumes, after the request was answered 503; without the
+ * deadline such a claim would block the key for lock_timeout although nothing ran. The
+ * offset between our monotonic clock and the server's is taken from a TIME in each
+ * handshake, measured at the reply (so a slow reply makes deadlines early, never late);
+ * until one connection has answered it, claims wait as they do while resolving.
+ *
  * Connection states:  IDLE (backoff timer) -> [RESOLVING ->] CONNECTING -> UP
  *                     any error -> IDLE, backoff 50 ms doubling to 2 s, reset once the
  *                     handshake ([AUTH] [SELECT] PING) has been answered.
  * Claims are sent while CONNECTING or UP (hiredis buffers them until connected), wait in a
- * queue while RESOLVING, and fail at once while IDLE: fail closed, fast. Every claim has a
+ * queue while RESOLVING (or before the first clock offset), and fail at once while IDLE: fail closed, fast. Every claim has a
  * timer (idem_redis_set_timeout, IDEM_REDIS_TIMEOUT_US by default); a command without reply
  * by then means a stuck server or network, so the connection is dropped, which fails every
  * command in flight.
@@ -46,11 +54,16 @@
 #define KEY_PREFIX          "retrygate:idem:"
 #define KEY_LEN             (sizeof(KEY_PREFIX) - 1 + 64)
 
-/* KEYS[1] key; ARGV[1] the CLAIMED record; ARGV[2] lock_timeout ms.
- * 1: claimed; else the existing record. */
+/* KEYS[1] key; ARGV[1] the CLAIMED record; ARGV[2] lock_timeout ms; ARGV[3] the deadline,
+ * server time in ms. 1: claimed; 2: too late, nothing written; else the existing record. */
 static const char claim_lua[] =
+	"local t = redis.call('TIME')\n"
+	"if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[3]) then\n"
+	"  return 2\n"
+	"end\n"
 	"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end\n"
 	"return redis.call('GET', KEYS[1])\n";
+#define CLAIM_TOO_LATE 2
 /* KEYS[1] key; ARGV[1] this request's CLAIMED record; ARGV[2] the new record; ARGV[3] ttl ms.
  * Writes only over that claim or over nothing. */
 static const char put_lua[] =
@@ -86,6 +99,8 @@ struct redis_conn {
 	int64_t backoff_us;
 	uint64_t rng;               /* backoff jitter */
 	bool down;                  /* an outage was logged: log the recovery, not each failure */
+	bool clock_known;           /* clock_offset_ms was measured (on this or an earlier link) */
+	int64_t clock_offset_ms;    /* server TIME minus clock_now_us(), in ms */
 	bool closing;               /* being freed: replies and timers deliver nothing */
 	TAILQ_HEAD(, redis_op) ops;     /* every op not yet freed */
 	TAILQ_HEAD(, redis_op) waiting; /* claims queued while RESOLVING */
@@ -100,6 +115,7 @@ struct redis_op {
 	bool waiting, in_redis, user_done;
 	struct idem_key key;
 	int64_t lock_us;
+	int64_t deadline_us;            /* clock_now_us() when the requester gives up */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -173,7 +189,7 @@ static void claim_reply_cb(redisAsyncContext *ac, void *r, void *priv);
 static bool op_send(struct redis_op *o)
 {
 	struct redis_conn *c = o->c;
-	char key[KEY_LEN], ms[24];
+	char key[KEY_LEN], ms[24], dl[24];
 	unsigned char rec[REC_HEAD_LEN];
 
 	if (!c->ac)
@@ -181,12 +197,33 @@ static bool op_send(struct redis_op *o)
 	make_key(key, o->key.scope);
 	rec_encode(rec, REC_CLAIMED, o->key.fp, NULL);
 	int msn = ms_arg(ms, sizeof ms, o->lock_us);
-	const char *argv[] = { "EVAL", claim_lua, "1", key, (const char *)rec, ms };
-	size_t lens[] = { 4, sizeof(claim_lua) - 1, 1, KEY_LEN, sizeof rec, (size_t)msn };
-	if (redisAsyncCommandArgv(c->ac, claim_reply_cb, o, 6, argv, lens) != REDIS_OK)
+	int dln = snprintf(dl, sizeof dl, "%lld",
+	                   (long long)(o->deadline_us / 1000 + c->clock_offset_ms));
+	const char *argv[] = { "EVAL", claim_lua, "1", key, (const char *)rec, ms, dl };
+	size_t lens[] = { 4, sizeof(claim_lua) - 1, 1, KEY_LEN, sizeof rec, (size_t)msn,
+	                  (size_t)dln };
+	if (redisAsyncCommandArgv(c->ac, claim_reply_cb, o, 7, argv, lens) != REDIS_OK)
 		return false;
 	o->in_redis = true;
 	return true;
+}
+
+/* Queues O until the connection can send it (resolving, or no clock offset yet). */
+static void op_wait(struct redis_op *o)
+{
+	TAILQ_INSERT_TAIL(&o->c->waiting, o, wlink);
+	o->waiting = true;
+}
+
+/* Sends the waiting claims, once there is a context and a clock offset. */
+static void flush_waiting(struct redis_conn *c)
+{
+	while (c->ac && c->clock_known && !TAILQ_EMPTY(&c->waiting)) {
+		struct redis_op *o = TAILQ_FIRST(&c->waiting);
+		op_unwait(o);
+		if (!op_send(o))
+			op_fail_soon(o);
+	}
 }
 
 /* ------------------------------------------------------------------ connection state */
@@ -292,6 +329,32 @@ static void setup_reply_cb(redisAsyncContext *ac, void *r, void *priv)
 	}
 }
 
+/* The handshake's TIME: the server's clock against ours, read now, after the reply (the
+ * server read its clock before: the offset errs low, deadlines early). */
+static void time_reply_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct redis_conn *c = ac->data;
+	redisReply *reply = r;
+
+	if (!reply) {
+		conn_lost(c, ac, "connection lost");
+		return;
+	}
+	if (c->ac != ac)
+		return;
+	if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+	    reply->element[0]->type != REDIS_REPLY_STRING ||
+	    reply->element[1]->type != REDIS_REPLY_STRING) {
+		conn_drop(c, "TIME failed", reply->type == REDIS_REPLY_ERROR ? reply->str : NULL);
+		return;
+	}
+	int64_t server_ms = strtoll(reply->element[0]->str, NULL, 10) * 1000 +
+	                    strtoll(reply->element[1]->str, NULL, 10) / 1000;
+	c->clock_offset_ms = server_ms - clock_now_us() / 1000;
+	c->clock_known = true;
+	flush_waiting(c);
+}
+
 static void send_setup(struct redis_conn *c)
 {
 	if (c->pass) {
@@ -310,6 +373,9 @@ static void send_setup(struct redis_conn *c)
 	const char *argv[] = { "PING" };
 	size_t lens[] = { 4 };
 	redisAsyncCommandArgv(c->ac, setup_reply_cb, (void *)ping_failed, 1, argv, lens);
+	const char *targv[] = { "TIME" };
+	size_t tlens[] = { 4 };
+	redisAsyncCommandArgv(c->ac, time_reply_cb, NULL, 1, targv, tlens);
 }
 
 /* Opens the connection to IP (a literal) and queues the handshake and the waiting claims. */
@@ -337,12 +403,7 @@ static void connect_ip(struct redis_conn *c, const char *ip)
 	c->state = RC_CONNECTING;
 	set_timer(c->timer, atomic_load(&timeout_us));
 	send_setup(c);
-	while (c->ac && !TAILQ_EMPTY(&c->waiting)) {
-		struct redis_op *o = TAILQ_FIRST(&c->waiting);
-		op_unwait(o);
-		if (!op_send(o))
-			op_fail_soon(o);
-	}
+	flush_waiting(c);
 }
 
 static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
@@ -432,6 +493,11 @@ static void claim_reply_cb(redisAsyncContext *ac, void *r, void *priv)
 		op_deliver(o, IDEM_UNAVAILABLE, NULL);
 	} else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
 		op_deliver(o, IDEM_CLAIMED, NULL);
+	} else if (reply->type == REDIS_REPLY_INTEGER && reply->integer == CLAIM_TOO_LATE) {
+		/* the server's clock says we gave up already, though our timer has not fired */
+		log_warn("idempotency store %s: claim arrived after its deadline; the clock offset "
+		         "is re-measured at the next connection", c->label);
+		op_deliver(o, IDEM_UNAVAILABLE, NULL);
 	} else if (reply->type == REDIS_REPLY_STRING &&
 	           rec_decode((const unsigned char *)reply->str, (size_t)reply->len, &rec)) {
 		enum idem_result res = rec_judge(rec.state, rec.fp, o->key.fp);
@@ -482,16 +548,19 @@ static struct idem_op *redis_claim(struct idem_store *s, const struct idem_key *
 	if (!o->timer)
 		abort();    /* only on out-of-memory */
 	TAILQ_INSERT_TAIL(&c->ops, o, link);
-	set_timer(o->timer, atomic_load(&timeout_us));
+	int64_t wait = atomic_load(&timeout_us);
+	o->deadline_us = clock_now_us() + wait;
+	set_timer(o->timer, wait);
 	switch (c->state) {
 	case RC_CONNECTING:
 	case RC_UP:
-		if (!op_send(o))
+		if (!c->clock_known)
+			op_wait(o);
+		else if (!op_send(o))
 			op_fail_soon(o);
 		break;
 	case RC_RESOLVING:
-		TAILQ_INSERT_TAIL(&c->waiting, o, wlink);
-		o->waiting = true;
+		op_wait(o);
 		break;
 	case RC_IDLE:
 		op_fail_soon(o);

@@ -8,6 +8,9 @@
  *  - can_read: an edge said "readable" and no short read or EAGAIN has been seen since; while
  *    reading is off or input is at its high-water mark the bytes wait in the kernel, and
  *    turning reading back on reads them from the `soon` event;
+ *  - memory held is about the bytes counted, which the owners' watermarks bound: the input
+ *    holds chains about the size of what they carry (do_read), and small chains moved into
+ *    an output that waits are packed (out_pack);
  *  - appending to the output schedules `soon`, which runs after the callbacks already queued
  *    in this loop round: everything a round appended leaves in one writev. When the kernel
  *    buffer is full the rest waits for the next writable edge.
@@ -31,6 +34,8 @@
 
 #define READ_CHUNK  16384
 #define READ_ROUNDS 4       /* reads per wake-up before yielding to other connections */
+#define PACK_ADDS   64      /* appends to a waiting output before its tail is looked at */
+#define PACK_SMALL  1024    /* ... and repacked when they brought fewer bytes than this each */
 
 struct stream {
 	struct loop *loop;
@@ -47,7 +52,9 @@ struct stream {
 	stream_event_fn ev;
 	void *arg;
 	size_t rd_high, wr_low;
-	bool reading, can_read, connecting, soon_pending, trigger, freed;
+	size_t packed;                  /* output bytes at the front already packed (out_pack) */
+	unsigned out_adds;              /* appends to the output since it was packed or empty */
+	bool reading, can_read, connecting, soon_pending, trigger, freed, packing;
 	bool eof;                       /* the read side ended (EOF or error reported) */
 	bool broken;                    /* a write failed (reported) */
 	bool rdhup;                     /* the peer's FIN is queued behind the data */
@@ -144,6 +151,12 @@ static void wr_timeout_cb(evutil_socket_t fd, short what, void *arg)
 		stream_report(s, BEV_EVENT_TIMEOUT | BEV_EVENT_WRITING);
 }
 
+/* Reads go to a scratch buffer on the stack, then evbuffer_add copies them into the input:
+ * into the free space of its last chain, or into a chain sized to the bytes read. Reading
+ * straight into reserved space would pin a fresh 16 KiB chain (32 KiB from malloc) per read,
+ * and chains move, uncopied, to the other side's output: a peer sending 100-byte pieces would
+ * hold 300 times the bytes the watermarks count. The copy is at most READ_CHUNK bytes per
+ * system call, and the stack buffer is per thread, as the loop is. */
 static void do_read(struct stream *s)
 {
 	for (int round = 0; round < READ_ROUNDS; round++) {
@@ -155,20 +168,9 @@ static void do_read(struct stream *s)
 		size_t want = READ_CHUNK;
 		if (s->rd_high && s->rd_high - have < want)
 			want = s->rd_high - have;
-		struct evbuffer_iovec v[2];
-		int nv = evbuffer_reserve_space(s->in, (ev_ssize_t)want, v, 2);
-		if (nv <= 0)
-			return;
-		struct iovec iov[2];
-		size_t left = want;
-		for (int i = 0; i < nv; i++) {
-			iov[i].iov_base = v[i].iov_base;
-			iov[i].iov_len = v[i].iov_len < left ? v[i].iov_len : left;
-			left -= iov[i].iov_len;
-		}
-		/* recvmsg, not readv: the socket call skips the file-position lock readv takes */
-		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)nv };
-		ssize_t n = recvmsg(s->fd, &msg, MSG_DONTWAIT);
+		char scratch[READ_CHUNK];
+		/* recv, not read: the socket call skips the file-position lock read takes */
+		ssize_t n = recv(s->fd, scratch, want, MSG_DONTWAIT);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -185,13 +187,11 @@ static void do_read(struct stream *s)
 			stream_report(s, BEV_EVENT_EOF | BEV_EVENT_READING);
 			return;
 		}
-		size_t got = (size_t)n;
-		for (int i = 0; i < nv; i++) {
-			size_t take = got < iov[i].iov_len ? got : iov[i].iov_len;
-			v[i].iov_len = take;
-			got -= take;
+		if (evbuffer_add(s->in, scratch, (size_t)n) != 0) {
+			s->can_read = false;
+			stream_report(s, BEV_EVENT_ERROR | BEV_EVENT_READING);
+			return;
 		}
-		evbuffer_commit_space(s->in, v, nv);
 		/* a short read drained the socket: wait for an edge, unless a FIN is queued (it
 		 * raises no further edge, so read on to see the EOF) */
 		if ((size_t)n < want && !s->rdhup)
@@ -286,11 +286,56 @@ static void in_changed_cb(struct evbuffer *buf, const struct evbuffer_cb_info *i
 		stream_schedule(s);
 }
 
+/* Chains move whole between buffers (evbuffer_add_buffer), so small pieces appended to an
+ * output that is not draining (a slow reader, a connect under way) each bring a chain of at
+ * least 1 KiB. Every PACK_ADDS appends of under PACK_SMALL bytes on average, the bytes that
+ * came since the last packing are copied into contiguous chains: each byte is copied at most
+ * once, and only while the output waits. The packed front is moved out and back, not copied. */
+static void out_pack(struct stream *s)
+{
+	size_t len = evbuffer_get_length(s->out);
+	size_t fresh = len - s->packed;
+	if (fresh / s->out_adds >= PACK_SMALL) {
+		s->out_adds = 0;
+		return;
+	}
+	struct evbuffer *tail = evbuffer_new();
+	s->packing = true;
+	evbuffer_add_buffer(tail, s->out);
+	evbuffer_remove_buffer(tail, s->out, s->packed);
+	evbuffer_expand(s->out, fresh);
+	struct evbuffer_iovec v[16];
+	while (evbuffer_get_length(tail) > 0) {
+		int n = evbuffer_peek(tail, -1, NULL, v, 16);
+		size_t took = 0;
+		for (int i = 0; i < n && i < 16; i++) {
+			evbuffer_add(s->out, v[i].iov_base, v[i].iov_len);
+			took += v[i].iov_len;
+		}
+		evbuffer_drain(tail, took);
+	}
+	evbuffer_free(tail);
+	s->packing = false;
+	s->packed = len;
+	s->out_adds = 0;
+}
+
 static void out_changed_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
 	struct stream *s = arg;
-	if (info->n_added > 0 && !s->connecting && s->fd >= 0)
-		stream_schedule(s);
+	if (s->packing)
+		return;
+	if (info->n_deleted > 0) {
+		s->packed = s->packed > info->n_deleted ? s->packed - info->n_deleted : 0;
+		if (info->orig_size == info->n_deleted)
+			s->out_adds = 0;            /* drained: nothing waits */
+	}
+	if (info->n_added > 0) {
+		if (++s->out_adds >= PACK_ADDS)
+			out_pack(s);
+		if (!s->connecting && s->fd >= 0)
+			stream_schedule(s);
+	}
 }
 
 /* ---------------------------------------------------------------- TLS: bufferevent */
@@ -341,6 +386,8 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 		bufferevent_setcb(s->bev, tls_read_cb, tls_write_cb, tls_event_cb, s);
 		s->in = bufferevent_get_input(s->bev);
 		s->out = bufferevent_get_output(s->bev);
+		if (fd >= 0)
+			loop_fd_seen(loop, fd);
 		return s;
 	}
 	s->in = evbuffer_new();
@@ -352,14 +399,18 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 		evutil_make_socket_nonblocking(fd);
 		s->io = event_new(base, fd, EV_READ | EV_WRITE | EV_CLOSED | EV_ET | EV_PERSIST, io_cb, s);
 		event_add(s->io, NULL);
+		loop_fd_seen(loop, fd);
 	}
 	return s;
 }
 
 int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 {
-	if (s->bev)
-		return bufferevent_socket_connect(s->bev, (struct sockaddr *)sa, salen);
+	if (s->bev) {
+		int rc = bufferevent_socket_connect(s->bev, (struct sockaddr *)sa, salen);
+		loop_fd_seen(s->loop, bufferevent_getfd(s->bev));
+		return rc;
+	}
 	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
@@ -374,6 +425,7 @@ int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 		stream_schedule(s);
 	}
 	event_add(s->io, NULL);
+	loop_fd_seen(s->loop, fd);
 	return 0;
 }
 
@@ -424,14 +476,19 @@ void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream
 struct evbuffer *stream_input(struct stream *s) { return s->in; }
 struct evbuffer *stream_output(struct stream *s) { return s->out; }
 
+SSL *stream_ssl(struct stream *s)
+{
+	return s->bev ? bufferevent_openssl_get_ssl(s->bev) : NULL;
+}
+
 int stream_fd(struct stream *s)
 {
 	return s->bev ? bufferevent_getfd(s->bev) : s->fd;
 }
 
-SSL *stream_ssl(struct stream *s)
+unsigned long stream_tls_error(struct stream *s)
 {
-	return s->bev ? bufferevent_openssl_get_ssl(s->bev) : NULL;
+	return s->bev ? bufferevent_get_openssl_error(s->bev) : 0;
 }
 
 void stream_enable(struct stream *s, short what)

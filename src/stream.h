@@ -5,9 +5,11 @@
  * Why not a bufferevent for plain TCP: a socket bufferevent adds and removes its write event
  * around every write and asks the kernel how many bytes are readable before every read: six
  * system calls per proxied request that do no I/O. A plain stream registers its socket once,
- * edge-triggered for reading and writing; it reads into reserved buffer space until a short
- * read, and writes its output directly, once per callback round (after every callback that
- * appended to it has run), asking for writability only when the kernel buffer was full.
+ * edge-triggered for reading and writing; it reads until a short read, into chains sized to
+ * what was read, and writes its output directly, once per callback round (after every
+ * callback that appended to it has run), asking for writability only when the kernel buffer
+ * was full. Memory held stays near the bytes counted, so the owners' watermarks bound it:
+ * small chains moved into an output that waits are packed together.
  * TLS streams are bufferevent_openssl underneath: the same API, the library's I/O.
  *
  * Callbacks may free the stream (stream_free): memory goes through the loop's deferred-free
@@ -58,7 +60,9 @@ void stream_set_write_timeout(struct stream *s, int64_t us);
 /* Call READ soon, from the loop, even with no new bytes (input already holds some). */
 void stream_trigger_read(struct stream *s);
 int stream_fd(struct stream *s);
-/* The TLS connection of a TLS stream (ALPN, peer certificate), or NULL. */
+/* TLS streams: take the most recent OpenSSL error behind an error event; 0: none (left). */
+unsigned long stream_tls_error(struct stream *s);
+/* The SSL of a TLS stream (ALPN, peer certificate), or NULL. */
 SSL *stream_ssl(struct stream *s);
 
 #endif

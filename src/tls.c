@@ -1,5 +1,6 @@
 /*
- * tls: OpenSSL 3 contexts. TLS 1.2 is the floor on both sides.
+ * tls: OpenSSL 3 contexts. TLS 1.2 is the floor on both sides. mTLS: a client certificate
+ * towards upstreams, client-certificate verification on listeners (SPEC §2).
  */
 #include <stdio.h>
 #include <string.h>
@@ -91,6 +92,58 @@ SSL_CTX *tls_client_ctx(const char *ca, bool verify, char *err, size_t errlen)
 		SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);
 	}
 	return ctx;
+}
+
+int tls_client_use_cert(SSL_CTX *ctx, const char *cert, const char *key, char *err, size_t errlen)
+{
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+		last_error(err, errlen, "cannot load client certificate", cert);
+		return -1;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+	    SSL_CTX_check_private_key(ctx) != 1) {
+		last_error(err, errlen, "cannot load client private key", key);
+		return -1;
+	}
+	return 0;
+}
+
+int tls_server_verify_clients(SSL_CTX *ctx, const char *client_ca, bool require, char *err,
+                              size_t errlen)
+{
+	STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(client_ca);
+	if (!names || SSL_CTX_load_verify_locations(ctx, client_ca, NULL) != 1) {
+		sk_X509_NAME_pop_free(names, X509_NAME_free);
+		last_error(err, errlen, "cannot load client CA", client_ca);
+		return -1;
+	}
+	/* the CertificateRequest names these CAs, so a client with several certificates picks
+	 * the right one; the context owns the list from here */
+	SSL_CTX_set_client_CA_list(ctx, names);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | (require ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+	                   NULL);
+	return 0;
+}
+
+bool tls_error_is_peer_refusal(unsigned long e)
+{
+	if (ERR_GET_LIB(e) != ERR_LIB_SSL)
+		return false;
+	switch (ERR_GET_REASON(e)) {
+	case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+	case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+	case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+	case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
+	case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+	case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+	case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
+	case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+	case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
+	case SSL_R_TLSV1_ALERT_DECRYPT_ERROR:
+		return true;
+	default:
+		return false;
+	}
 }
 
 SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify)

@@ -74,6 +74,14 @@ static void ep_unbind(struct ep_state *ep)
 	free(ep);
 }
 
+void upstream_faults_switch(struct upstream_state *st, bool on, int stopped)
+{
+	atomic_store(&st->faults_stopped, on ? 0 : stopped);
+	atomic_store(&st->faults_since_us, on ? clock_now_us() : 0);
+	atomic_store(&st->faults_since_wall, on ? (int64_t)clock_wall() : 0);
+	atomic_store(&st->faults_on, on);
+}
+
 /* A reference on the state of upstream U, created (fresh budget, retries enabled) at the
  * lowest free id when no live runtime names it. */
 static struct upstream_state *state_bind(const struct cfg_upstream *u)
@@ -88,6 +96,8 @@ static struct upstream_state *state_bind(const struct cfg_upstream *u)
 	st->refs = 1;
 	budget_init(&st->budget, &u->retry, clock_now_us());
 	atomic_store(&st->runtime_enabled, true);
+	/* faults.enabled applies when the name first appears; a reload keeps the switch */
+	upstream_faults_switch(st, u->faults.enabled && u->faults.nrules > 0, 0);
 	st->stats = aligned_alloc(64, sizeof(struct ustats) * (size_t)g_nworkers);
 	if (!st->stats)
 		abort();
@@ -174,7 +184,10 @@ struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen)
 	rt->ltls = xcalloc((size_t)cfg->nlisteners + 1, sizeof(*rt->ltls));
 	for (int i = 0; i < cfg->nlisteners; i++) {
 		struct cfg_listener *l = &cfg->listeners[i];
-		if (l->tls && !(rt->ltls[i] = tls_server_ctx(l->tls_cert, l->tls_key, err, errlen))) {
+		if (l->tls && (!(rt->ltls[i] = tls_server_ctx(l->tls_cert, l->tls_key, err, errlen)) ||
+		               (l->tls_client_ca &&
+		                tls_server_verify_clients(rt->ltls[i], l->tls_client_ca,
+		                                          l->tls_require_client_cert, err, errlen) != 0))) {
 			runtime_free(rt);
 			return NULL;
 		}
@@ -183,7 +196,9 @@ struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen)
 	}
 	for (int i = 0; i < cfg->nupstreams; i++) {
 		struct cfg_upstream *u = &cfg->upstreams[i];
-		if (u->tls && !(rt->ups[i].tls = tls_client_ctx(u->tls_ca, u->tls_verify, err, errlen))) {
+		if (u->tls && (!(rt->ups[i].tls = tls_client_ctx(u->tls_ca, u->tls_verify, err, errlen)) ||
+		               (u->tls_cert && tls_client_use_cert(rt->ups[i].tls, u->tls_cert, u->tls_key,
+		                                                   err, errlen) != 0))) {
 			runtime_free(rt);
 			return NULL;
 		}

@@ -44,6 +44,11 @@ struct upstream_state {
 	_Atomic int in_flight;
 	_Atomic int retries_in_flight;
 	_Atomic bool runtime_enabled;
+	/* SPEC §11 fault switch, written only by upstream_faults_switch() (main thread): on since
+	 * (monotonic, and wall clock for GET /faults), and why it last stopped by itself */
+	_Atomic bool faults_on;
+	_Atomic int64_t faults_since_us, faults_since_wall;    /* µs monotonic; s since the epoch */
+	_Atomic int faults_stopped;     /* enum faults_stop (faults.h); 0: none */
 	_Atomic uint64_t rr;
 	struct ep_state *eps[MAX_ENDPOINTS];    /* NULL: free index */
 	struct ustats *stats;       /* [g_nworkers] */
@@ -104,6 +109,10 @@ bool upstream_take_in_flight(struct upstream_state *st, int cap);
 void upstream_release_in_flight(struct upstream_state *st);
 bool upstream_take_retry_slot(struct upstream_state *st, int cap);
 void upstream_release_retry_slot(struct upstream_state *st);
+
+/* The fault switch: ON (since now), or off with STOPPED, the stop condition that fired (0: an
+ * operator switched it off). */
+void upstream_faults_switch(struct upstream_state *st, bool on, int stopped);
 
 /* Retry-After hold: extend (never shorten) to UNTIL. */
 void upstream_hold(struct ep_state *ep, int64_t until_us);

@@ -38,6 +38,21 @@ uint64_t rand_next(uint64_t *state);
 #define MAGIC_CHECK(p, m) ((void)0)
 #endif
 _Noreturn void magic_fail(const char *file, int line, const char *what);
+
+/* DESIGN rule 2: the one writer of an object's state, `static void FN(struct TYPE *, enum
+ * ETYPE)`; in the debug build it stops when a terminal state (TERMINAL) would be left. */
+#ifdef RG_CHECK_MAGIC
+#define STATE_TERMINAL_CHECK(o, st, terminal) \
+	((o)->state == (terminal) && (st) != (terminal) ? magic_fail(__FILE__, __LINE__, #terminal " is terminal") : (void)0)
+#else
+#define STATE_TERMINAL_CHECK(o, st, terminal) ((void)0)
+#endif
+#define DEFINE_STATE_SETTER(fn, type, etype, terminal) \
+	static void fn(struct type *o, enum etype st) \
+	{ \
+		STATE_TERMINAL_CHECK(o, st, terminal); \
+		o->state = st; \
+	}
 /* 32 random hex digits and a NUL: an X-Request-Id of ours */
 void request_id_new(char out[33], uint64_t *rng);
 

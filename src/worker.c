@@ -18,6 +18,7 @@
 #include "idempotency.h"
 #include "listener.h"
 #include "log.h"
+#include "h2_conn.h"
 #include "pool.h"
 #include "h1_session.h"
 #include "h2_session.h"
@@ -182,6 +183,7 @@ static void begin_drain(struct worker *w)
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_stop(w->listeners[i]);
 	pool_drain(&w->loop);
+	h2_drain(&w->loop);
 	drain_sessions(w, may_close_idle(w));
 	maybe_exit(w);
 	if (w->nconns > 0) {
@@ -237,6 +239,7 @@ static void *worker_main(void *arg)
 	idem_store_release_base(w->loop.base);  /* before the DNS base it may use */
 	loop_free_dns(&w->loop);
 	pool_free_all(&w->loop);
+	h2_free_all(&w->loop);
 	loop_fini(&w->loop);
 	event_free(w->notify_ev);
 	close(w->wake_fd);

@@ -122,8 +122,8 @@ def test_check_ok_prints_worst_case_per_upstream_then_ok(tmp_path):
     for name, attempts, ratio in (("payments", "4", "1.5"), ("ledger", "2", "1.1")):
         section = _section(out, name)
         assert re.search(r"\b%s\b" % attempts, section), (name, section)
-        assert ratio in section, "amplification bound 1 + ratio missing for %s:\n%s" % (
-            name, section)
+        assert ratio in section, "amplification figure %s missing for %s:\n%s" % (
+            ratio, name, section)
         assert "deadline" in section, "no latency-vs-deadline line for %s:\n%s" % (name, section)
 
 

@@ -1,13 +1,16 @@
 """`make run` as the README guide shows it: conf/retrygate.yaml in front of
 tests/tools/upstream.py --flaky /flaky (ports moved to free ones), and the answers the guide
-prints: a retried GET, an unkeyed POST whose retry is refused, a keyed POST retried."""
+prints: a retried GET, an unkeyed POST whose retry is refused, a keyed POST retried; and the
+--check report it shows, which must be what the binary prints."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from harness import LOOPBACK, REPO_ROOT, free_port, http_request, wait_for, port_open
+from harness import (LOOPBACK, REPO_ROOT, free_port, http_request, wait_for, port_open,
+                     run_binary)
 
 
 @pytest.fixture
@@ -65,3 +68,12 @@ def test_guide_kill_switch(guide):
     r = guide.set_retries(True, "dmeo")
     assert r.status == 404 and r.json() == {"error": "unknown upstream", "upstream": "dmeo"}
     assert guide.set_retries(True).json() == {"demo": True}
+
+
+def test_guide_check_report_is_the_real_one():
+    readme = (REPO_ROOT / "README.md").read_text()
+    m = re.search(r"\n\$ build/retrygate -c conf/retrygate.yaml --check\n(.*?)```", readme, re.S)
+    assert m, "README no longer shows the --check report of conf/retrygate.yaml"
+    cp = run_binary("-c", "conf/retrygate.yaml", "--check")
+    assert cp.returncode == 0, cp.stderr
+    assert m.group(1) == cp.stdout, "README's --check report differs from the binary's:\n" + cp.stdout

@@ -101,9 +101,10 @@ static const struct row rows[] = {
 	  "GET /x HTTP/1.1\r\nHost: svc\r\n" STD_TAIL "\r\n" },
 };
 
+static const struct http_limits lim = { .max_header_bytes = 32768, .max_uri_bytes = 8192 };
+
 static void test_rows(void **state)
 {
-	static const struct http_limits lim = { .max_header_bytes = 32768, .max_uri_bytes = 8192 };
 	int failed = 0;
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
 		const struct row *r = &rows[i];
@@ -145,9 +146,98 @@ static void test_rows(void **state)
 	assert_int_equal(failed, 0);
 }
 
+/* HTTP/2 upstream (SPEC §9 mapping): the field list, one "name: value\n" line a field */
+struct h2row {
+	const char *why;
+	const char *request;
+	const char *host_rewrite;
+	bool up_tls, streamed;
+	int64_t body_len;
+	const char *expect;
+};
+
+#define H2_TAIL "x-forwarded-for: 10.0.0.9\nx-forwarded-proto: http\nx-request-id: rid\n" \
+                "x-timeout-ms: 950\nx-retrygate-attempt: 1\n"
+
+static const struct h2row h2rows[] = {
+	{ "pseudo-headers first, :authority from Host, no host field, names lowercased",
+	  "GET /a?b=1 HTTP/1.1\r\nHost: svc:8080\r\nAccept: */*\r\nX-Mixed-Case: V\r\n\r\n",
+	  .expect = ":method: GET\n:scheme: http\n:authority: svc:8080\n:path: /a?b=1\n"
+	  "accept: */*\nx-mixed-case: V\n" H2_TAIL },
+	{ "with tls :scheme is https; host_rewrite names the :authority",
+	  "GET / HTTP/1.1\r\nHost: outside\r\n\r\n", .up_tls = true, .host_rewrite = "inside",
+	  .expect = ":method: GET\n:scheme: https\n:authority: inside\n:path: /\n" H2_TAIL },
+	{ "hop-by-hop and connection-specific fields are not forwarded; TE: trailers becomes te",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n"
+	  "Keep-Alive: timeout=5\r\nProxy-Connection: x\r\nTE: trailers\r\nUpgrade: foo\r\n"
+	  "X-End: 2\r\n\r\n",
+	  .expect = ":method: GET\n:scheme: http\n:authority: svc\n:path: /\nx-end: 2\n" H2_TAIL
+	  "te: trailers\n" },
+	{ "a TE without trailers is dropped",
+	  "GET / HTTP/1.1\r\nHost: svc\r\nTE: gzip\r\nConnection: TE\r\n\r\n",
+	  .expect = ":method: GET\n:scheme: http\n:authority: svc\n:path: /\n" H2_TAIL },
+	{ "a buffered body: its length",
+	  "POST /p HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n", .body_len = 7,
+	  .expect = ":method: POST\n:scheme: http\n:authority: svc\n:path: /p\n" H2_TAIL
+	  "content-length: 7\n" },
+	{ "a streamed chunked body: no length and never transfer-encoding",
+	  "POST /p HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n", .streamed = true,
+	  .expect = ":method: POST\n:scheme: http\n:authority: svc\n:path: /p\n" H2_TAIL },
+	{ "a streamed body with a length keeps it",
+	  "PUT /p HTTP/1.1\r\nHost: svc\r\nContent-Length: 99999\r\n\r\n", .streamed = true,
+	  .expect = ":method: PUT\n:scheme: http\n:authority: svc\n:path: /p\n" H2_TAIL
+	  "content-length: 99999\n" },
+	{ "no Host (HTTP/1.0): the endpoint is the :authority",
+	  "GET / HTTP/1.0\r\n\r\n",
+	  .expect = ":method: GET\n:scheme: http\n:authority: 127.0.0.1:9001\n:path: /\n" H2_TAIL },
+};
+
+static void test_h2_rows(void **state)
+{
+	int failed = 0;
+	struct forward_nv nv = { 0 };
+	for (size_t i = 0; i < sizeof(h2rows) / sizeof(h2rows[0]); i++) {
+		const struct h2row *r = &h2rows[i];
+		struct http_msg *m = http_msg_new(HTTP_REQUEST_KIND, &lim);
+		struct evbuffer *in = evbuffer_new(), *body = evbuffer_new(), *out = evbuffer_new();
+		evbuffer_add(in, r->request, strlen(r->request));
+		assert_int_equal(http_msg_feed(m, in, body, 0), HTTP_HEAD);
+		const struct http_head *h = http_msg_head(m);
+		struct dl_value vals[DL_NKINDS];
+		bool present[DL_NKINDS];
+		deadline_collect(h->hdrs, h->nhdrs, vals, present);
+		struct forward_req f = {
+			.req = h, .host_rewrite = r->host_rewrite, .endpoint = "127.0.0.1:9001",
+			.peer_ip = "10.0.0.9", .reqid = "rid", .dl_present = present,
+			.wait_us = 950000, .attempt = 1, .streamed = r->streamed, .body_len = r->body_len,
+		};
+		forward_h2_headers(&f, r->up_tls, &nv);   /* reused across rows, as a caller may */
+		for (size_t j = 0; j < nv.n; j++) {
+			evbuffer_add(out, nv.nv[j].name, nv.nv[j].namelen);
+			evbuffer_add(out, ": ", 2);
+			evbuffer_add(out, nv.nv[j].value, nv.nv[j].valuelen);
+			evbuffer_add(out, "\n", 1);
+		}
+		size_t n = evbuffer_get_length(out);
+		const char *got = (const char *)evbuffer_pullup(out, -1);
+		if (n != strlen(r->expect) || memcmp(got, r->expect, n) != 0) {
+			printf("h2 row %zu (%s):\n--- expected\n%s--- got\n%.*s---\n", i, r->why, r->expect,
+			       (int)n, got);
+			failed++;
+		}
+		http_msg_free(m);
+		evbuffer_free(in);
+		evbuffer_free(body);
+		evbuffer_free(out);
+	}
+	forward_nv_free(&nv);
+	assert_int_equal(failed, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_h2_rows),
 		cmocka_unit_test(test_rows),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -318,6 +318,10 @@ static const struct row bad_requests[] = {
 	  S("GET http://b/ HTTP/1.0\r\n" H "\r\n"), "E400" },
 	/* Host */
 	{ "missing Host on HTTP/1.1", S("GET / HTTP/1.1\r\nX: y\r\n\r\n"), "E400" },
+	/* RFC 9112 §3.2: empty only for a target without authority, which we never route */
+	{ "empty Host", S("GET / HTTP/1.1\r\nHost:\r\n\r\n"), "E400" },
+	{ "Host of blanks only", S("GET / HTTP/1.1\r\nHost:  \t \r\n\r\n"), "E400" },
+	{ "empty Host on HTTP/1.0", S("GET / HTTP/1.0\r\nHost:\r\n\r\n"), "E400" },
 	{ "two identical Hosts", S("GET / HTTP/1.1\r\n" H H "\r\n"), "E400" },
 	{ "two different Hosts", S("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), "E400" },
 	{ "two Hosts on HTTP/1.0", S("GET / HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n"), "E400" },
@@ -551,7 +555,6 @@ static void test_refused_requests(void **state)
 static const struct row good_requests[] = {
 	{ "GET", S("GET / HTTP/1.1\r\n" H "\r\n"), "H D" },
 	{ "HTTP/1.0 needs no Host", S("GET / HTTP/1.0\r\n\r\n"), "H D" },
-	{ "empty Host with origin-form", S("GET / HTTP/1.1\r\nHost:\r\n\r\n"), "H D" },
 	{ "Host with port and IPv6 literal", S("GET / HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n"), "H D" },
 	{ "Host with percent-encoding and sub-delims",
 	  S("GET / HTTP/1.1\r\nHost: a%41b!$&'()*+,;=-._~\r\n\r\n"), "H D" },
@@ -1167,6 +1170,11 @@ static void test_error_reasons(void **state)
 {
 	static const struct { const char *in; int st; const char *reason; } rows[] = {
 		{ "GET / HTTP/1.1\r\n\r\n", 400, "bad-request" },
+		/* no version: refused at the end of the request line, not after a timeout */
+		{ "GET /\r\n", 400, "bad-request" },
+		{ "GET /x?y=1\r", 400, "bad-request" },
+		{ "FOO /\r\n", 400, "bad-request" },
+		{ "GET / HTTP/1.1\r\nHost:\r\n\r\n", 400, "bad-request" },
 		{ "FOO / HTTP/1.1\r\nHost: a\r\n\r\n", 501, "not-implemented" },
 		{ "GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505, "version-not-supported" },
 	};

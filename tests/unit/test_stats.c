@@ -140,6 +140,7 @@ static void test_json_same_figures(void **state)
 	setup_figures();
 	char *j = render(stats_render_json);
 	assert_non_null(strstr(j, "{\"downstream\":{\"connections_active\":2,\"exchanges_active\":0,"
+	                          "\"reconcile_pending\":0,\"reconcile_publish_errors\":0,"
 	                          "\"requests\":{\"1xx\":0,\"2xx\":2,\"3xx\":0,\"4xx\":0,\"5xx\":0},"
 	                          "\"h2_errors\":{\"malformed\":0,\"refused-stream\":0,\"rapid-reset\":0,"
 	                          "\"header-block\":0,\"flood\":0,\"stalled\":0,\"idle\":0}},"
@@ -152,8 +153,46 @@ static void test_json_same_figures(void **state)
 	                          "\"held_endpoints\":{}}"));
 	assert_non_null(strstr(j, ",\"db\":{\"requests\":0,"));
 	assert_non_null(strstr(j, "\"retries_enabled\":false"));
-	assert_int_equal(strcmp(j + strlen(j) - 4, "}}}\n"), 0);
+	/* the process figures close the object */
+	assert_non_null(strstr(j, "}}},\"process\":{\"build_info\":{\"version\":\"" RETRYGATE_VERSION
+	                          "\"},\"config_reloads\":{\"ok\":0,\"failed\":0},"
+	                          "\"resident_memory_bytes\":"));
+	assert_int_equal(strcmp(j + strlen(j) - 3, "}}\n"), 0);
 	free(j);
+}
+
+/* the value of the unlabelled series NAME in the text T */
+static double sample(const char *t, const char *name)
+{
+	char key[128];
+	snprintf(key, sizeof key, "\n%s ", name);
+	const char *p = strstr(t, key);
+	assert_non_null(p);
+	return atof(p + strlen(key));
+}
+
+static void test_process_figures(void **state)
+{
+	setup_figures();
+	stats_config_loaded(false);
+	stats_config_reload_failed();
+	stats_config_loaded(true);
+	char *t = render(stats_render_prometheus);
+	assert_non_null(strstr(t, "# TYPE retrygate_build_info gauge\n"
+	                          "retrygate_build_info{version=\"" RETRYGATE_VERSION "\"} 1\n"));
+	assert_non_null(strstr(t, "retrygate_config_reloads_total{result=\"ok\"} 1\n"));
+	assert_non_null(strstr(t, "retrygate_config_reloads_total{result=\"failed\"} 1\n"));
+	assert_non_null(strstr(t, "# TYPE process_cpu_seconds_total counter\n"));
+#define X_ONCE(f, m, h, type, ...) assert_int_equal(count(t, "# TYPE " m " " type "\n"), 1);
+	PROCESS_FIGURES(X_ONCE)
+#undef X_ONCE
+	/* read from /proc/self: this test process has memory, descriptors, a start time */
+	double rss = sample(t, "process_resident_memory_bytes"), fds = sample(t, "process_open_fds");
+	double st = sample(t, "process_start_time_seconds");
+	double ld = sample(t, "retrygate_config_last_reload_success_timestamp_seconds");
+	assert_true(rss > 1e5 && fds >= 3);
+	assert_true(st > 1.6e9 && ld >= st - 1 && ld < st + 3600);
+	free(t);
 }
 
 int main(void)
@@ -164,6 +203,7 @@ int main(void)
 		cmocka_unit_test(test_value_lists_size_the_arrays),
 		cmocka_unit_test(test_prometheus_every_family_once),
 		cmocka_unit_test(test_json_same_figures),
+		cmocka_unit_test(test_process_figures),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,127 @@
+/*
+ * exchange_impl: what the three files of the exchange share, and nobody else: the object, its
+ * states, and the functions one part calls in another. exchange.c is the state machine (intake,
+ * attempts, the retry decision, backoff, deadline, the attempt's news); exchange_reply.c is how
+ * it ends (what reaches the client, relayed or made here, the accounting and the log line);
+ * exchange_fault.c applies SPEC §11 faults to its attempts. Only these three include this file.
+ */
+#ifndef RG_EXCHANGE_IMPL_H
+#define RG_EXCHANGE_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/event_struct.h>
+
+#include "accesslog.h"
+#include "config.h"
+#include "deadline.h"
+#include "forward.h"
+#include "http.h"
+#include "reqbody.h"
+#include "responder.h"
+#include "retry.h"
+#include "saved_response.h"
+
+struct attempt;
+struct evbuffer;
+struct idem_job;
+struct loop;
+struct ep_state;
+struct upstream_binding;
+struct upstream_state;
+struct ustats;
+
+#define EXCHANGE_MAGIC 0xe8c4a46eu
+#define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
+
+enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
+
+struct exchange {
+	uint32_t magic;
+	enum xstate state;
+	struct loop *loop;
+	struct runtime *rt;
+	struct cfg_listener *l;
+	struct client_info ci;
+	char peer_ip[64];
+	const struct http_head *req;
+	struct responder rsp;
+
+	struct cfg_upstream *up;
+	struct upstream_binding *ub;
+	struct upstream_state *st;
+	struct ustats *us;
+
+	int64_t t0_us, deadline_us, given_us;
+	bool dl_present[DL_NKINDS];
+	bool req_nested, has_key, enforce_idem;
+	enum method_class mclass;
+
+	struct reqbody rb;              /* the request body: buffered for replay, or streamed */
+
+	struct attempt *att;            /* the attempt waiting for its head */
+	struct attempt *relay;          /* the attempt whose response goes to the client */
+	struct ep_state *att_ep;
+	bool slot_in_flight, slot_retry;
+	struct ep_state *next_ep;
+	int attempts;
+	uint64_t tried;
+	enum outcome last_out;
+	bool last_bad;
+	struct saved_response saved;  /* the last retried response, in case no later one comes */
+	enum refusal refused;
+
+	struct event deadline_ev, backoff_ev;   /* embedded: no allocation per request */
+	bool head_sent, close_after;
+	int resp_status;
+	char reqid[FORWARD_ID_MAX];     /* the client's X-Request-Id (truncated), else ours */
+	struct access_rec log;
+
+	struct idem_job *idem;          /* SPEC §6 enforcement at this hop, or NULL */
+	int last_att_status;            /* the last attempt's response status, 0: none */
+	bool reached;                   /* some attempt may have reached the upstream */
+	bool resp_complete;             /* a relayed response went out whole */
+
+	/* SPEC §11: the fault the current attempt drew, or NULL. Faults that send nothing
+	 * (connect-failure, abort, a delay) run on fault_ev while ex->att is NULL. */
+	const struct cfg_fault_rule *fault;
+	struct event fault_ev;
+	bool fault_pending;             /* fault_ev stands for the current attempt */
+	enum outcome fault_cut;         /* OUT_TIMEOUT: the delay outlasts the per-try timeout */
+	int64_t att_t0_us;              /* when the current attempt started (its delay included) */
+	struct http_head fault_head;    /* abort's response, as if the upstream had sent it */
+	struct http_hdr fault_hdrs[2];
+};
+
+/* exchange.c */
+void ex_set_state(struct exchange *ex, enum xstate st);
+void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
+void ex_send_attempt(struct exchange *ex, struct ep_state *ep);
+int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);
+
+/* exchange_reply.c: the end of an exchange and what reaches the client */
+void ex_release_slots(struct exchange *ex);
+bool ex_body_left_unread(const struct exchange *ex, bool ours);
+void ex_end(struct exchange *ex);
+void ex_log_request(struct exchange *ex, int64_t now);
+void ex_count_end(struct exchange *ex, int64_t now);
+void ex_finish(struct exchange *ex, bool complete, bool close);
+void ex_finish_error(struct exchange *ex, int status, const char *reason, bool close,
+                     const char *retry_after);
+void ex_send_head(struct exchange *ex, const struct http_head *h, enum refusal reason);
+void ex_relay_body(struct exchange *ex, struct evbuffer *data);
+void ex_relay_from(struct exchange *ex, struct attempt *a, const struct http_head *h,
+                   enum refusal reason);
+void ex_relay_complete(struct exchange *ex);
+void ex_relay_saved(struct exchange *ex, enum refusal reason);
+void ex_deliver_last(struct exchange *ex);
+void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_head *h);
+void ex_relay_informational(struct exchange *ex, const struct http_head *h);
+
+/* exchange_fault.c */
+const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now);
+void ex_fault_arm(struct exchange *ex, int64_t now);
+void ex_fault_cb(evutil_socket_t fd, short what, void *arg);
+
+#endif
