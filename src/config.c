@@ -877,6 +877,14 @@ void config_unref(struct config *c)
 		config_free(c);
 }
 
+struct cfg_listener *config_listener(const struct config *c, const char *name)
+{
+	for (int i = 0; i < c->nlisteners; i++)
+		if (c->listeners[i].name && !strcmp(c->listeners[i].name, name))
+			return &c->listeners[i];
+	return NULL;
+}
+
 struct cfg_upstream *config_upstream(const struct config *c, const char *name)
 {
 	for (int i = 0; i < c->nupstreams; i++)

@@ -150,6 +150,7 @@ struct cfg_limits {
 	int64_t idle_timeout_us;    /* 60s */
 	int64_t max_body;           /* 0 = unlimited */
 	int64_t max_connections;    /* 10000 */
+	int64_t max_concurrent_streams; /* 100: HTTP/2 streams per connection */
 };
 
 struct cfg_listener {
@@ -159,6 +160,7 @@ struct cfg_listener {
 	char *tls_cert, *tls_key;
 	char *tls_client_ca;        /* NULL: no client certificates asked for; else verified (mTLS) */
 	bool tls_require_client_cert; /* true: a client without a valid one fails the handshake */
+	bool http2;                 /* true: HTTP/2 by prior knowledge, or ALPN h2 with TLS */
 	struct cfg_limits limits;
 	struct cfg_route *routes;
 	int nroutes;
@@ -210,6 +212,8 @@ struct config *config_ref(struct config *c);
 void config_unref(struct config *c);
 
 struct cfg_upstream *config_upstream(const struct config *c, const char *name);
+/* The listener named NAME (sessions look their config up by it, reload after reload). */
+struct cfg_listener *config_listener(const struct config *c, const char *name);
 
 /* --check report: per upstream the worst case its policy allows, warnings, then "FILE: ok". */
 void config_report(const struct config *c, FILE *out);

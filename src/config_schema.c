@@ -621,6 +621,8 @@ static const struct key limits_keys[] = {
 	{ "max_body", K_SIZE, OFF(cfg_limits, max_body), .def = "0", .min = 0, .max = 1024 * GiB },
 	{ "max_connections", K_I64, OFF(cfg_limits, max_connections), .def = "10000", .min = 1,
 	  .max = 10000000 },
+	{ "max_concurrent_streams", K_I64, OFF(cfg_limits, max_concurrent_streams), .def = "100",
+	  .min = 1, .max = 100000 },
 	{ .name = NULL },
 };
 static const struct block limits_block = { .keys = limits_keys, .check = limits_check };
@@ -654,6 +656,7 @@ static const struct key listener_keys[] = {
 	{ "listen", K_STR, OFF(cfg_listener, listen), .flags = KF_REQUIRED, .check = check_listen,
 	  .expect = "IP:port such as 127.0.0.1:15001" },
 	{ "tls", K_BLOCK, 0, OFF(cfg_listener, tls), .flags = KF_GIVEN, .sub = &listener_tls_block },
+	{ "http2", K_BOOL, OFF(cfg_listener, http2), .def = "true" },
 	{ "limits", K_BLOCK, OFF(cfg_listener, limits), .sub = &limits_block },
 	{ "routes", K_LIST, OFF(cfg_listener, routes), OFF(cfg_listener, nroutes),
 	  .flags = KF_REQUIRED | KF_NONEMPTY, .sub = &route_block, .expect = "at least one route" },

@@ -69,6 +69,8 @@ struct session {
 	bool close_after;               /* drain: close after the current response */
 	bool resp_started, resp_chunked, resp_bodyless, resp_close;   /* the current response */
 	bool tls;
+	bool served;                    /* a request was read: HTTP/2 can no longer start */
+	bool handed_off;                /* the connection went to an HTTP/2 session */
 	char peer_ip[64];
 };
 
@@ -109,7 +111,42 @@ void h1_session_close(struct session *s, const char *why)
 	runtime_unref(s->rt);
 	s->rt = NULL;
 	loop_defer_free(s->loop, session_free_cb, s);
-	s->own.on_closed(s->own.closed_arg);
+	if (!s->handed_off)
+		s->own.on_closed(s->own.closed_arg);
+}
+
+/* SPEC §9: an HTTP/2 client. -1: not one; 0: cannot tell yet (a partial preface); 1: one. */
+#define H2_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#define H2_PREFACE_LEN 24
+static int speaks_h2(struct session *s, struct evbuffer *in)
+{
+	if (s->served || !s->own.on_h2 || !s->lcfg->http2)
+		return -1;
+	if (s->tls) {
+		const unsigned char *p = NULL;
+		unsigned int n = 0;
+		SSL_get0_alpn_selected(stream_ssl(s->bev), &p, &n);
+		return n == 2 && memcmp(p, "h2", 2) == 0 ? 1 : -1;
+	}
+	char b[H2_PREFACE_LEN];
+	size_t have = evbuffer_get_length(in);
+	size_t n = have < sizeof(b) ? have : sizeof(b);
+	evbuffer_copyout(in, b, n);
+	if (memcmp(b, H2_PREFACE, n) != 0)
+		return -1;
+	return n == sizeof(b) ? 1 : 0;
+}
+
+/* The connection is HTTP/2: its stream goes to the owner, this session ends silently. */
+static void hand_off_h2(struct session *s)
+{
+	struct h2_handoff h = {
+		.bev = s->bev, .lname = s->lname, .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls,
+	};
+	s->bev = NULL;
+	s->handed_off = true;
+	h1_session_close(s, "http/2");     /* the strings stay until the deferred free */
+	s->own.on_h2(s->own.closed_arg, &h);
 }
 
 /* Stop reading; close once the output has been flushed. */
@@ -280,14 +317,6 @@ static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upst
 }
 
 /* The config the next request is served with: refreshed per request. */
-static struct cfg_listener *find_listener(const struct config *cfg, const char *name)
-{
-	for (int i = 0; i < cfg->nlisteners; i++)
-		if (strcmp(cfg->listeners[i].name, name) == 0)
-			return &cfg->listeners[i];
-	return NULL;
-}
-
 static bool session_refresh_config(struct session *s)
 {
 	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
@@ -295,7 +324,7 @@ static bool session_refresh_config(struct session *s)
 		return s->lcfg != NULL;
 	runtime_unref(s->rt);
 	s->rt = runtime_ref(rt);
-	s->lcfg = find_listener(rt->cfg, s->lname);
+	s->lcfg = config_listener(rt->cfg, s->lname);
 	return s->lcfg != NULL;
 }
 
@@ -324,6 +353,7 @@ static void start_exchange(struct session *s, const struct http_head *h)
 		.arg = s,
 	};
 	s->ex_done = false;
+	s->served = true;
 	s->resp_started = s->resp_chunked = s->resp_bodyless = s->resp_close = false;
 	set_state(s, S_BODY);      /* even a body-less message ends with HTTP_DONE from the parser */
 	s->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, &rsp);
@@ -360,6 +390,19 @@ static void session_process(struct session *s)
 			if (evbuffer_get_length(in) == 0)
 				return;
 			if (!s->req) {
+				int h2 = speaks_h2(s, in);
+				if (h2 > 0) {
+					hand_off_h2(s);
+					return;
+				}
+				if (h2 == 0) {
+					if (!s->head_timer) {
+						s->head_timer = true;
+						struct timeval tv = clock_tv(s->lcfg->limits.header_timeout_us);
+						evtimer_add(s->timer, &tv);
+					}
+					return;
+				}
 				struct http_limits lim = {
 					.max_header_bytes = (size_t)s->lcfg->limits.max_header_bytes,
 					.max_uri_bytes = (size_t)s->lcfg->limits.max_uri_bytes,
@@ -490,7 +533,7 @@ struct session *h1_session_new(struct loop *loop, const struct session_owner *ow
 	s->lname = xstrdup(lname);
 	s->id = sid;
 	s->rt = runtime_ref(own->runtime(own->runtime_arg));
-	s->lcfg = find_listener(s->rt->cfg, lname);
+	s->lcfg = config_listener(s->rt->cfg, lname);
 	if (peer->sa_family == AF_INET)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, s->peer_ip, sizeof(s->peer_ip));
 	else if (peer->sa_family == AF_INET6)

@@ -11,18 +11,11 @@
 #include <stdbool.h>
 #include <sys/socket.h>
 
+#include "session.h"
+
 struct loop;
 struct runtime;
 struct session;
-
-/* What a session needs from its owner: the current runtime (refreshed per request), and the
- * news of its end (once, from session_close, after which the session is never used). */
-struct session_owner {
-	struct runtime *(*runtime)(void *arg);
-	void *runtime_arg;
-	void (*on_closed)(void *arg);
-	void *closed_arg;
-};
 
 /* Takes ownership of FD. LNAME: the listener's name (its config is looked up by it). */
 struct session *h1_session_new(struct loop *loop, const struct session_owner *own, const char *lname,

@@ -561,7 +561,9 @@ static int header_line(struct http_msg *m, const struct hspan *h)
 		connection_value(ps, val, vn);
 		break;
 	case HN_UPGRADE:
-		ps->has_upgrade = true;
+		/* SPEC §9: h2c is not upgraded to; the request is served over HTTP/1.1 */
+		if (!ieq(val, vn, "h2c"))
+			ps->has_upgrade = true;
 		break;
 	case HN_EXPECT:
 		if (ieq(val, vn, "100-continue"))
@@ -761,10 +763,7 @@ static const llhttp_settings_t resp_settings = {
 
 /* ------------------------------------------------------------------ heads */
 
-/* Methods served (RFC 9110, PATCH, RFC 4918); CONNECT is recognised to be refused. */
-enum { METH_OK, METH_CONNECT, METH_OTHER };
-
-static int method_class(const char *s, size_t n)
+int http_method_class(const char *s, size_t n)
 {
 	static const char *const ok[] = {
 		"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH", "PROPFIND",
@@ -810,7 +809,7 @@ static bool begin_request(struct http_msg *m)
 {
 	const char *name = m->hbuf + m->mstart;
 	size_t n = m->msp - m->mstart, used;
-	int cls = method_class(name, n);
+	int cls = http_method_class(name, n);
 	llhttp_errno_t e;
 
 	llhttp_init(&m->p, HTTP_REQUEST, &req_settings);

@@ -103,6 +103,11 @@ size_t http_msg_head_bytes(const struct http_msg *m);
 void http_msg_error(const struct http_msg *m, int *status, const char **reason,
                     const char **detail);
 
+/* Methods served (RFC 9110, PATCH, RFC 4918): METH_OK; CONNECT is recognised to be refused
+ * (METH_CONNECT); anything else is METH_OTHER (501 not-implemented). */
+enum { METH_OK, METH_CONNECT, METH_OTHER };
+int http_method_class(const char *s, size_t n);
+
 /* First header named NAME (case-insensitive), or NULL; *len gets its value's length. */
 const char *http_head_get(const struct http_head *h, const char *name, size_t *len);
 /* How many header lines are named NAME. */

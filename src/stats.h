@@ -48,11 +48,16 @@ enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 	V(IS_STORED, "stored") V(IS_REPLAYED, "replayed") V(IS_CONFLICT, "conflict") \
 	V(IS_MISMATCH, "mismatch")
 
+#define H2ERR_VALUES(V)     /* SPEC §9 client connection defences */ \
+	V(H2E_MALFORMED, "malformed") V(H2E_REFUSED, "refused-stream") \
+	V(H2E_RAPID_RESET, "rapid-reset") V(H2E_HEADER_BLOCK, "header-block") V(H2E_FLOOD, "flood") \
+	V(H2E_STALLED, "stalled") V(H2E_IDLE, "idle")
 #define FAULT_VALUES(V)     /* enum fault_kind (config.h): SPEC §11 */ \
 	V(FAULT_CONNECT_FAILURE, "connect-failure") V(FAULT_ABORT, "abort") V(FAULT_DELAY, "delay") \
 	V(FAULT_LOST_RESPONSE, "lost-response")
 
 #define X_VALUE_ENUM(id, value) id,
+enum { H2ERR_VALUES(X_VALUE_ENUM) NH2ERR };
 enum { REJECTED_VALUES(X_VALUE_ENUM) NREJ };
 enum { IDEM_VALUES(X_VALUE_ENUM) NIDEM };
 #undef X_VALUE_ENUM
@@ -148,7 +153,10 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 /* process-wide downstream labelled counters: field (and JSON key), metric, help, label, values */
 #define DOWNSTREAM_LABELLED(X) \
 	X(requests, "retrygate_downstream_requests_total", \
-	  "Responses sent to clients, by status class.", "code", CODE_VALUES)
+	  "Responses sent to clients, by status class.", "code", CODE_VALUES) \
+	X(h2_errors, "retrygate_downstream_h2_protocol_errors_total", \
+	  "HTTP/2 client protocol errors and connection defences (SPEC 9), per event.", "error", \
+	  H2ERR_VALUES)
 
 /* process-wide figures (no upstream label), rendered after the upstreams. */
 #define RELOAD_VALUES(V)    /* SIGHUP reload results */ \

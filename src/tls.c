@@ -45,6 +45,32 @@ SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t err
 	return ctx;
 }
 
+/* Our preference order, in wire format: the first of ours the client offers wins. */
+static int alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                          const unsigned char *in, unsigned int inlen, void *arg)
+{
+	static const unsigned char h2[] = "\x02h2", h11[] = "\x08http/1.1";
+	const unsigned char *const ours[] = { arg ? h2 : NULL, h11 };
+	for (size_t k = 0; k < sizeof(ours) / sizeof(ours[0]); k++) {
+		if (!ours[k])
+			continue;
+		for (unsigned int i = 0; i < inlen; i += 1u + in[i]) {
+			if (i + 1u + in[i] <= inlen && in[i] == ours[k][0] &&
+			    memcmp(in + i + 1, ours[k] + 1, in[i]) == 0) {
+				*out = in + i + 1;
+				*outlen = in[i];
+				return SSL_TLSEXT_ERR_OK;
+			}
+		}
+	}
+	return SSL_TLSEXT_ERR_NOACK;
+}
+
+void tls_server_alpn(SSL_CTX *ctx, bool h2)
+{
+	SSL_CTX_set_alpn_select_cb(ctx, alpn_select_cb, h2 ? (void *)ctx : NULL);
+}
+
 SSL_CTX *tls_client_ctx(const char *ca, bool verify, char *err, size_t errlen)
 {
 	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());

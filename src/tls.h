@@ -11,6 +11,9 @@
 #include <openssl/ssl.h>
 
 SSL_CTX *tls_server_ctx(const char *cert, const char *key, char *err, size_t errlen);
+/* ALPN on a listener's context: h2 (when H2) then http/1.1; a client offering neither, or no
+ * ALPN at all, gets HTTP/1.1 (SPEC §9). */
+void tls_server_alpn(SSL_CTX *ctx, bool h2);
 SSL_CTX *tls_client_ctx(const char *ca, bool verify, char *err, size_t errlen);
 /* mTLS towards an upstream: present CERT (a PEM chain) with KEY. 0, or -1 with ERR set. */
 int tls_client_use_cert(SSL_CTX *ctx, const char *cert, const char *key, char *err, size_t errlen);

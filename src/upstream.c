@@ -303,6 +303,8 @@ struct runtime *runtime_new(struct config *cfg, char *err, size_t errlen)
 			runtime_free(rt);
 			return NULL;
 		}
+		if (rt->ltls[i])
+			tls_server_alpn(rt->ltls[i], l->http2);
 	}
 	for (int i = 0; i < cfg->nupstreams; i++) {
 		struct cfg_upstream *u = &cfg->upstreams[i];

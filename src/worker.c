@@ -21,6 +21,7 @@
 #include "h2_conn.h"
 #include "pool.h"
 #include "h1_session.h"
+#include "h2_session.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -36,7 +37,8 @@ _Atomic bool g_draining;
 
 struct worker_conn {
 	struct worker *w;
-	struct session *s;
+	struct session *s;              /* HTTP/1, until it hands the connection to ... */
+	struct h2_session *h2;          /* ... an HTTP/2 session */
 	struct listener *lst;
 	TAILQ_ENTRY(worker_conn) link;
 };
@@ -66,12 +68,28 @@ static void maybe_exit(struct worker *w)
 		event_base_loopexit(w->loop.base, NULL);
 }
 
+static void conn_drain(struct worker_conn *c, bool close_idle)
+{
+	if (c->h2)
+		h2_session_drain(c->h2, close_idle);
+	else
+		h1_session_drain(c->s, close_idle);
+}
+
+static void conn_close(struct worker_conn *c, const char *why)
+{
+	if (c->h2)
+		h2_session_close(c->h2, why);
+	else
+		h1_session_close(c->s, why);
+}
+
 static void drain_sessions(struct worker *w, bool close_idle)
 {
 	struct worker_conn *c, *next;
 	for (c = TAILQ_FIRST(&w->conns); c; c = next) {
 		next = TAILQ_NEXT(c, link);
-		h1_session_drain(c->s, close_idle);    /* may close it: on_conn_closed frees C */
+		conn_drain(c, close_idle);    /* may close it: on_conn_closed frees C */
 	}
 }
 
@@ -86,6 +104,29 @@ static void on_conn_closed(void *arg)
 	listener_release(c->lst);
 	free(c);
 	maybe_exit(w);
+}
+
+static void on_conn_closed(void *arg);
+
+/* The HTTP/1 session found an HTTP/2 client (preface or ALPN h2): the same connection goes
+ * on as an HTTP/2 session. */
+static void on_h2(void *arg, const struct h2_handoff *h)
+{
+	struct worker_conn *c = arg;
+	struct worker *w = c->w;
+	struct session_owner own = {
+		.runtime = worker_runtime,
+		.runtime_arg = w,
+		.on_closed = on_conn_closed,
+		.closed_arg = c,
+	};
+	c->s = NULL;
+	struct h2_session *h2 = h2_session_new(&w->loop, &own, h);
+	if (!h2)
+		return;         /* it closed at once: on_conn_closed freed C */
+	c->h2 = h2;
+	if (w->draining)
+		h2_session_drain(h2, false);
 }
 
 static void on_accept(void *arg, struct listener *lst, const char *lname, int fd,
@@ -103,6 +144,7 @@ static void on_accept(void *arg, struct listener *lst, const char *lname, int fd
 		.runtime_arg = w,
 		.on_closed = on_conn_closed,
 		.closed_arg = c,
+		.on_h2 = on_h2,
 	};
 	c->s = h1_session_new(&w->loop, &own, lname, ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
 	if (w->draining && c->s)
@@ -188,7 +230,7 @@ static void *worker_main(void *arg)
 	/* stopped: close what is left, then free everything this thread owns */
 	struct worker_conn *c;
 	while ((c = TAILQ_FIRST(&w->conns)))
-		h1_session_close(c->s, "shutdown");
+		conn_close(c, "shutdown");
 	for (int i = 0; i < w->nlisteners; i++)
 		listener_free(w->listeners[i]);
 	free(w->listeners);

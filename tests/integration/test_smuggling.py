@@ -277,7 +277,8 @@ CASES = [
     ("star-HEAD", b"HEAD * HTTP/1.1\r\n" + H + b"\r\n", 400),
     ("star-POST", b"POST * HTTP/1.1\r\n" + H + b"Content-Length: 0\r\n\r\n", 400),
     ("star-DELETE", b"DELETE * HTTP/1.1\r\n" + H + b"\r\n", 400),
-    ("HTTP2-preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),   # * (400) beats 501/505
+    # the HTTP/2 preface is HTTP/2 on a listener with http2: true (SPEC §9); with http2: false
+    # it is refused 400: test_h2_client.py::test_http2_false_refuses_preface
     # --- absolute-form authority vs Host (SPEC §8; RFC 9112 §3.2.2)
     ("absolute-form-other-host", b"GET http://evil.example/ HTTP/1.1\r\n" + H + b"\r\n", 400),
     ("absolute-form-other-port", b"GET http://a:8080/ HTTP/1.1\r\n" + H + b"\r\n", 400),

@@ -152,7 +152,9 @@ static void test_json_same_figures(void **state)
 	char *j = render(stats_render_json);
 	assert_non_null(strstr(j, "{\"downstream\":{\"connections_active\":2,\"exchanges_active\":0,"
 	                          "\"reconcile_pending\":0,\"reconcile_publish_errors\":0,"
-	                          "\"requests\":{\"1xx\":0,\"2xx\":2,\"3xx\":0,\"4xx\":0,\"5xx\":0}},"
+	                          "\"requests\":{\"1xx\":0,\"2xx\":2,\"3xx\":0,\"4xx\":0,\"5xx\":0},"
+	                          "\"h2_errors\":{\"malformed\":0,\"refused-stream\":0,\"rapid-reset\":0,"
+	                          "\"header-block\":0,\"flood\":0,\"stalled\":0,\"idle\":0}},"
 	                          "\"upstreams\":{\"api\":{\"requests\":20,"));
 	assert_non_null(strstr(j, "\"refused\":{\"disabled\":0,\"nested\":0,"));
 	assert_non_null(strstr(j, "\"budget\":4,\"retries-in-flight\":0}"));

@@ -1,0 +1,277 @@
+"""HTTP/2 hostile input (SPEC §9): every malformed request is reset with PROTOCOL_ERROR and
+nothing reaches the upstream; the per-stream limits answer 414/431/413/501; the connection
+defences (refused streams, rapid reset, header blocks, floods, zero-window readers, idle
+connections) end or limit the connection, each logged once per connection and kind and counted
+in retrygate_downstream_h2_protocol_errors_total{error}."""
+
+import time
+
+import pytest
+from hyperframe.frame import (ContinuationFrame, DataFrame, HeadersFrame, PriorityFrame,
+                              SettingsFrame, WindowUpdateFrame)
+
+from harness import make_config
+from h2raw import ENHANCE_YOUR_CALM, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, H2Raw
+from upstream import respond, stall
+
+FAST = {"backoff": {"base": "1ms", "max": "2ms"}}
+METRIC = "retrygate_downstream_h2_protocol_errors_total"
+
+
+def base(path="/", method="GET", authority="example"):
+    return [(":method", method), (":scheme", "http"), (":authority", authority), (":path", path)]
+
+
+@pytest.fixture
+def rg2(upstream, rg_factory):
+    return rg_factory(upstreams={"api": {"endpoints": [upstream], "retry": FAST}})
+
+
+MALFORMED = {
+    "uppercase name": base() + [("X-Upper", "1")],
+    "connection field": base() + [("connection", "keep-alive")],
+    "keep-alive field": base() + [("keep-alive", "5")],
+    "transfer-encoding": base() + [("transfer-encoding", "chunked")],
+    "upgrade field": base() + [("upgrade", "websocket")],
+    "te not trailers": base() + [("te", "gzip")],
+    "missing :path": [(":method", "GET"), (":scheme", "http"), (":authority", "example")],
+    "missing :method": [(":scheme", "http"), (":authority", "example"), (":path", "/")],
+    "repeated :method": base() + [(":method", "GET")],
+    "unknown pseudo": base() + [(":foo", "bar")],
+    "pseudo after regular": [(":method", "GET"), ("x-a", "1"), (":scheme", "http"),
+                             (":path", "/")],
+    "response pseudo": base() + [(":status", "200")],
+    "empty :path": base(path=""),
+    "path without slash": base(path="x/y"),
+    "asterisk for GET": base(path="*"),
+    "NUL in value": base() + [("x-a", "a\x00b")],
+    "CR in value": base() + [("x-a", "a\rb")],
+    "LF in value": base() + [("x-a", "a\nb")],
+    "leading space": base() + [("x-a", " a")],
+    "trailing tab": base() + [("x-a", "a\t")],
+    "authority and host differ": base(authority="a.example") + [("host", "b.example")],
+    "repeated host": base() + [("host", "example"), ("host", "example")],
+    ":protocol": base(method="CONNECT") + [(":protocol", "websocket")],
+    "invalid name byte": base() + [("x a", "1")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_request_is_reset(upstream, rg2, case):
+    c = H2Raw(rg2.port)
+    r = c.response(c.request(MALFORMED[case]))
+    assert r.status is None and r.reset == PROTOCOL_ERROR, (case, r)
+    # the connection carries on, and nothing was forwarded
+    ok = c.response(c.get("/after"))
+    assert ok.status == 200
+    assert [q.path for q in upstream.wait_requests(1)] == ["/after"]
+    time.sleep(0.05)
+    assert len(upstream.requests) == 1
+    assert rg2.wait_metric(METRIC, 1, error="malformed")
+
+
+@pytest.mark.parametrize("sent,declared", [(b"abcdef", 3), (b"ab", 5)])
+def test_data_length_differs_from_content_length(upstream, rg2, sent, declared):
+    upstream.set_default(stall())
+    c = H2Raw(rg2.port)
+    sid = c.request(base(method="PUT") + [("content-length", str(declared))], body=sent)
+    r = c.response(sid)
+    assert r.reset == PROTOCOL_ERROR and r.status is None
+
+
+def test_connect_is_501(upstream, rg2):
+    c = H2Raw(rg2.port)
+    r = c.response(c.request([(":method", "CONNECT"), (":authority", "example:443")]))
+    assert r.status == 501 and r.header("x-retrygate-reason") == "not-implemented"
+    time.sleep(0.05)
+    assert upstream.requests == []
+
+
+def test_unknown_method_is_501(upstream, rg2):
+    c = H2Raw(rg2.port)
+    r = c.response(c.request(base(method="BREW")))
+    assert r.status == 501
+
+
+def test_header_list_size_431_and_uri_414(upstream, rg_factory):
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"max_header_bytes": "4KiB",
+                                                        "max_uri_bytes": "1KiB"}))
+    c = H2Raw(rg.port)
+    # SETTINGS_MAX_HEADER_LIST_SIZE (6) advertised as max_header_bytes
+    c.pump(lambda: any(isinstance(f, SettingsFrame) and 6 in f.settings for f in c.frames), 3)
+    s = [f for f in c.frames if isinstance(f, SettingsFrame) and 6 in f.settings][0]
+    assert s.settings[6] == 4096
+    # many small fields: the decoded size (name + value + 32 each) is what counts
+    r = c.response(c.request(base() + [("x-f%d" % i, "v" * 20) for i in range(90)]))
+    assert r.status == 431 and r.header("x-retrygate-reason") == "headers-too-large"
+    r = c.response(c.request(base(path="/" + "p" * 2000)))
+    assert r.status == 414 and r.header("x-retrygate-reason") == "uri-too-long"
+    # 414 is checked before the head size
+    r = c.response(c.request(base(path="/" + "p" * 2000) + [("x-big", "v" * 3000)]))
+    assert r.status == 414
+    r = c.response(c.get("/fine"))
+    assert r.status == 200
+    time.sleep(0.05)
+    assert [q.path for q in upstream.requests] == ["/fine"]
+
+
+def test_streams_beyond_limit_refused(upstream, rg_factory):
+    upstream.set_default(stall())
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"max_concurrent_streams": 2}))
+    c = H2Raw(rg.port)
+    c.pump(lambda: any(isinstance(f, SettingsFrame) and 3 in f.settings for f in c.frames), 3)
+    s = [f for f in c.frames if isinstance(f, SettingsFrame) and 3 in f.settings][0]
+    assert s.settings[3] == 2
+    ids = [c.get("/s%d" % i) for i in range(3)]
+    r = c.response(ids[2], timeout=3)
+    assert r.reset == REFUSED_STREAM
+    assert c.streams[ids[0]].reset is None and c.streams[ids[1]].reset is None
+    assert rg.wait_metric(METRIC, 1, error="refused-stream")
+
+
+def test_rapid_reset_goaway(upstream, rg_factory):
+    upstream.set_default(stall())
+    rg = rg_factory(upstreams={"api": {"endpoints": [upstream]}})
+    c = H2Raw(rg.port)
+    for i in range(150):
+        sid = c.get("/rr%d" % i)
+        c.rst(sid)
+    g = c.goaway(timeout=5)
+    assert g is not None and g[0] == ENHANCE_YOUR_CALM
+    assert c.wait_closed(5)
+    assert rg.wait_metric(METRIC, 1, error="rapid-reset")
+    rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api")
+    assert rg.metric("retrygate_upstream_in_flight", upstream="api") == 0
+    assert rg.stderr_text().count("http2 rapid-reset") == 1
+
+
+def test_normal_cancels_are_not_rapid_reset(upstream, rg_factory):
+    rg = rg_factory(upstreams={"api": {"endpoints": [upstream]}})
+    c = H2Raw(rg.port)
+    for i in range(120):
+        r = c.response(c.get("/n%d" % i))
+        assert r.status == 200
+    assert c.goaway(timeout=0.3) is None
+
+
+def test_continuation_flood_ends_connection(upstream, rg_factory):
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"max_header_bytes": "4KiB"}))
+    c = H2Raw(rg.port)
+    c.settle()
+    h = HeadersFrame(1)
+    h.data = c.block(base())
+    c.frame(h)                           # no END_HEADERS
+    try:
+        for i in range(20):
+            f = ContinuationFrame(1)
+            f.data = c.block([("x-c%d" % i, "v" * 500)])
+            c.frame(f)
+    except OSError:
+        pass                             # closed on us: that is the point
+    g = c.goaway(timeout=5)
+    assert c.wait_closed(5)
+    assert g is None or g[0] != NO_ERROR
+    assert rg.wait_metric(METRIC, 1, error="header-block")
+    assert upstream.requests == []
+
+
+def test_header_block_timeout(upstream, rg_factory):
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"header_timeout": "300ms"}))
+    c = H2Raw(rg.port)
+    c.settle()
+    h = HeadersFrame(1)
+    h.data = c.block(base())
+    c.frame(h)                           # the block never ends
+    t0 = time.monotonic()
+    assert c.wait_closed(5)
+    assert 0.25 <= time.monotonic() - t0 < 3
+    assert rg.wait_metric(METRIC, 1, error="header-block")
+
+
+def flood(c, make, n, batch=500):
+    sent = 0
+    try:
+        while sent < n:
+            c.send(b"".join(make(sent + i).serialize() for i in range(batch)))
+            sent += batch
+            c.pump(lambda: False, timeout=0.01)   # read what comes back, like a real client
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["ping", "settings", "priority", "window_update"])
+def test_control_frame_flood(upstream, rg2, kind):
+    c = H2Raw(rg2.port)
+    make = {
+        "ping": lambda i: __import__("hyperframe.frame").frame.PingFrame(0, opaque_data=b"%08d" % (i % 10**8)),
+        "settings": lambda i: SettingsFrame(0),
+        "priority": lambda i: PriorityFrame(1 + 2 * (i % 1000), depends_on=0, stream_weight=16),
+        "window_update": lambda i: WindowUpdateFrame(0, window_increment=1),
+    }[kind]
+    flood(c, make, 10500)
+    g = c.goaway(timeout=5)
+    assert g is not None and g[0] == ENHANCE_YOUR_CALM, g
+    assert c.wait_closed(5)
+    assert rg2.wait_metric(METRIC, 1, error="flood")
+    assert rg2.stderr_text().count("http2 flood") == 1
+
+
+def test_empty_data_flood(upstream, rg2):
+    upstream.set_default(stall())
+    c = H2Raw(rg2.port)
+    sid = c.get("/upload", method="PUT", end=False)
+    flood(c, lambda i: DataFrame(sid, data=b""), 1500)
+    g = c.goaway(timeout=5)
+    assert g is not None and g[0] == ENHANCE_YOUR_CALM
+    assert rg2.wait_metric(METRIC, 1, error="flood")
+
+
+def test_flood_detected_when_client_does_not_read(upstream, rg2):
+    c = H2Raw(rg2.port)
+    c.sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
+    try:
+        for _ in range(30):
+            c.send(b"".join(SettingsFrame(0).serialize() for _ in range(500)))
+    except OSError:
+        pass
+    assert c.wait_closed(10)
+    assert rg2.wait_metric(METRIC, 1, error="flood")
+
+
+def test_zero_window_reader_closed_after_idle_timeout(upstream, rg_factory):
+    upstream.set_default(respond(200, body=b"q" * 100000))
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"idle_timeout": "700ms"}))
+    c = H2Raw(rg.port, settings={4: 0}, auto_window=False)
+    sid = c.get("/zero")
+    r = c.streams[sid]
+    c.pump(lambda: r.status is not None, timeout=5)
+    assert r.status == 200
+    t0 = time.monotonic()
+    assert c.wait_closed(5)
+    assert 0.5 <= time.monotonic() - t0 < 3
+    assert rg.wait_metric(METRIC, 1, error="stalled")
+
+
+def test_idle_connection_goaway(upstream, rg_factory):
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"idle_timeout": "400ms"}))
+    c = H2Raw(rg.port)                   # never opens a stream
+    g = c.goaway(timeout=3)
+    assert g == (NO_ERROR, 0)
+    assert c.wait_closed(3)
+    assert rg.wait_metric(METRIC, 1, error="idle")
+    c2 = H2Raw(rg.port)
+    assert c2.response(c2.get("/one")).status == 200
+    g = c2.goaway(timeout=3)
+    assert g == (NO_ERROR, 1)
+
+
+def test_garbage_after_preface_closes(upstream, rg2):
+    c = H2Raw(rg2.port)
+    c.send(b"\x00\x00\x04\x08\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x00")  # zero increment
+    assert c.wait_closed(5)
