@@ -137,10 +137,12 @@ def test_upstream_certificate_the_server_does_not_trust_is_a_connect_failure(
     assert headers["X-Retrygate-Attempts"] == "2"
 
 
-def _curl(port, pki, cert=None):
+def _curl(port, pki, cert=None, http2=False):
     """curl over TLS to the listener -> (exit code, body, stderr)."""
     args = ["curl", "-sS", "--max-time", "10", "--cacert", pki["ca"],
             "--resolve", "localhost:%d:127.0.0.1" % port, "https://localhost:%d/m" % port]
+    if http2:
+        args += ["--http2", "-w", "\n%{http_version}"]
     if cert:
         args += ["--cert", pki[cert], "--key", pki[cert + "_key"]]
     cp = subprocess.run(args, capture_output=True, timeout=30)
@@ -163,6 +165,20 @@ def test_listener_requiring_a_certificate(upstream, rg_factory, pki):
     assert upstream.requests == []
     rc, body, err = _curl(rg.port, pki, cert="client")
     assert rc == 0, err
+    assert upstream.wait_requests(1)[0].path == "/m"
+
+
+def test_listener_requiring_a_certificate_over_http2(upstream, rg_factory, pki):
+    # SPEC §2/§9: the certificate is checked in the handshake, before ALPN picks h2
+    rg = _mtls_listener(rg_factory, upstream, pki, True)
+    rc, body, err = _curl(rg.port, pki, http2=True)
+    assert rc != 0, body
+    rc, body, err = _curl(rg.port, pki, cert="rogue", http2=True)
+    assert rc != 0, body
+    assert upstream.requests == []
+    rc, body, err = _curl(rg.port, pki, cert="client", http2=True)
+    assert rc == 0, err
+    assert body.rstrip().endswith(b"\n2"), body     # the request went over HTTP/2
     assert upstream.wait_requests(1)[0].path == "/m"
 
 
