@@ -29,6 +29,7 @@
 #include "exchange.h"
 #include "h2_guard.h"
 #include "h2_session.h"
+#include "h2_session_impl.h"
 #include "http.h"
 #include "log.h"
 #include "loop.h"
@@ -38,83 +39,6 @@
 #include "stream.h"
 #include "upstream.h"
 #include "util.h"
-
-#define H2S_MAGIC 0x4832a55au
-#define H2ST_MAGIC 0x4832a57bu
-#define STREAM_WINDOW (64 * 1024)       /* request body a stream may send ahead of the exchange */
-#define CONN_WINDOW (1024 * 1024)       /* ... and all streams of a connection together */
-#define OUT_HIGH (128 * 1024)           /* connection output: pack no more frames above this */
-#define OUT_LOW (32 * 1024)
-#define RESP_LOW (64 * 1024)            /* a stream's pending response: tell the exchange below */
-#define NOTICE_RTT_US (100 * 1000)      /* shutdown notice to final GOAWAY, at least */
-#define RECV_SLICE 4096                 /* input handed to nghttp2 between two sends */
-
-enum hstate { H_OPEN, H_DRAINING, H_CLOSING, H_CLOSED };
-
-struct h2_session;
-
-struct h2_stream {
-	uint32_t magic;
-	struct h2_session *s;
-	int32_t id;
-	TAILQ_ENTRY(h2_stream) link;
-	struct http_head head;
-	struct http_hdr *hdrs;          /* point into the rcbufs held in rc */
-	int cap;
-	nghttp2_rcbuf **rc;
-	int nrc, caprc;
-	char *cookie;                   /* the cookie fields joined with "; " (RFC 9113 §8.2.3) */
-	size_t cookie_len;
-	const char *authority, *hosthdr;
-	size_t alen, hlen;
-	size_t list_bytes;              /* decoded header-list size, RFC 7541 §4.1 */
-	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
-	const char *refuse_reason;
-	bool malformed, head_done;
-	bool oversize;                  /* over max_header_bytes: nothing more of it is kept */
-	bool refused;                   /* beyond max_concurrent_streams: REFUSED_STREAM */
-	struct exchange *ex;
-	bool ex_done;                   /* the exchange reported end() */
-	struct evbuffer *req_in;        /* DATA received, not yet taken (nor consumed) */
-	bool req_end, body_end_sent;
-	struct evbuffer *resp;          /* response DATA not yet sent */
-	bool head_sent, bodyless, resp_eof, deferred, cut, rst_after, client_reset, was_high;
-	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
-	nghttp2_nv *trailers;
-	size_t ntrailers;
-	char *trailer_mem;
-};
-
-struct h2_session {
-	uint32_t magic;
-	enum hstate state;
-	uint64_t id;
-	struct loop *loop;
-	struct session_owner own;
-	char *lname;
-	struct runtime *rt;
-	struct cfg_listener *lcfg;
-	struct stream *bev;
-	nghttp2_session *ng;
-	TAILQ_HEAD(, h2_stream) streams;
-	int nstreams;
-	struct h2_guard guard;
-	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
-	bool send_pending;
-	size_t resp_pending;            /* response bytes buffered over all streams */
-	int64_t last_progress_us;       /* the last DATA byte written */
-	bool settings_sent;             /* our first SETTINGS left (patched on the way out) */
-	bool notice_sent, goaway_final;
-	int64_t notice_us;
-	unsigned logged;                /* defences logged on this connection, a bit per kind */
-	bool tls;
-	char peer_ip[64];
-	struct evbuffer *tmp;
-	nghttp2_nv *nv;                 /* scratch for submits (nghttp2 copies) */
-	size_t nvcap;
-	char *names;
-	size_t namescap;
-};
 
 static void flush(struct h2_session *s);
 static struct http_hdr *hdr_slot(struct h2_stream *st);
@@ -145,7 +69,7 @@ static void defence(struct h2_session *s, int kind, const char *detail)
 	slog(LOG_INFO, s->id, "http2 %s: %s", defence_name[kind], detail);
 }
 
-static void kick(struct h2_session *s)
+void h2s_kick(struct h2_session *s)
 {
 	if (!s->send_pending && s->state != H_CLOSED) {
 		s->send_pending = true;
@@ -204,233 +128,6 @@ static struct h2_stream *stream_of(struct h2_session *s, int32_t id)
 	return st;
 }
 
-/* ------------------------------------------------------------------ the HTTP/2 responder */
-
-static bool connection_field(const char *n, size_t len)
-{
-	return str_ieq(n, len, "connection", 10) || str_ieq(n, len, "keep-alive", 10) ||
-	       str_ieq(n, len, "proxy-connection", 16) || str_ieq(n, len, "transfer-encoding", 17) ||
-	       str_ieq(n, len, "upgrade", 7) || str_ieq(n, len, "te", 2) ||
-	       str_ieq(n, len, "trailer", 7) || str_ieq(n, len, "content-length", 14) ||
-	       str_ieq(n, len, "http2-settings", 14);
-}
-
-static void nv_reserve(struct h2_session *s, size_t n, size_t names)
-{
-	if (n > s->nvcap) {
-		s->nvcap = n + 16;
-		s->nv = xrealloc(s->nv, s->nvcap * sizeof(*s->nv));
-	}
-	if (names > s->namescap) {
-		s->namescap = names + 256;
-		s->names = xrealloc(s->names, s->namescap);
-	}
-}
-
-static void nv_set(nghttp2_nv *nv, const char *name, size_t nlen, const char *value, size_t vlen)
-{
-	nv->name = (uint8_t *)(uintptr_t)name;
-	nv->namelen = nlen;
-	nv->value = (uint8_t *)(uintptr_t)value;
-	nv->valuelen = vlen;
-	nv->flags = NGHTTP2_NV_FLAG_NONE;
-}
-
-/* Fields as HTTP/2 sends them: lower-case names, no connection-specific field (RFC 9113
- * §8.2.2), no pseudo-header from a peer. Fills s->nv from AT; returns the count. NAMES: where
- * the lower-cased names go (s->names from NOFF). */
-static size_t nv_fields(struct h2_session *s, size_t at, size_t noff, const struct http_hdr *h,
-                        int n)
-{
-	size_t k = at;
-	for (int i = 0; i < n; i++) {
-		const struct http_hdr *f = &h[i];
-		if (f->hop || f->nlen == 0 || f->name[0] == ':' || connection_field(f->name, f->nlen))
-			continue;
-		char *low = s->names + noff;
-		for (uint32_t j = 0; j < f->nlen; j++) {
-			char c = f->name[j];
-			low[j] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
-		}
-		noff += f->nlen;
-		nv_set(&s->nv[k++], low, f->nlen, f->value, f->vlen);
-	}
-	return k - at;
-}
-
-static size_t names_len(const struct http_hdr *h, int n)
-{
-	size_t t = 0;
-	for (int i = 0; i < n; i++)
-		t += h[i].nlen;
-	return t;
-}
-
-/* The head's header block in s->nv: :status, fields, content-length. Returns the count. */
-static size_t head_block(struct h2_session *s, const struct resp_head *h, char status[4],
-                         char cl[24], bool length)
-{
-	nv_reserve(s, (size_t)h->nhdrs + 2, names_len(h->hdrs, h->nhdrs));
-	int st = h->status >= 100 && h->status <= 999 ? h->status : 502;
-	status[0] = (char)('0' + st / 100);
-	status[1] = (char)('0' + st / 10 % 10);
-	status[2] = (char)('0' + st % 10);
-	status[3] = 0;
-	nv_set(&s->nv[0], ":status", 7, status, 3);
-	size_t n = 1 + nv_fields(s, 1, 0, h->hdrs, h->nhdrs);
-	if (length)
-		nv_set(&s->nv[n++], "content-length", 14, cl, (size_t)snprintf(cl, 24, "%lld",
-		                                                            (long long)h->content_length));
-	return n;
-}
-
-static void rsp_informational(void *arg, const struct resp_head *h)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	struct h2_session *s = st->s;
-	if (s->state == H_CLOSED || st->head_sent || h->status == 101)
-		return;
-	char status[4], cl[24];
-	size_t n = head_block(s, h, status, cl, false);
-	nghttp2_submit_headers(s->ng, NGHTTP2_FLAG_NONE, st->id, NULL, s->nv, n, NULL);
-	kick(s);
-}
-
-static ssize_t data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                            uint32_t *flags, nghttp2_data_source *src, void *arg);
-
-static void rsp_head(void *arg, const struct resp_head *h)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	struct h2_session *s = st->s;
-	if (s->state == H_CLOSED || st->head_sent)
-		return;
-	st->head_sent = true;
-	st->bodyless = st->head.method_head || h->status == 204 || h->status == 304;
-	char status[4], cl[24];
-	size_t n = head_block(s, h, status, cl,
-	                      h->status >= 200 && h->status != 204 && h->content_length >= 0);
-	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = data_read_cb };
-	nghttp2_submit_response(s->ng, st->id, s->nv, n, st->bodyless ? NULL : &prd);
-	kick(s);
-}
-
-static void rsp_body(void *arg, struct evbuffer *data)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	struct h2_session *s = st->s;
-	size_t n = evbuffer_get_length(data);
-	if (s->state == H_CLOSED || st->bodyless || st->cut || n == 0) {
-		evbuffer_drain(data, n);
-		return;
-	}
-	if (s->resp_pending == 0)
-		s->last_progress_us = clock_now_us();
-	evbuffer_add_buffer(st->resp, data);
-	s->resp_pending += n;
-	if (evbuffer_get_length(st->resp) > RESP_LOW)
-		st->was_high = true;
-	if (st->deferred) {
-		st->deferred = false;
-		nghttp2_session_resume_data(s->ng, st->id);
-	}
-	kick(s);
-}
-
-static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	if (st->s->state == H_CLOSED || st->trailers || n <= 0)
-		return;
-	/* kept until the last DATA is packed (data_read_cb submits them) */
-	size_t bytes = 0;
-	for (int i = 0; i < n; i++)
-		bytes += t[i].nlen + t[i].vlen;
-	st->trailer_mem = xmalloc(bytes + 1);
-	st->trailers = xcalloc((size_t)n, sizeof(*st->trailers));
-	char *p = st->trailer_mem;
-	for (int i = 0; i < n; i++) {
-		const struct http_hdr *f = &t[i];
-		if (f->nlen == 0 || f->name[0] == ':' || connection_field(f->name, f->nlen))
-			continue;
-		char *name = p;
-		for (uint32_t j = 0; j < f->nlen; j++)
-			*p++ = (char)(f->name[j] >= 'A' && f->name[j] <= 'Z' ? f->name[j] + 32 : f->name[j]);
-		memcpy(p, f->value, f->vlen);
-		nv_set(&st->trailers[st->ntrailers++], name, f->nlen, p, f->vlen);
-		p += f->vlen;
-	}
-}
-
-static void rsp_end(void *arg, bool complete, bool close)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	struct h2_session *s = st->s;
-	st->ex_done = true;
-	if (s->state == H_CLOSED)
-		return;
-	if (!complete || !st->head_sent) {
-		/* never END_STREAM on a cut response: the client must not take it as complete */
-		st->cut = true;
-		s->resp_pending -= evbuffer_get_length(st->resp);
-		evbuffer_drain(st->resp, evbuffer_get_length(st->resp));
-		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
-	} else {
-		st->resp_eof = true;
-		/* SPEC §9: where §5 closes the connection, the stream is reset after the response
-		 * instead, if the client is still sending (RFC 9113 §8.1) */
-		if (close && !st->req_end)
-			st->rst_after = true;
-		if (st->deferred) {
-			st->deferred = false;
-			nghttp2_session_resume_data(s->ng, st->id);
-		}
-	}
-	kick(s);
-}
-
-static size_t rsp_queued(void *arg)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	return evbuffer_get_length(st->resp);
-}
-
-static void rsp_want_body(void *arg)
-{
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	kick(st->s);
-}
-
-static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upstream)
-{
-	/* not reached: no HTTP/2 request is an Upgrade (req->upgrade is false) */
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	stream_free(upstream);
-	st->ex_done = true;
-	if (st->s->state != H_CLOSED)
-		nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
-	kick(st->s);
-}
-
-static const struct responder h2_responder = {
-	.informational = rsp_informational,
-	.head = rsp_head,
-	.body = rsp_body,
-	.trailers = rsp_trailers,
-	.end = rsp_end,
-	.queued = rsp_queued,
-	.want_body = rsp_want_body,
-	.tunnel = rsp_tunnel,
-};
-
 /* ------------------------------------------------------------------ requests */
 
 static bool refresh_config(struct h2_session *s)
@@ -465,7 +162,7 @@ static void stream_refuse(struct h2_stream *st, int status, const char *reason)
 	struct responder rsp = h2_responder;
 	rsp.arg = st;
 	respond_send(&rsp, &m.head, m.body, m.body_len);
-	rsp_end(st, true, true);
+	h2s_rsp_end(st, true, true);
 }
 
 static void stream_malformed(struct h2_stream *st, const char *why)
@@ -621,7 +318,7 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 	return (ssize_t)len;
 }
 
-static ssize_t data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
                             uint32_t *flags, nghttp2_data_source *src, void *arg)
 {
 	struct h2_stream *st = src->ptr;
@@ -805,7 +502,7 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	keep(st, name, value);
 	*hdr_slot(st) = (struct http_hdr){
 		.name = n, .nlen = (uint32_t)nl, .value = v, .vlen = (uint32_t)vl,
-		.hop = connection_field(n, nl),
+		.hop = h2s_connection_field(n, nl),
 	};
 	return 0;
 }
@@ -1190,7 +887,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	stream_enable(s->bev, EV_READ | EV_WRITE);
 	/* the preface (and more) may already be in the input: read it from the loop */
 	stream_trigger_read(s->bev);
-	kick(s);
+	h2s_kick(s);
 	return s;
 }
 
@@ -1212,5 +909,5 @@ void h2_session_drain(struct h2_session *s, bool close_idle)
 		                      nghttp2_session_get_last_proc_stream_id(s->ng), NGHTTP2_NO_ERROR,
 		                      NULL, 0);
 	}
-	kick(s);
+	h2s_kick(s);
 }

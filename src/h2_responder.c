@@ -1,0 +1,247 @@
+/*
+ * h2_responder: the HTTP/2 responder an exchange answers a stream through (see
+ * h2_session_impl.h): the response head as a field list (lowercase names, no connection-specific
+ * field, content-length when known), DATA from the stream's pending buffer as the client's
+ * window allows, trailers after the last DATA, RST_STREAM for a response cut short. It only
+ * submits and schedules: nghttp2 itself runs from the session's clean stack.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <nghttp2/nghttp2.h>
+
+#include "clock.h"
+#include "exchange.h"
+#include "h2_session_impl.h"
+#include "respond.h"
+#include "stream.h"
+#include "util.h"
+
+/* ------------------------------------------------------------------ the HTTP/2 responder */
+
+bool h2s_connection_field(const char *n, size_t len)
+{
+	return str_ieq(n, len, "connection", 10) || str_ieq(n, len, "keep-alive", 10) ||
+	       str_ieq(n, len, "proxy-connection", 16) || str_ieq(n, len, "transfer-encoding", 17) ||
+	       str_ieq(n, len, "upgrade", 7) || str_ieq(n, len, "te", 2) ||
+	       str_ieq(n, len, "trailer", 7) || str_ieq(n, len, "content-length", 14) ||
+	       str_ieq(n, len, "http2-settings", 14);
+}
+
+static void nv_reserve(struct h2_session *s, size_t n, size_t names)
+{
+	if (n > s->nvcap) {
+		s->nvcap = n + 16;
+		s->nv = xrealloc(s->nv, s->nvcap * sizeof(*s->nv));
+	}
+	if (names > s->namescap) {
+		s->namescap = names + 256;
+		s->names = xrealloc(s->names, s->namescap);
+	}
+}
+
+static void nv_set(nghttp2_nv *nv, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+	nv->name = (uint8_t *)(uintptr_t)name;
+	nv->namelen = nlen;
+	nv->value = (uint8_t *)(uintptr_t)value;
+	nv->valuelen = vlen;
+	nv->flags = NGHTTP2_NV_FLAG_NONE;
+}
+
+/* Fields as HTTP/2 sends them: lower-case names, no connection-specific field (RFC 9113
+ * §8.2.2), no pseudo-header from a peer. Fills s->nv from AT; returns the count. NAMES: where
+ * the lower-cased names go (s->names from NOFF). */
+static size_t nv_fields(struct h2_session *s, size_t at, size_t noff, const struct http_hdr *h,
+                        int n)
+{
+	size_t k = at;
+	for (int i = 0; i < n; i++) {
+		const struct http_hdr *f = &h[i];
+		if (f->hop || f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))
+			continue;
+		char *low = s->names + noff;
+		for (uint32_t j = 0; j < f->nlen; j++) {
+			char c = f->name[j];
+			low[j] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+		}
+		noff += f->nlen;
+		nv_set(&s->nv[k++], low, f->nlen, f->value, f->vlen);
+	}
+	return k - at;
+}
+
+static size_t names_len(const struct http_hdr *h, int n)
+{
+	size_t t = 0;
+	for (int i = 0; i < n; i++)
+		t += h[i].nlen;
+	return t;
+}
+
+/* The head's header block in s->nv: :status, fields, content-length. Returns the count. */
+static size_t head_block(struct h2_session *s, const struct resp_head *h, char status[4],
+                         char cl[24], bool length)
+{
+	nv_reserve(s, (size_t)h->nhdrs + 2, names_len(h->hdrs, h->nhdrs));
+	int st = h->status >= 100 && h->status <= 999 ? h->status : 502;
+	status[0] = (char)('0' + st / 100);
+	status[1] = (char)('0' + st / 10 % 10);
+	status[2] = (char)('0' + st % 10);
+	status[3] = 0;
+	nv_set(&s->nv[0], ":status", 7, status, 3);
+	size_t n = 1 + nv_fields(s, 1, 0, h->hdrs, h->nhdrs);
+	if (length)
+		nv_set(&s->nv[n++], "content-length", 14, cl, (size_t)snprintf(cl, 24, "%lld",
+		                                                            (long long)h->content_length));
+	return n;
+}
+
+static void rsp_informational(void *arg, const struct resp_head *h)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_session *s = st->s;
+	if (s->state == H_CLOSED || st->head_sent || h->status == 101)
+		return;
+	char status[4], cl[24];
+	size_t n = head_block(s, h, status, cl, false);
+	nghttp2_submit_headers(s->ng, NGHTTP2_FLAG_NONE, st->id, NULL, s->nv, n, NULL);
+	h2s_kick(s);
+}
+
+
+static void rsp_head(void *arg, const struct resp_head *h)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_session *s = st->s;
+	if (s->state == H_CLOSED || st->head_sent)
+		return;
+	st->head_sent = true;
+	st->bodyless = st->head.method_head || h->status == 204 || h->status == 304;
+	char status[4], cl[24];
+	size_t n = head_block(s, h, status, cl,
+	                      h->status >= 200 && h->status != 204 && h->content_length >= 0);
+	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = h2s_data_read_cb };
+	nghttp2_submit_response(s->ng, st->id, s->nv, n, st->bodyless ? NULL : &prd);
+	h2s_kick(s);
+}
+
+static void rsp_body(void *arg, struct evbuffer *data)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_session *s = st->s;
+	size_t n = evbuffer_get_length(data);
+	if (s->state == H_CLOSED || st->bodyless || st->cut || n == 0) {
+		evbuffer_drain(data, n);
+		return;
+	}
+	if (s->resp_pending == 0)
+		s->last_progress_us = clock_now_us();
+	evbuffer_add_buffer(st->resp, data);
+	s->resp_pending += n;
+	if (evbuffer_get_length(st->resp) > RESP_LOW)
+		st->was_high = true;
+	if (st->deferred) {
+		st->deferred = false;
+		nghttp2_session_resume_data(s->ng, st->id);
+	}
+	h2s_kick(s);
+}
+
+static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	if (st->s->state == H_CLOSED || st->trailers || n <= 0)
+		return;
+	/* kept until the last DATA is packed (h2s_data_read_cb submits them) */
+	size_t bytes = 0;
+	for (int i = 0; i < n; i++)
+		bytes += t[i].nlen + t[i].vlen;
+	st->trailer_mem = xmalloc(bytes + 1);
+	st->trailers = xcalloc((size_t)n, sizeof(*st->trailers));
+	char *p = st->trailer_mem;
+	for (int i = 0; i < n; i++) {
+		const struct http_hdr *f = &t[i];
+		if (f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))
+			continue;
+		char *name = p;
+		for (uint32_t j = 0; j < f->nlen; j++)
+			*p++ = (char)(f->name[j] >= 'A' && f->name[j] <= 'Z' ? f->name[j] + 32 : f->name[j]);
+		memcpy(p, f->value, f->vlen);
+		nv_set(&st->trailers[st->ntrailers++], name, f->nlen, p, f->vlen);
+		p += f->vlen;
+	}
+}
+
+void h2s_rsp_end(void *arg, bool complete, bool close)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_session *s = st->s;
+	st->ex_done = true;
+	if (s->state == H_CLOSED)
+		return;
+	if (!complete || !st->head_sent) {
+		/* never END_STREAM on a cut response: the client must not take it as complete */
+		st->cut = true;
+		s->resp_pending -= evbuffer_get_length(st->resp);
+		evbuffer_drain(st->resp, evbuffer_get_length(st->resp));
+		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+	} else {
+		st->resp_eof = true;
+		/* SPEC §9: where §5 closes the connection, the stream is reset after the response
+		 * instead, if the client is still sending (RFC 9113 §8.1) */
+		if (close && !st->req_end)
+			st->rst_after = true;
+		if (st->deferred) {
+			st->deferred = false;
+			nghttp2_session_resume_data(s->ng, st->id);
+		}
+	}
+	h2s_kick(s);
+}
+
+static size_t rsp_queued(void *arg)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	return evbuffer_get_length(st->resp);
+}
+
+static void rsp_want_body(void *arg)
+{
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	h2s_kick(st->s);
+}
+
+static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upstream)
+{
+	/* not reached: no HTTP/2 request is an Upgrade (req->upgrade is false) */
+	struct h2_stream *st = arg;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	stream_free(upstream);
+	st->ex_done = true;
+	if (st->s->state != H_CLOSED)
+		nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+	h2s_kick(st->s);
+}
+
+const struct responder h2_responder = {
+	.informational = rsp_informational,
+	.head = rsp_head,
+	.body = rsp_body,
+	.trailers = rsp_trailers,
+	.end = h2s_rsp_end,
+	.queued = rsp_queued,
+	.want_body = rsp_want_body,
+	.tunnel = rsp_tunnel,
+};
+
