@@ -62,11 +62,6 @@ void h1_field_int(struct evbuffer *b, const char *name, size_t nlen, int64_t v)
 	h1_field(b, name, nlen, num, h1_fmt_int(num, v));
 }
 
-void h1_field_append(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen,
-                     const char *ours, size_t olen)
-{
-	h1_field3(b, name, nlen, v, vlen, ", ", 2, ours, olen);
-}
 
 void h1_status_line(struct evbuffer *b, int status, const char *reason, size_t rlen)
 {

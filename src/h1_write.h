@@ -20,9 +20,6 @@ void h1_field3(struct evbuffer *b, const char *name, size_t nlen, const char *v1
                const char *v2, size_t l2, const char *v3, size_t l3);
 void h1_field(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen);
 void h1_field_int(struct evbuffer *b, const char *name, size_t nlen, int64_t v);
-/* "name: v, ours\r\n": a forwarded field with this hop appended */
-void h1_field_append(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen,
-                     const char *ours, size_t olen);
 
 #define H1_FIELD_STR(b, lit, v, vlen) h1_field((b), lit, sizeof(lit) - 1, (v), (vlen))
 #define H1_FIELD_INT(b, lit, v) h1_field_int((b), lit, sizeof(lit) - 1, (v))

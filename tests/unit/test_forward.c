@@ -103,19 +103,54 @@ static const struct row rows[] = {
 
 static const struct http_limits lim = { .max_header_bytes = 32768, .max_uri_bytes = 8192 };
 
+/* A raw request parsed by the real parser, with the deadline headers it carried. */
+struct parsed {
+	struct http_msg *m;
+	struct evbuffer *in, *body;
+	struct dl_value vals[DL_NKINDS];
+	bool present[DL_NKINDS];
+};
+
+static const struct http_head *parse(struct parsed *p, const char *request)
+{
+	p->m = http_msg_new(HTTP_REQUEST_KIND, &lim);
+	p->in = evbuffer_new();
+	p->body = evbuffer_new();
+	evbuffer_add(p->in, request, strlen(request));
+	assert_int_equal(http_msg_feed(p->m, p->in, p->body, 0), HTTP_HEAD);
+	const struct http_head *h = http_msg_head(p->m);
+	deadline_collect(h->hdrs, h->nhdrs, p->vals, p->present);
+	return h;
+}
+
+static void parsed_free(struct parsed *p)
+{
+	http_msg_free(p->m);
+	evbuffer_free(p->in);
+	evbuffer_free(p->body);
+}
+
+/* 1 (and the two texts printed) when OUT is not EXPECT */
+static int differs(struct evbuffer *out, const char *expect, const char *what, size_t i,
+                   const char *why)
+{
+	size_t n = evbuffer_get_length(out);
+	const char *got = (const char *)evbuffer_pullup(out, -1);
+	if (n == strlen(expect) && memcmp(got, expect, n) == 0)
+		return 0;
+	printf("%s %zu (%s):\n--- expected\n%s--- got\n%.*s---\n", what, i, why, expect, (int)n, got);
+	return 1;
+}
+
 static void test_rows(void **state)
 {
 	int failed = 0;
 	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
 		const struct row *r = &rows[i];
-		struct http_msg *m = http_msg_new(HTTP_REQUEST_KIND, &lim);
-		struct evbuffer *in = evbuffer_new(), *body = evbuffer_new(), *out = evbuffer_new();
-		evbuffer_add(in, r->request, strlen(r->request));
-		assert_int_equal(http_msg_feed(m, in, body, 0), HTTP_HEAD);
-		const struct http_head *h = http_msg_head(m);
-		struct dl_value vals[DL_NKINDS];
-		bool present[DL_NKINDS];
-		deadline_collect(h->hdrs, h->nhdrs, vals, present);
+		struct parsed pr;
+		const struct http_head *h = parse(&pr, r->request);
+		bool *present = pr.present;
+		struct evbuffer *out = evbuffer_new();
 		struct forward_req f = {
 			.req = h,
 			.host_rewrite = r->host_rewrite,
@@ -131,16 +166,8 @@ static void test_rows(void **state)
 			.body_len = r->body_len,
 		};
 		forward_h1_head(&f, out);
-		size_t n = evbuffer_get_length(out);
-		const char *got = (const char *)evbuffer_pullup(out, -1);
-		if (n != strlen(r->expect) || memcmp(got, r->expect, n) != 0) {
-			printf("row %zu (%s):\n--- expected\n%s--- got\n%.*s---\n", i, r->why, r->expect,
-			       (int)n, got);
-			failed++;
-		}
-		http_msg_free(m);
-		evbuffer_free(in);
-		evbuffer_free(body);
+		failed += differs(out, r->expect, "row", i, r->why);
+		parsed_free(&pr);
 		evbuffer_free(out);
 	}
 	assert_int_equal(failed, 0);
@@ -198,14 +225,10 @@ static void test_h2_rows(void **state)
 	struct forward_nv nv = { 0 };
 	for (size_t i = 0; i < sizeof(h2rows) / sizeof(h2rows[0]); i++) {
 		const struct h2row *r = &h2rows[i];
-		struct http_msg *m = http_msg_new(HTTP_REQUEST_KIND, &lim);
-		struct evbuffer *in = evbuffer_new(), *body = evbuffer_new(), *out = evbuffer_new();
-		evbuffer_add(in, r->request, strlen(r->request));
-		assert_int_equal(http_msg_feed(m, in, body, 0), HTTP_HEAD);
-		const struct http_head *h = http_msg_head(m);
-		struct dl_value vals[DL_NKINDS];
-		bool present[DL_NKINDS];
-		deadline_collect(h->hdrs, h->nhdrs, vals, present);
+		struct parsed pr;
+		const struct http_head *h = parse(&pr, r->request);
+		bool *present = pr.present;
+		struct evbuffer *out = evbuffer_new();
 		struct forward_req f = {
 			.req = h, .host_rewrite = r->host_rewrite, .endpoint = "127.0.0.1:9001",
 			.peer_ip = "10.0.0.9", .reqid = "rid", .dl_present = present,
@@ -218,16 +241,8 @@ static void test_h2_rows(void **state)
 			evbuffer_add(out, nv.nv[j].value, nv.nv[j].valuelen);
 			evbuffer_add(out, "\n", 1);
 		}
-		size_t n = evbuffer_get_length(out);
-		const char *got = (const char *)evbuffer_pullup(out, -1);
-		if (n != strlen(r->expect) || memcmp(got, r->expect, n) != 0) {
-			printf("h2 row %zu (%s):\n--- expected\n%s--- got\n%.*s---\n", i, r->why, r->expect,
-			       (int)n, got);
-			failed++;
-		}
-		http_msg_free(m);
-		evbuffer_free(in);
-		evbuffer_free(body);
+		failed += differs(out, r->expect, "h2 row", i, r->why);
+		parsed_free(&pr);
 		evbuffer_free(out);
 	}
 	forward_nv_free(&nv);
