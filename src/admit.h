@@ -39,6 +39,8 @@ struct admission {
 	size_t keylen;
 	bool idem;                      /* §6 enforced at this hop */
 	enum body_mode bmode;
+	bool grpc;                      /* SPEC §10: HTTP/2 with a gRPC content-type */
+	bool idempotent_path;           /* :path starts with one of retry.idempotent_paths */
 };
 
 void admit_request(const struct cfg_listener *l, const struct http_head *r, struct admission *a);

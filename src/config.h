@@ -51,6 +51,11 @@ struct cfg_retry {
 	int64_t budget_max_tokens;  /* 100 */
 	enum non_idempotent non_idempotent; /* require-key */
 	int64_t max_body;           /* 64KiB */
+	uint32_t on_grpc;           /* bit CODE set: retry on that grpc-status (SPEC §10); the
+	                             * default has UNAVAILABLE */
+	char **idempotent_paths;    /* retry.idempotent_paths: path prefixes idempotent whatever
+	                             * the method (rule 4), default none */
+	int nidempotent_paths;
 };
 
 struct cfg_idempotency {

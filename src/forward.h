@@ -35,6 +35,8 @@ struct forward_req {
 	bool streamed;                  /* body streamed: the client's framing (length or chunked),
 	                                 * and its Expect: 100-continue goes along */
 	int64_t body_len;               /* buffered body: Content-Length (if any body or framing) */
+	bool grpc;                      /* SPEC §10 markers: te: trailers, grpc-timeout (wait_us),
+	                                 * grpc-previous-rpc-attempts on attempt > 1 */
 };
 
 #define FORWARD_ID_MAX 132

@@ -57,6 +57,8 @@ struct http_head {
 	bool expect_continue;           /* request: Expect: 100-continue */
 	bool upgrade;                   /* Connection: upgrade + Upgrade present */
 	bool body_until_close;          /* response: no length, body runs until EOF */
+	bool end_stream;                /* HTTP/2 response: its HEADERS ended the stream (a gRPC
+	                                 * Trailers-Only response): no body, no trailers follow */
 };
 
 enum http_kind { HTTP_REQUEST_KIND, HTTP_RESPONSE_KIND };

@@ -34,6 +34,13 @@ struct made_response {
 void respond_error(struct made_response *m, int status, const char *reason, const char *upstream,
                    int attempts, const char *refused, const char *retry_after, bool close);
 
+/* The same error to a gRPC request (SPEC §10): :status 200, content-type application/grpc,
+ * Trailers-Only (head.end_stream), grpc-status from grpc_status_for_reason(REASON),
+ * grpc-message REASON, X-Retrygate-Reason, X-Retrygate-Attempts, X-Retrygate-Retry-Refused
+ * when REFUSED, grpc-retry-pushback-ms 1000 for overloaded. No body. */
+void respond_grpc_error(struct made_response *m, const char *reason, const char *upstream,
+                        int attempts, const char *refused);
+
 struct relayed_head {
 	struct resp_head head;
 	struct http_hdr fields[HTTP_MAX_HEADERS + 5];

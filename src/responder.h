@@ -36,6 +36,8 @@ struct resp_head {
 	int64_t content_length;         /* -1: not known (the body is streamed) */
 	bool close;                     /* the connection must not carry another request (the
 	                                 * request body was not read whole, or it was refused) */
+	bool end_stream;                /* HTTP/2: the head ends the stream (gRPC Trailers-Only):
+	                                 * no body and no trailers follow; HTTP/1 ignores it */
 };
 
 struct responder {

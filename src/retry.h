@@ -66,6 +66,10 @@ struct retry_facts {
 	int attempts;               /* attempts made so far (>= 1) */
 	enum method_class method;
 	bool idempotent_path;       /* the path starts with one of retry.idempotent_paths (rule 4) */
+	bool grpc;                  /* OUT_STATUS is a gRPC outcome: grpc_status names it (§10) */
+	int grpc_status;            /* with grpc: the grpc-status (rule 1 reads retry.on's codes) */
+	bool pushback_refuse;       /* a negative or malformed grpc-retry-pushback-ms: rule 6
+	                             * refuses (retry-after), no hold */
 	bool has_key;               /* non-empty idempotency header */
 	bool body_replayable;       /* no body, or fully buffered and <= retry.max_body */
 	int64_t now_us;
