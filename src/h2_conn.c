@@ -445,6 +445,7 @@ static void deliver_head(struct h2_stream *s, bool end_stream)
 		stream_set_state(s, H_BODY);
 		if (end_stream && h.content_length < 0)
 			h.content_length = 0;
+		h.end_stream = end_stream;
 	}
 	s->cbs.on_head(s->arg, &h);
 	free(hdrs);
