@@ -104,6 +104,27 @@ struct h2_table {
 static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed);
 static void conn_flush(struct h2_conn *c);
 
+/* Fields whose value differs in every request (x-request-id, and x-timeout-ms: the time left
+ * in microsecond-derived milliseconds). HPACK-indexed, each one enters the connection's dynamic
+ * table, evicts the fields that repeat, and makes nghttp2's encoder compare every same-name
+ * entry on each lookup (~100 memcmp per request). Sent as never-indexed literals instead
+ * (RFC 7541 §6.2.3); the table keeps the stable fields. NV is copied into LOCAL to flag them
+ * (nghttp2 copies the list anyway); a list longer than LOCAL goes as it is. */
+#define NV_LOCAL 64
+static const nghttp2_nv *never_index(nghttp2_nv *local, const nghttp2_nv *nv, size_t n)
+{
+	if (n > NV_LOCAL)
+		return nv;
+	memcpy(local, nv, n * sizeof(*nv));
+	for (size_t i = 0; i < n; i++) {
+		if ((local[i].namelen == 12 && memcmp(local[i].name, "x-request-id", 12) == 0) ||
+		    (local[i].namelen == 12 && memcmp(local[i].name, "x-timeout-ms", 12) == 0) ||
+		    (local[i].namelen == 12 && memcmp(local[i].name, "grpc-timeout", 12) == 0))
+			local[i].flags |= NGHTTP2_NV_FLAG_NO_INDEX;
+	}
+	return local;
+}
+
 /* The one writer of a connection's state (DESIGN rule 2). */
 static void conn_set_state(struct h2_conn *c, enum cstate st)
 {
@@ -854,8 +875,9 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 		s->pending = loop_buf_get(l);
 	nghttp2_data_provider dp = { .source.ptr = s, .read_callback = body_read_cb };
 	bool has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0);
-	int32_t id = nghttp2_submit_request(c->ng, NULL, o->nv, o->nvlen, has_body ? &dp : NULL,
-	                                    NULL);
+	nghttp2_nv local[NV_LOCAL];
+	const nghttp2_nv *nv = never_index(local, o->nv, o->nvlen);
+	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, NULL);
 	if (id < 0) {
 		if (s->pending)
 			loop_buf_put(l, s->pending);
