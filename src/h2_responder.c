@@ -178,9 +178,9 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 	size_t bytes = 0;
 	for (int i = 0; i < n; i++)
 		bytes += t[i].nlen + t[i].vlen;
-	st->trailer_mem = xmalloc(bytes + 1);
-	st->trailers = xcalloc((size_t)n, sizeof(*st->trailers));
-	char *p = st->trailer_mem;
+	/* one allocation for the list and its bytes (every gRPC response has trailers) */
+	st->trailers = xmalloc((size_t)n * sizeof(*st->trailers) + bytes + 1);
+	char *p = (char *)(st->trailers + n);
 	for (int i = 0; i < n; i++) {
 		const struct http_hdr *f = &t[i];
 		if (f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))

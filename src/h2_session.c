@@ -84,9 +84,11 @@ static void stream_release(struct h2_stream *st)
 	for (int i = 0; i < st->nrc; i++)
 		nghttp2_rcbuf_decref(st->rc[i]);
 	st->nrc = st->caprc = st->cap = 0;
-	free(st->rc);
+	if (st->rc != st->rc_in)
+		free(st->rc);
 	st->rc = NULL;
-	free(st->hdrs);
+	if (st->hdrs != st->hdrs_in)
+		free(st->hdrs);
 	st->hdrs = NULL;
 	st->head.hdrs = NULL;
 	st->head.nhdrs = 0;
@@ -96,7 +98,7 @@ static void stream_free_cb(void *p)
 {
 	struct h2_stream *st = p;
 	st->magic = 0;
-	free(st);
+	loop_obj_put(st->loop, LOOP_H2_STREAM, st);
 }
 
 /* The stream is gone (closed by nghttp2, or the connection closes): its exchange, if still
@@ -114,9 +116,9 @@ static void stream_destroy(struct h2_stream *st)
 	stream_release(st);
 	free(st->cookie);
 	free(st->trailers);
-	free(st->trailer_mem);
-	evbuffer_free(st->req_in);
-	evbuffer_free(st->resp);
+	loop_buf_put(s->loop, st->req_in);
+	loop_buf_put(s->loop, st->resp);
+	st->req_in = st->resp = NULL;
 	loop_defer_free(s->loop, stream_free_cb, st);
 }
 
@@ -370,13 +372,14 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	MAGIC_CHECK(s, H2S_MAGIC);
 	if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
-	struct h2_stream *st = xcalloc(1, sizeof(*st));
+	struct h2_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
 	st->magic = H2ST_MAGIC;
+	st->loop = s->loop;
 	st->s = s;
 	st->id = frame->hd.stream_id;
 	st->head.content_length = -1;
-	st->req_in = evbuffer_new();
-	st->resp = evbuffer_new();
+	st->req_in = loop_buf_get(s->loop);
+	st->resp = loop_buf_get(s->loop);
 	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
@@ -402,21 +405,39 @@ static void refuse_head(struct h2_stream *st, int status, const char *reason)
 	}
 }
 
-/* Room for one more field in the head. */
+/* Room for one more field in the head: the stream's own array first, then the heap. */
 static struct http_hdr *hdr_slot(struct h2_stream *st)
 {
+	if (st->cap == 0) {
+		st->hdrs = st->hdrs_in;
+		st->cap = HDRS_INLINE;
+	}
 	if (st->head.nhdrs + 1 >= st->cap) {
-		st->cap = st->cap ? 2 * st->cap : 16;
-		st->hdrs = xrealloc(st->hdrs, (size_t)st->cap * sizeof(*st->hdrs));
+		int cap = 2 * st->cap;
+		struct http_hdr *h = xmalloc((size_t)cap * sizeof(*h));
+		memcpy(h, st->hdrs, (size_t)st->head.nhdrs * sizeof(*h));
+		if (st->hdrs != st->hdrs_in)
+			free(st->hdrs);
+		st->hdrs = h;
+		st->cap = cap;
 	}
 	return &st->hdrs[st->head.nhdrs++];
 }
 
 static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
 {
+	if (st->caprc == 0) {
+		st->rc = st->rc_in;
+		st->caprc = RC_INLINE;
+	}
 	if (st->nrc + 2 > st->caprc) {
-		st->caprc = st->caprc ? 2 * st->caprc : 16;
-		st->rc = xrealloc(st->rc, (size_t)st->caprc * sizeof(*st->rc));
+		int cap = 2 * st->caprc;
+		nghttp2_rcbuf **r = xmalloc((size_t)cap * sizeof(*r));
+		memcpy(r, st->rc, (size_t)st->nrc * sizeof(*r));
+		if (st->rc != st->rc_in)
+			free(st->rc);
+		st->rc = r;
+		st->caprc = cap;
 	}
 	nghttp2_rcbuf_incref(a);
 	nghttp2_rcbuf_incref(b);
