@@ -34,7 +34,7 @@ for t in valgrind callgrind_annotate wrk h2load curl gcc; do
 done
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/rg-instr.XXXXXX")
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$RUN"' EXIT
-gcc -O2 -o "$RUN/upstream" "$HERE/upstream.c" -lnghttp2
+gcc -O2 -DUPSTREAM_H2 -o "$RUN/upstream" "$HERE/upstream.c" -lnghttp2
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 UP=$(port) UP_H2=$(port) UP_GRPC=$(port)
 "$RUN/upstream" "$UP" 2>/dev/null &

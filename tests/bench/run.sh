@@ -133,7 +133,7 @@ subst() {
 }
 
 # ------------------------------------------------------------------ upstream
-gcc -O2 -Wall -Wextra -o "$RUN/upstream" "$HERE/upstream.c" -lnghttp2 || die "cannot compile the upstream"
+gcc -O2 -Wall -Wextra -DUPSTREAM_H2 -o "$RUN/upstream" "$HERE/upstream.c" -lnghttp2 || die "cannot compile the upstream"
 $PIN_LOAD "$RUN/upstream" "$UP_PORT" "$BODY" 2> "$RUN/upstream.log" &
 PIDS+=($!); UP_PID=$!
 if [ -n "$H2_ROWS" ]; then

@@ -11,7 +11,9 @@
  * connection. Every request stream is answered once its END_STREAM arrived (its body is read
  * and dropped): h2 with 200, text/plain and the body; grpc with 200, content-type
  * application/grpc, one length-prefixed message (5-byte prefix + BODY_BYTES) and the trailers
- * grpc-status: 0 -- the shape of a unary gRPC call. Build with -lnghttp2.
+ * grpc-status: 0 -- the shape of a unary gRPC call. Those two modes are compiled in with
+ * -DUPSTREAM_H2 -lnghttp2 (run.sh does); without, the file builds with a bare `cc` as the
+ * integration tests and the soak build it, and only h1 is served.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -26,7 +28,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#ifdef UPSTREAM_H2
 #include <nghttp2/nghttp2.h>
+#endif
 
 #define MAXFD   65536
 #define BUFSZ   16384
@@ -40,7 +44,9 @@ struct conn {
     size_t  outlen;
     size_t  outoff;
     size_t  outcap;
+#ifdef UPSTREAM_H2
     nghttp2_session *ng;     /* h2 and grpc modes */
+#endif
 };
 
 static struct conn *conns[MAXFD];
@@ -58,7 +64,9 @@ static void conn_close(int fd)
 {
     struct conn *c = conns[fd];
     if (c) {
+#ifdef UPSTREAM_H2
         if (c->ng) nghttp2_session_del(c->ng);
+#endif
         free(c->in); free(c->out); free(c); conns[fd] = NULL;
     }
     close(fd);
@@ -115,6 +123,7 @@ static int conn_read(int fd, struct conn *c)
 }
 
 /* ------------------------------------------------------------------ h2 and grpc modes */
+#ifdef UPSTREAM_H2
 
 /* nghttp2's output is appended to c->out (grown as needed) and flushed after each read. */
 static ssize_t h2_send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int flags,
@@ -212,6 +221,10 @@ static int h2_read(int fd, struct conn *c)
         return -1;
     return conn_flush(fd, c);
 }
+#else
+static int h2_new(struct conn *c) { (void)c; return -1; }
+static int h2_read(int fd, struct conn *c) { (void)fd; (void)c; return -1; }
+#endif
 
 int main(int argc, char **argv)
 {
@@ -225,6 +238,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "mode must be h1, h2 or grpc, not '%s'\n", argv[3]);
         return 2;
     }
+#ifndef UPSTREAM_H2
+    if (mode != M_H1) {
+        fprintf(stderr, "mode %s needs a build with -DUPSTREAM_H2 -lnghttp2\n", argv[3]);
+        return 2;
+    }
+#endif
     char b[257];
     memset(b, 'x', (size_t)body); b[body] = 0;
     if (body == 13) memcpy(b, "hello, world\n", 13);
