@@ -298,14 +298,52 @@ static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
 	}
 }
 
+/* The frames gathered so far go to the output, in order. */
+static void stage_flush(struct h2_session *s)
+{
+	if (s->staged > 0 && s->bev) {
+		evbuffer_add(stream_output(s->bev), s->stage, s->staged);
+		s->staged = 0;
+	}
+}
+
+/* nghttp2_session_send with its frames gathered on the stack and appended once: an append
+ * costs more than the copy (the output's callback, a chain per small piece when it waits),
+ * and a round sends a few frames per stream. Small DATA joins the stage; larger DATA flushes
+ * it first (the order holds) and moves its chains. */
+#define STAGE_BYTES 8192
+#define STAGE_SMALL_DATA 1024           /* DATA up to this is copied into the stage too */
+static int session_send(struct h2_session *s)
+{
+	uint8_t buf[STAGE_BYTES];
+	s->stage = buf;
+	s->staged = 0;
+	s->stagecap = sizeof(buf);
+	int rv = nghttp2_session_send(s->ng);
+	stage_flush(s);
+	s->stage = NULL;
+	s->stagecap = 0;
+	return rv;
+}
+
 static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int flags,
                        void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
 	struct evbuffer *out = stream_output(s->bev);
-	if (evbuffer_get_length(out) >= OUT_HIGH)
+	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
+	if (s->stage && s->settings_sent) {
+		if (s->staged + len > s->stagecap)
+			stage_flush(s);
+		if (len <= s->stagecap) {
+			memcpy(s->stage + s->staged, data, len);
+			s->staged += len;
+			return (ssize_t)len;
+		}
+	}
+	stage_flush(s);
 	if (!s->settings_sent) {
 		struct evbuffer_iovec v;
 		if (evbuffer_reserve_space(out, (ev_ssize_t)len, &v, 1) < 1)
@@ -352,10 +390,22 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 	struct h2_stream *st = src->ptr;
 	MAGIC_CHECK(st, H2ST_MAGIC);
 	struct evbuffer *out = stream_output(s->bev);
-	if (evbuffer_get_length(out) >= OUT_HIGH)
+	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
-	evbuffer_add(out, framehd, 9);
-	evbuffer_remove_buffer(st->resp, out, length);
+	if (s->stage && length <= STAGE_SMALL_DATA) {
+		/* a small frame is copied into the stage with the frames around it */
+		if (s->staged + 9 + length > s->stagecap)
+			stage_flush(s);
+		memcpy(s->stage + s->staged, framehd, 9);
+		if (length > 0)
+			evbuffer_remove(st->resp, s->stage + s->staged + 9, length);
+		s->staged += 9 + length;
+	} else {
+		/* a large one moves its chains: no copy */
+		stage_flush(s);
+		evbuffer_add(out, framehd, 9);
+		evbuffer_remove_buffer(st->resp, out, length);
+	}
 	s->resp_pending -= length;
 	if (length > 0)
 		s->last_progress_us = clock_now_us();
@@ -701,7 +751,7 @@ static void flush(struct h2_session *s)
 		next = TAILQ_NEXT(st, link);
 		stream_pump(s, st);
 	}
-	int rv = nghttp2_session_send(s->ng);
+	int rv = session_send(s);
 	if (rv != 0) {
 		slog(LOG_INFO, s->id, "http2: %s", nghttp2_strerror(rv));
 		h2_session_close(s, "nghttp2 send error");
@@ -773,7 +823,7 @@ static void read_cb(struct stream *bev, void *arg)
 		evbuffer_drain(in, (size_t)n);
 		/* replies (SETTINGS and PING ACKs) leave as they are due, before more is read:
 		 * nghttp2 bounds how many may wait */
-		if (nghttp2_session_send(s->ng) != 0) {
+		if (session_send(s) != 0) {
 			set_state(s, H_CLOSING);
 			break;
 		}

@@ -104,6 +104,8 @@ struct h2_session {
 	bool tls;
 	char peer_ip[64];
 	struct evbuffer *tmp;
+	uint8_t *stage;                 /* during session_send: frames gathered for one append */
+	size_t staged, stagecap;
 	nghttp2_nv *nv;                 /* scratch for submits (nghttp2 copies) */
 	size_t nvcap;
 	char *names;
