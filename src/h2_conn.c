@@ -321,10 +321,14 @@ static void conn_flush(struct h2_conn *c)
 		return;
 	}
 	struct evbuffer *out = stream_output(c->bev);
+	/* frames are gathered here and appended together: nghttp2 hands them over one at a time,
+	 * and an append costs more than the copy (the output's callback) */
+	uint8_t stage[8192];
+	size_t staged = 0;
 	c->busy++;
 	do {
 		c->want_flush = false;
-		while (evbuffer_get_length(out) < H2_OUT_HIGH) {
+		while (evbuffer_get_length(out) + staged < H2_OUT_HIGH) {
 			const uint8_t *p;
 			ssize_t n = nghttp2_session_mem_send(c->ng, &p);
 			if (n < 0) {
@@ -334,10 +338,21 @@ static void conn_flush(struct h2_conn *c)
 			}
 			if (n == 0)
 				break;
-			evbuffer_add(out, p, (size_t)n);
+			if (staged + (size_t)n > sizeof(stage)) {
+				evbuffer_add(out, stage, staged);
+				staged = 0;
+			}
+			if ((size_t)n <= sizeof(stage)) {
+				memcpy(stage + staged, p, (size_t)n);
+				staged += (size_t)n;
+			} else {
+				evbuffer_add(out, p, (size_t)n);
+			}
 			c->queued += (uint64_t)n;
 		}
-	} while (c->want_flush && evbuffer_get_length(out) < H2_OUT_HIGH);
+	} while (c->want_flush && evbuffer_get_length(out) + staged < H2_OUT_HIGH);
+	if (staged > 0)
+		evbuffer_add(out, stage, staged);
 	c->busy--;
 	deliver_drains(c);
 	if (c->state == C_DEAD)
