@@ -9,6 +9,7 @@
  * asked for meanwhile runs when the outer call returns. Received DATA opens the windows only
  * as the owner consumes it (no automatic WINDOW_UPDATE): backpressure towards the server.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,33 @@ static const nghttp2_nv *never_index(nghttp2_nv *local, const nghttp2_nv *nv, si
 			local[i].flags |= NGHTTP2_NV_FLAG_NO_INDEX;
 	}
 	return local;
+}
+
+/* nghttp2's allocations (a few per frame) from the loop's block lists (loop_blk_alloc): the
+ * session lives and dies on one loop, and malloc + free cost several times a list pop. */
+static void *ng_malloc(size_t n, void *ud)
+{
+	return loop_blk_alloc(ud, n);
+}
+
+static void ng_free(void *p, void *ud)
+{
+	loop_blk_free(ud, p);
+}
+
+static void *ng_calloc(size_t k, size_t n, void *ud)
+{
+	if (n && k > SIZE_MAX / n)
+		return NULL;
+	void *p = loop_blk_alloc(ud, k * n);
+	if (p)
+		memset(p, 0, k * n);
+	return p;
+}
+
+static void *ng_realloc(void *p, size_t n, void *ud)
+{
+	return loop_blk_realloc(ud, p, n);
 }
 
 /* The one writer of a connection's state (DESIGN rule 2). */
@@ -806,7 +834,8 @@ static nghttp2_session *session_new(struct h2_conn *c)
 	 * unlimited): a burst on a new connection waits one round trip, queued, instead of being
 	 * refused by a server whose limit is low */
 	nghttp2_option_set_peer_max_concurrent_streams(opt, 1);
-	if (nghttp2_session_client_new2(&ng, cb, c, opt) != 0)
+	nghttp2_mem mem = { c->loop, ng_malloc, ng_free, ng_calloc, ng_realloc };
+	if (nghttp2_session_client_new3(&ng, cb, c, opt, &mem) != 0)
 		ng = NULL;
 	nghttp2_option_del(opt);
 	nghttp2_session_callbacks_del(cb);

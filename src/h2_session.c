@@ -14,6 +14,7 @@
  * (recv, send, consume) runs from a clean stack: the read callback, the write callback, or the
  * send event that responder calls schedule; responder calls only submit and schedule.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -675,6 +676,33 @@ static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void 
 	return 0;
 }
 
+/* nghttp2's allocations (a few per frame) from the loop's block lists (loop_blk_alloc): the
+ * session lives and dies on one loop, and malloc + free cost several times a list pop. */
+static void *ng_malloc(size_t n, void *ud)
+{
+	return loop_blk_alloc(ud, n);
+}
+
+static void ng_free(void *p, void *ud)
+{
+	loop_blk_free(ud, p);
+}
+
+static void *ng_calloc(size_t k, size_t n, void *ud)
+{
+	if (n && k > SIZE_MAX / n)
+		return NULL;
+	void *p = loop_blk_alloc(ud, k * n);
+	if (p)
+		memset(p, 0, k * n);
+	return p;
+}
+
+static void *ng_realloc(void *p, size_t n, void *ud)
+{
+	return loop_blk_realloc(ud, p, n);
+}
+
 /* ------------------------------------------------------------------ connection */
 
 static void session_free_cb(void *p)
@@ -939,7 +967,8 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	nghttp2_option_new(&opt);
 	nghttp2_option_set_no_auto_window_update(opt, 1);
 	nghttp2_option_set_no_closed_streams(opt, 1);
-	nghttp2_session_server_new2(&s->ng, cbs, s, opt);
+	nghttp2_mem mem = { loop, ng_malloc, ng_free, ng_calloc, ng_realloc };
+	nghttp2_session_server_new3(&s->ng, cbs, s, opt, &mem);
 	nghttp2_option_del(opt);
 	nghttp2_session_callbacks_del(cbs);
 

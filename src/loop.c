@@ -130,6 +130,14 @@ void loop_fini(struct loop *l)
 		}
 		l->ncache[k] = 0;
 	}
+	for (int k = 0; k < LOOP_BLK_CLASSES; k++) {
+		struct loop_free *f;
+		while ((f = l->blk[k])) {
+			l->blk[k] = f->next;
+			free(f);
+		}
+		l->nblk[k] = 0;
+	}
 	for (int i = 0; i < l->nbufs; i++)
 		evbuffer_free(l->bufs[i]);
 	free(l->bufs);
@@ -197,6 +205,84 @@ void loop_buf_put(struct loop *l, struct evbuffer *b)
 		l->bufs = xcalloc(LOOP_BUF_MAX, sizeof(*l->bufs));
 	evbuffer_drain(b, evbuffer_get_length(b));
 	l->bufs[l->nbufs++] = b;
+}
+
+/* Every block starts with this header (16 bytes, so the payload keeps malloc's alignment): its
+ * class, or BLK_LARGE for a block from malloc of its own size. */
+struct blk_head {
+	uint32_t cls;
+	uint32_t pad[3];
+};
+#define BLK_LARGE 0xffffffffu
+#define BLK_MIN 32
+
+static size_t blk_class_size(uint32_t cls)
+{
+	return (size_t)BLK_MIN << cls;
+}
+
+void *loop_blk_alloc(struct loop *l, size_t n)
+{
+	uint32_t cls = 0;
+	while (cls < LOOP_BLK_CLASSES && blk_class_size(cls) < n)
+		cls++;
+	struct blk_head *h;
+	if (cls == LOOP_BLK_CLASSES) {
+		h = malloc(sizeof(*h) + n);
+		if (!h)
+			return NULL;
+		h->cls = BLK_LARGE;
+		return h + 1;
+	}
+	struct loop_free *f = l->blk[cls];
+	if (f) {
+		l->blk[cls] = f->next;
+		l->nblk[cls]--;
+		h = (struct blk_head *)f;
+	} else {
+		h = malloc(sizeof(*h) + blk_class_size(cls));
+		if (!h)
+			return NULL;
+	}
+	h->cls = cls;
+	return h + 1;
+}
+
+void loop_blk_free(struct loop *l, void *p)
+{
+	if (!p)
+		return;
+	struct blk_head *h = (struct blk_head *)p - 1;
+	uint32_t cls = h->cls;
+	if (cls == BLK_LARGE || !KEEP_FREED || l->nblk[cls] >= LOOP_BLK_MAX) {
+		free(h);
+		return;
+	}
+	struct loop_free *f = (struct loop_free *)h;
+	f->next = l->blk[cls];
+	l->blk[cls] = f;
+	l->nblk[cls]++;
+}
+
+void *loop_blk_realloc(struct loop *l, void *p, size_t n)
+{
+	if (!p)
+		return loop_blk_alloc(l, n);
+	struct blk_head *h = (struct blk_head *)p - 1;
+	if (h->cls == BLK_LARGE && n > blk_class_size(LOOP_BLK_CLASSES - 1)) {
+		struct blk_head *g = realloc(h, sizeof(*h) + n);
+		return g ? g + 1 : NULL;
+	}
+	if (h->cls != BLK_LARGE && n <= blk_class_size(h->cls))
+		return p;
+	/* the old size is the class's, or at least what a large block was asked for */
+	size_t old = h->cls == BLK_LARGE ? n : blk_class_size(h->cls);
+	void *q = loop_blk_alloc(l, n);
+	if (!q)
+		return NULL;
+	memcpy(q, p, old < n ? old : n);
+	loop_blk_free(l, p);
+	return q;
 }
 
 void loop_buf_hold(struct evbuffer *dst, struct evbuffer *data)

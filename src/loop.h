@@ -32,6 +32,12 @@ struct loop_free {
 	struct loop_free *next;
 };
 
+/* Small blocks for a library that allocates per frame (nghttp2: frames, stream objects, header
+ * lists): LOOP_BLK_CLASSES sizes from 32 to 1024 bytes, each with a bounded free list
+ * (LOOP_BLK_MAX), larger blocks straight from malloc. */
+#define LOOP_BLK_CLASSES 6
+#define LOOP_BLK_MAX 512
+
 struct loop_deferred {
 	void (*fn)(void *);
 	void *p;
@@ -51,6 +57,8 @@ struct loop {
 	int ncache[LOOP_NKINDS];
 	struct evbuffer **bufs;         /* empty evbuffers, for reuse */
 	int nbufs;
+	struct loop_free *blk[LOOP_BLK_CLASSES];
+	int nblk[LOOP_BLK_CLASSES];
 	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
 
@@ -85,6 +93,11 @@ void loop_global_init(void);
 void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);
 /* Give it back (only from the loop's thread; immediately reusable, so free it late). */
 void loop_obj_put(struct loop *l, enum loop_kind kind, void *p);
+/* N bytes (16-byte aligned), its size class from the loop's free lists; free, resize (as
+ * free/realloc; NULL is valid) only from the loop's thread. */
+void *loop_blk_alloc(struct loop *l, size_t n);
+void loop_blk_free(struct loop *l, void *p);
+void *loop_blk_realloc(struct loop *l, void *p, size_t n);
 /* Append DATA (drained) to DST, a buffer that holds bytes for a while (a body kept for
  * replay): small pieces are copied, since a moved chain keeps its whole allocation (1 KiB or
  * more for a 100-byte piece), so memory held follows the bytes counted. */
