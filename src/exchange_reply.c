@@ -65,7 +65,7 @@ void ex_end(struct exchange *ex)
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
-	if (idem_job_settle(ex->idem, ex->last_att_status, ex->reached, ex->resp_complete))
+	if (idem_job_settle(ex->idem, ex->last_att_status, -1, ex->reached, ex->resp_complete))
 		STAT_INC(ex->us->idem[IS_STORED]);
 }
 
