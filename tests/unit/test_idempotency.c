@@ -41,8 +41,10 @@
 #include "idem_job.h"
 #include "idempotency.h"
 #include "loop.h"
+#include "respond.h"
 #include "responder.h"
 #include "store.h"
+#include "util.h"
 
 #define MS 1000LL
 #define S  1000000LL
@@ -915,6 +917,102 @@ static void test_job_settle(void **state)
 	event_base_free(e.loop.base);
 }
 
+/* ------------------------------------------------------------------ the replay */
+
+/* A responder that writes down what it was given, in order. */
+struct rec_rsp {
+	char log[256];
+	size_t loglen;
+	bool end_stream;
+	int64_t content_length;
+	char body[64];
+	size_t body_len;
+	char trailers[128];
+};
+
+static void rr_note(struct rec_rsp *r, const char *what)
+{
+	r->loglen += (size_t)snprintf(r->log + r->loglen, sizeof r->log - r->loglen, "%s%s",
+	                              r->loglen ? "," : "", what);
+}
+
+static void rr_head(void *arg, const struct resp_head *h)
+{
+	struct rec_rsp *r = arg;
+	rr_note(r, "head");
+	r->end_stream = h->end_stream;
+	r->content_length = h->content_length;
+}
+
+static void rr_body(void *arg, struct evbuffer *data)
+{
+	struct rec_rsp *r = arg;
+	rr_note(r, "body");
+	size_t n = evbuffer_get_length(data);
+	assert_true(r->body_len + n <= sizeof r->body);
+	evbuffer_remove(data, r->body + r->body_len, n);
+	r->body_len += n;
+}
+
+static void rr_trailers(void *arg, const struct http_hdr *t, int n)
+{
+	struct rec_rsp *r = arg;
+	size_t k = 0;
+	rr_note(r, "trailers");
+	for (int i = 0; i < n; i++)
+		k += (size_t)snprintf(r->trailers + k, sizeof r->trailers - k, "%.*s=%.*s;",
+		                      (int)t[i].nlen, t[i].name, (int)t[i].vlen, t[i].value);
+}
+
+/* A stored response goes back out as it was relayed (SPEC §6, §10): replay marker in the
+ * first header block, the body, the trailers after it; Trailers-Only stays Trailers-Only. */
+static void test_replay(void **state)
+{
+	static const struct {
+		const char *what;
+		int resp;                   /* index in responses[] */
+		const char *seq;            /* the responder calls */
+		bool end_stream;
+		int64_t content_length;
+		const char *trailers;
+	} rows[] = {
+		{ "HTTP with a body", 0, "head,body", false, 8, "" },
+		{ "HTTP 204", 2, "head", false, -1, "" },
+		{ "gRPC message and trailers", 3, "head,body,trailers", false, -1,
+		  "grpc-status=0;grpc-message=fine;" },
+		{ "gRPC Trailers-Only", 4, "head", true, -1, "" },
+		{ "gRPC headers then trailers", 5, "head,trailers", false, -1, "grpc-status=6;" },
+	};
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+		const struct idem_response *st = &responses[rows[i].resp];
+		struct replay_response m;
+		respond_replay(&m, st);
+		/* the stored fields, then the replay's own two */
+		int n = m.head.nhdrs;
+		assert_true(n >= 2);
+		assert_true(str_ieq(m.fields[n - 2].name, m.fields[n - 2].nlen,
+		                    "Idempotency-Replayed", 20));
+		assert_memory_equal(m.fields[n - 2].value, "true", 4);
+		assert_true(str_ieq(m.fields[n - 1].name, m.fields[n - 1].nlen,
+		                    "X-Retrygate-Attempts", 20));
+		respond_request_id(&m.head, m.fields, (int)(sizeof m.fields / sizeof *m.fields),
+		                   "req-1");
+		struct rec_rsp r;
+		memset(&r, 0, sizeof r);
+		struct responder rsp = { .head = rr_head, .body = rr_body, .trailers = rr_trailers,
+		                         .arg = &r };
+		respond_replay_send(&rsp, &m, st->body);
+		if (strcmp(r.log, rows[i].seq) != 0)
+			fail_msg("replay \"%s\": calls %s, want %s", rows[i].what, r.log, rows[i].seq);
+		assert_int_equal(r.end_stream, rows[i].end_stream);
+		assert_int_equal(r.content_length, rows[i].content_length);
+		size_t blen = rows[i].resp == 2 ? 0 : st->body_len;
+		assert_int_equal(r.body_len, blen);
+		assert_memory_equal(r.body, st->body, blen);
+		assert_string_equal(r.trailers, rows[i].trailers);
+	}
+}
+
 /* ------------------------------------------------------------------ memory store */
 
 static void test_memory_scenarios(void **state)
@@ -1778,6 +1876,7 @@ int main(void)
 		cmocka_unit_test(test_judge_and_names),
 		cmocka_unit_test(test_disposition),
 		cmocka_unit_test(test_job_settle),
+		cmocka_unit_test(test_replay),
 		cmocka_unit_test(test_memory_scenarios),
 		cmocka_unit_test(test_memory_shared_across_bases),
 		cmocka_unit_test(test_memory_cancel),
