@@ -5,6 +5,7 @@
 
 #include <event2/buffer.h>
 
+#include "grpc.h"
 #include "h1_write.h"
 #include "idempotency.h"
 #include "respond.h"
@@ -84,6 +85,38 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
 		.nhdrs = k,
 		.content_length = (int64_t)m->body_len,
 		.close = close,
+	};
+}
+
+void respond_grpc_error(struct made_response *m, const char *reason, const char *upstream,
+                        int attempts, const char *refused)
+{
+	int pushback_ms;
+	int code = grpc_status_for_reason(reason, &pushback_ms);
+	size_t alen = h1_fmt_int(m->attempts, attempts);
+	size_t clen = h1_fmt_int(m->code, code);
+	(void)upstream;
+	m->body_len = 0;
+
+	/* lower-case as gRPC writes them; the HTTP/2 responder lowercases the rest */
+	int k = 0;
+	set_field(&m->fields[k++], "content-type", "application/grpc", 16);
+	set_field(&m->fields[k++], "grpc-status", m->code, clen);
+	/* grpc-message is percent-encoded on the wire; a reason is [a-z-] and needs none */
+	set_field(&m->fields[k++], "grpc-message", reason, strlen(reason));
+	set_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
+	set_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
+	if (refused)
+		set_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+	if (pushback_ms >= 0)
+		set_field(&m->fields[k++], "grpc-retry-pushback-ms", m->pushback,
+		          h1_fmt_int(m->pushback, pushback_ms));
+	m->head = (struct resp_head){
+		.status = 200,
+		.hdrs = m->fields,
+		.nhdrs = k,
+		.content_length = 0,
+		.end_stream = true,
 	};
 }
 

@@ -23,8 +23,11 @@ const char *respond_status_text(int status);
 
 struct made_response {
 	struct resp_head head;
-	struct http_hdr fields[8];
+	struct http_hdr fields[10];     /* the most a made response has (gRPC: 7), and room for
+	                                 * respond_request_id's X-Request-Id */
 	char attempts[24];
+	char code[8];                   /* gRPC: the grpc-status */
+	char pushback[24];              /* gRPC: grpc-retry-pushback-ms */
 	char body[512];
 	size_t body_len;
 };
@@ -37,7 +40,10 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
 /* The same error to a gRPC request (SPEC §10): :status 200, content-type application/grpc,
  * Trailers-Only (head.end_stream), grpc-status from grpc_status_for_reason(REASON),
  * grpc-message REASON, X-Retrygate-Reason, X-Retrygate-Attempts, X-Retrygate-Retry-Refused
- * when REFUSED, grpc-retry-pushback-ms 1000 for overloaded. No body. */
+ * when REFUSED, grpc-retry-pushback-ms 1000 for overloaded. No body (body_len 0, no length
+ * field). UPSTREAM is not shown: a gRPC client reads only the status and the message.
+ * head.close is false: where §5 closes, the caller sets it (the HTTP/2 responder then resets
+ * a stream the client is still sending, after the response). */
 void respond_grpc_error(struct made_response *m, const char *reason, const char *upstream,
                         int attempts, const char *refused);
 
