@@ -29,9 +29,14 @@ since retrygate re-sends the same metadata) without touching the server:
         trailer:NAME=VALUE  an OK answer carries this trailing metadata too
         initial:NAME=VALUE  an OK answer carries this initial metadata too
 
-Without x-script the server's mode applies (the demo's flaky dependency): with probability
-fail_rate a call fails with `code` (seeded), and a fraction `executed_rate` of those failures
-happen after the side effect.
+Without x-script, a server given phases (the demo's flaky dependency) follows them on
+CLOCK_MONOTONIC like tests/tools/flaky.py: in "healthy"/"recovered" every call is served; in
+"outage" a call fails UNAVAILABLE with probability fail_rate (seeded), and a fraction
+executed_rate of those failures happen after the side effect (the caller cannot tell "failed"
+from "done"); in "overloaded" calls above `capacity` a second are refused UNAVAILABLE with
+grpc-retry-pushback-ms: 1000, before any side effect. With dedupe, a call whose
+idempotency-key already executed answers OK and executes nothing, as real services that honour
+keys do.
 
 A side effect is one execution of a call: a call that answered OK, or failed after `executed`.
 Per call the server records what it received: method, key, metadata (as the application sees
@@ -44,13 +49,16 @@ In-process (tests):
     srv.calls                     # [Call]: .method .key .metadata (dict) .time_remaining
                                   #   .messages .effect .t (monotonic) .code (as answered)
     srv.wait_calls(n, timeout)  srv.calls_for(key)  srv.effects (dict key -> n)
-    srv.set_mode(fail_rate=, code=, executed_rate=)  srv.reset()  srv.stop()
+    srv.stats()  srv.reset()  srv.stop()
+    GrpcServer(phases=[("healthy", 2), ("outage", 5)], fail_rate=, executed_rate=, capacity=,
+               dedupe=True); srv.start_timeline(at)    # each Call also has .phase
 
 As a process (the demo): grpcserver.py [--listen 127.0.0.1:0] [--stats 127.0.0.1:0] [--seed S]
+[--phases healthy:2,outage:5,...] [--fail-rate F] [--executed-rate E] [--capacity N] [--dedupe]
 prints "grpc 127.0.0.1:PORT stats 127.0.0.1:PORT" once listening, and serves on the stats port:
     GET /stats      {"calls": N, "effects": {key: n}, "by_code": {name: n}, "keys": {key: n}}
     GET /calls      the records as JSON (metadata included)
-    POST /mode      body {"fail_rate": 0.7, "code": "unavailable", "executed_rate": 0.3}
+    POST /start?at=T  start the phases at CLOCK_MONOTONIC time T (default now)
     POST /reset     forget every record and counter
 """
 
@@ -64,7 +72,11 @@ import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from urllib.parse import parse_qs, urlsplit
+
 import grpc
+
+from flaky import Timeline, parse_phases     # the same clock of phases as the HTTP demo
 
 LOOPBACK = "127.0.0.1"
 
@@ -132,6 +144,7 @@ class Call:
         self.code = None
         self.seq = seq
         self.t = time.monotonic()
+        self.phase = None
 
     def header(self, name):
         return self.metadata.get(name.lower())
@@ -140,21 +153,19 @@ class Call:
         return {"seq": self.seq, "method": self.method, "key": self.key,
                 "metadata": self.metadata, "time_remaining": self.time_remaining,
                 "messages": [m.decode("latin-1") for m in self.messages],
-                "effect": self.effect, "code": self.code, "t": self.t}
-
-
-class _Fail(Exception):
-    def __init__(self, code, message, trailers):
-        super().__init__(message)
-        self.code, self.message, self.trailers = code, message, trailers
+                "effect": self.effect, "code": self.code, "t": self.t, "phase": self.phase}
 
 
 class GrpcServer:
-    def __init__(self, listen="%s:0" % LOOPBACK, workers=64, seed=1):
+    def __init__(self, listen="%s:0" % LOOPBACK, workers=64, seed=1, phases=None,
+                 fail_rate=0.8, executed_rate=0.4, capacity=40.0, dedupe=False):
         self.lock = threading.Lock()
         self.calls, self.effects, self.seen, self.by_code = [], {}, {}, {}
-        self.mode = {"fail_rate": 0.0, "code": "unavailable", "executed_rate": 0.0}
         self.rng = random.Random(seed)
+        self.timeline = Timeline(phases) if phases else None
+        self.fail_rate, self.executed_rate = fail_rate, executed_rate
+        self.capacity, self.dedupe = capacity, dedupe
+        self.tokens, self.tokens_at = capacity / 10.0, time.monotonic()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                   maximum_concurrent_rpcs=None,
                                   options=[("grpc.so_reuseport", 0)])
@@ -177,15 +188,11 @@ class GrpcServer:
         with self.lock:
             self.calls, self.effects, self.seen, self.by_code = [], {}, {}, {}
 
-    def set_mode(self, fail_rate=None, code=None, executed_rate=None):
-        with self.lock:
-            if fail_rate is not None:
-                self.mode["fail_rate"] = float(fail_rate)
-            if code is not None:
-                code_of(code)
-                self.mode["code"] = code
-            if executed_rate is not None:
-                self.mode["executed_rate"] = float(executed_rate)
+    def start_timeline(self, at=None):
+        """The phases start at CLOCK_MONOTONIC time AT (default now); before, the first
+        phase applies."""
+        if self.timeline is not None:
+            self.timeline.start = time.monotonic() if at is None else at
 
     def calls_for(self, key):
         with self.lock:
@@ -222,19 +229,41 @@ class GrpcServer:
             n = self.seen.get(key, 0) + 1
             self.seen[key] = n
             call = Call(method, key, md, context.time_remaining(), len(self.calls) + 1)
+            call.phase = self.timeline.phase_at(call.t) if self.timeline else None
             self.calls.append(call)
-            fail, executed = None, script.executed
+            fail, executed, pushback = None, script.executed, script.pushback
             if script.always is not None:
                 fail = script.always
             elif n <= script.fail_n:
                 fail = script.fail_code
-            elif "x-script" not in md and self.mode["fail_rate"] > 0 and \
-                    self.rng.random() < self.mode["fail_rate"]:
-                fail = code_of(self.mode["code"])
-                executed = self.rng.random() < self.mode["executed_rate"]
-        return call, script, fail, executed
+            elif "x-script" not in md and call.phase == "outage":
+                if self.rng.random() < self.fail_rate:
+                    fail = grpc.StatusCode.UNAVAILABLE
+                    executed = self.rng.random() < self.executed_rate
+            elif "x-script" not in md and call.phase == "overloaded" and not self._admit(call.t):
+                fail, pushback = grpc.StatusCode.UNAVAILABLE, "1000"
+        return call, script, fail, executed, pushback
+
+    def _admit(self, now):
+        """The overloaded dependency's capacity: a token bucket of CAPACITY a second (a tenth
+        of a second of burst). Called with the lock held."""
+        self.tokens = min(self.capacity / 10.0,
+                          self.tokens + (now - self.tokens_at) * self.capacity)
+        self.tokens_at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+    def _replay(self, call):
+        """With dedupe: a key that already executed executes nothing again."""
+        with self.lock:
+            return self.dedupe and "idempotency-key" in call.metadata and \
+                self.effects.get(call.key, 0) > 0
 
     def _effect(self, call):
+        if self._replay(call):
+            return
         with self.lock:
             call.effect = True
             self.effects[call.key] = self.effects.get(call.key, 0) + 1
@@ -250,12 +279,12 @@ class GrpcServer:
         while time.monotonic() < end and context.is_active():
             time.sleep(0.005)
 
-    def _fail(self, call, script, code, context):
+    def _fail(self, call, script, code, context, pushback):
         """Fail the call with CODE: before any message, so grpcio sends Trailers-Only (or
         HEADERS then trailers with headers-first)."""
         trailers = []
-        if script.pushback is not None:
-            trailers.append(("grpc-retry-pushback-ms", script.pushback))
+        if pushback is not None:
+            trailers.append(("grpc-retry-pushback-ms", pushback))
         if script.headers_first:
             context.send_initial_metadata(())
         self._answered(call, code)
@@ -265,13 +294,13 @@ class GrpcServer:
                       % (name_of(code), self.seen.get(call.key, 0), call.key))
 
     def _run(self, method, context, messages, answer):
-        call, script, fail, executed = self._begin(method, context)
+        call, script, fail, executed, pushback = self._begin(method, context)
         call.messages = list(messages)
         self._sleep(script, context)
         if fail is not None:
             if executed:
                 self._effect(call)
-            self._fail(call, script, fail, context)
+            self._fail(call, script, fail, context, pushback)
         if script.initial:
             context.send_initial_metadata(tuple(script.initial))
         if script.trailers:
@@ -334,11 +363,13 @@ def _stats_server(srv, listen):
 
         def do_POST(self):
             n = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(n) if n else b""
+            if n:
+                self.rfile.read(n)          # no POST takes a body: drain it for keep-alive
             try:
-                if self.path == "/mode":
-                    srv.set_mode(**json.loads(body or b"{}"))
-                    self._send(200, srv.mode)
+                if self.path.split("?")[0] == "/start":
+                    q = parse_qs(urlsplit(self.path).query)
+                    srv.start_timeline(float(q["at"][0]) if "at" in q else None)
+                    self._send(200, {"start": srv.timeline.start if srv.timeline else None})
                 elif self.path == "/reset":
                     srv.reset()
                     self._send(200, {"reset": True})
@@ -359,8 +390,15 @@ def main(argv=None):
     ap.add_argument("--listen", default="%s:0" % LOOPBACK)
     ap.add_argument("--stats", default="%s:0" % LOOPBACK)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--phases", help='e.g. "healthy:2,outage:5,overloaded:3,recovered:2"')
+    ap.add_argument("--fail-rate", type=float, default=0.8)
+    ap.add_argument("--executed-rate", type=float, default=0.4)
+    ap.add_argument("--capacity", type=float, default=40.0)
+    ap.add_argument("--dedupe", action="store_true")
     a = ap.parse_args(argv)
-    srv = GrpcServer(a.listen, seed=a.seed)
+    srv = GrpcServer(a.listen, seed=a.seed, phases=parse_phases(a.phases) if a.phases else None,
+                     fail_rate=a.fail_rate, executed_rate=a.executed_rate,
+                     capacity=a.capacity, dedupe=a.dedupe)
     httpd = _stats_server(srv, a.stats)
     done = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
