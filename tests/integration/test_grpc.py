@@ -261,6 +261,17 @@ def test_unavailable_without_key_is_relayed_not_retried(grpcsrv, rg_factory, cha
                      reason="non-idempotent") == 1
 
 
+def test_idempotent_paths_apply_to_http_requests_too(upstream, rg_factory):
+    upstream.push(503)
+    rg = rg_factory(upstreams={"api": {"endpoints": [upstream], "retry": dict(
+        FAST_RETRY, idempotent_paths=["/catalog/"])}})
+    r = rg.post("/catalog/search", body=b"q=1")
+    assert r.status == 200 and r.headers["X-Retrygate-Attempts"] == "2", r
+    upstream.push(503)
+    r = rg.post("/orders", body=b"q=1")
+    assert r.status == 503 and r.headers["X-Retrygate-Retry-Refused"] == "non-idempotent", r
+
+
 def test_non_idempotent_always_retries_any_call(grpcsrv, rg_factory, channel):
     srv = grpcsrv()
     rg = rg_factory(upstreams=api(srv, {"non_idempotent": "always"}))
@@ -327,6 +338,9 @@ def test_unary_message_then_unavailable_is_relayed_never_retried(h2up, rg_factor
     time.sleep(0.3)
     assert len(up.requests) == 1, "a committed call was retried"
     assert "x-retrygate-retry-refused" not in r.md, r
+    # the metric counts the final grpc-status, from the trailers after the message too
+    rg.wait_metric("retrygate_upstream_grpc_responses_total", 1, upstream="api",
+                   status="unavailable")
 
 
 def test_headers_then_trailers_without_data_is_a_grpc_outcome(h2up, rg_factory, channel):
@@ -391,12 +405,28 @@ def test_negative_pushback_means_do_not_retry_and_sets_no_hold(grpcsrv, rg_facto
     assert c2.t - c1.t < 0.5, "a hold was set by a negative pushback"
 
 
-def test_pushback_beyond_retry_after_max_is_refused(grpcsrv, rg_factory, channel):
+def test_pushback_beyond_retry_after_max_or_the_deadline_is_refused(grpcsrv, rg_factory,
+                                                                     channel):
     srv = grpcsrv()
     rg = rg_factory(upstreams=api(srv, {"retry_after": {"honor": True, "max": "1s"}}))
-    r = call(channel(rg), script="fail:1:unavailable,pushback:3000", key="far")
+    ch = channel(rg)
+    r = call(ch, script="fail:1:unavailable,pushback:3000", key="far")
     assert r.code == grpc.StatusCode.UNAVAILABLE and r.elapsed < 1.0, r
     assert r.md.get("x-retrygate-retry-refused") == "retry-after", r
+    # within retry_after.max, but past the call's deadline of 500 ms
+    r = call(ch, script="fail:1:unavailable,pushback:900", key="late", timeout=5,
+             extra=[("x-timeout-ms", "500")])
+    assert r.code == grpc.StatusCode.UNAVAILABLE and r.elapsed < 0.5, r
+    assert r.md.get("x-retrygate-retry-refused") == "deadline", r
+
+
+def test_pushback_ignored_without_honor(grpcsrv, rg_factory, channel):
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=api(srv, {"retry_after": {"honor": False}}))
+    r = call(channel(rg), script="fail:1:unavailable,pushback:-1", key="ign")
+    assert r.code == grpc.StatusCode.OK and r.md.get("x-retrygate-attempts") == "2", r
+    r = call(channel(rg), script="fail:1:unavailable,pushback:2000", key="ign2")
+    assert r.code == grpc.StatusCode.OK and r.elapsed < 1.0, r
 
 
 # ------------------------------------------------------------------------------- deadline
