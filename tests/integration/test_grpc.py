@@ -452,7 +452,7 @@ def test_grpc_timeout_sent_even_when_the_client_set_none(grpcsrv, rg_factory, ch
     r = call(channel(rg), timeout=None)
     assert r.code == grpc.StatusCode.OK, r
     c = srv.wait_calls(1)[0]
-    assert c.header("x-timeout-ms") == "800", c.metadata
+    assert 700 <= int(c.header("x-timeout-ms")) <= 800, c.metadata     # min(per_try, left)
     assert c.time_remaining is not None and 0.6 < c.time_remaining <= 0.8, c.time_remaining
 
 

@@ -228,7 +228,9 @@ class GrpcServer:
         with self.lock:
             n = self.seen.get(key, 0) + 1
             self.seen[key] = n
-            call = Call(method, key, md, context.time_remaining(), len(self.calls) + 1)
+            left = context.time_remaining()     # grpcio: about 2**63 ns without a deadline
+            call = Call(method, key, md, left if left is not None and left < 1e9 else None,
+                        len(self.calls) + 1)
             call.phase = self.timeline.phase_at(call.t) if self.timeline else None
             self.calls.append(call)
             fail, executed, pushback = None, script.executed, script.pushback
