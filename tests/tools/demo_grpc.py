@@ -65,6 +65,7 @@ NAIVE_RETRY = {
     "budget": {"ratio": 100, "min_per_second": 100000, "max_tokens": 1000000},
     "non_idempotent": "always",
 }
+NAIVE_CONCURRENCY = {"max_in_flight": 10000, "max_retries_in_flight": 10000}
 # retrygate's defaults (SPEC §2), with the demo's budget ratio of the HTTP round and the read
 # service declared idempotent
 DEFAULT_RETRY = {
@@ -75,6 +76,7 @@ DEFAULT_RETRY = {
     "non_idempotent": "require-key",
     "idempotent_paths": ["/test.Catalog/"],
 }
+DEFAULT_CONCURRENCY = {"max_in_flight": 256, "max_retries_in_flight": 32}
 
 
 # ----------------------------------------------------------------------------- processes
@@ -137,7 +139,7 @@ def start_dependency(procs, workdir, phases, capacity, tag):
     return p, int(m.group(1)), int(m.group(2))
 
 
-def start_retrygate(procs, binary, workdir, tag, title, dep_port, retry):
+def start_retrygate(procs, binary, workdir, tag, title, dep_port, retry, concurrency):
     cfg = workdir / ("grpc-%s.yaml" % tag)
     rlog = workdir / ("retrygate-grpc-%s.log" % tag)
     for _ in range(3):          # a free port can be taken between picking and binding it
@@ -150,6 +152,8 @@ def start_retrygate(procs, binary, workdir, tag, title, dep_port, retry):
                  '    endpoints: ["%s:%d"]' % (LOOPBACK, dep_port),
                  "    protocol: h2", "    retry:"]
         lines += ["      %s: %s" % (k, _yaml(v)) for k, v in retry.items()]
+        lines += ["    concurrency:"]
+        lines += ["      %s: %s" % (k, _yaml(v)) for k, v in concurrency.items()]
         cfg.write_text("\n".join(lines) + "\n")
         p = procs.spawn("retrygate-grpc-" + tag, [str(binary), "-c", str(cfg)],
                         stdout=open(rlog, "w"), stderr=subprocess.STDOUT)
@@ -231,11 +235,12 @@ def drive(port, load, timeline, tag, stop):
 
 # ----------------------------------------------------------------------------- one run
 
-def run_policy(procs, binary, workdir, scenario, tag, title, retry, stop, log):
+def run_policy(procs, binary, workdir, scenario, tag, title, retry, concurrency, stop, log):
     phases, rate = scenario["phases"], scenario["rate"]
     dep, dep_port, stats_port = start_dependency(procs, workdir, phases,
                                                  CAPACITY_FRACTION * rate, tag)
-    rg, port, admin, cfg = start_retrygate(procs, binary, workdir, tag, title, dep_port, retry)
+    rg, port, admin, cfg = start_retrygate(procs, binary, workdir, tag, title, dep_port, retry,
+                                           concurrency)
     log("grpc-%s: %s  (config %s)" % (tag, title, cfg))
     log("    running %gs of gRPC load at %g calls/s: %s" % (
         sum(s for _, s in phases), rate, " -> ".join("%s %gs" % p for p in phases)))
@@ -330,12 +335,13 @@ def grpc_round(procs, binary, workdir, quick, stop, log):
     log("")
     log("gRPC round: the same idea with a grpcio dependency and a grpcio client (SPEC §10).")
     out = []
-    for tag, title, retry in (
+    for tag, title, retry, conc in (
             ("naive", "naive: every UNAVAILABLE retried (3 attempts, no budget, "
-             "non_idempotent: always, pushback ignored)", NAIVE_RETRY),
+             "non_idempotent: always, pushback ignored)", NAIVE_RETRY, NAIVE_CONCURRENCY),
             ("retrygate", "retrygate default policy (reads by idempotent_paths, budget "
-             "ratio 0.1)", DEFAULT_RETRY)):
-        out.append(run_policy(procs, binary, workdir, scenario, tag, title, retry, stop, log))
+             "ratio 0.1)", DEFAULT_RETRY, DEFAULT_CONCURRENCY)):
+        out.append(run_policy(procs, binary, workdir, scenario, tag, title, retry, conc, stop,
+                              log))
     return tuple(out)
 
 
