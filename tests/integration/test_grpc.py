@@ -410,14 +410,15 @@ def test_pushback_beyond_retry_after_max_or_the_deadline_is_refused(grpcsrv, rg_
     srv = grpcsrv()
     rg = rg_factory(upstreams=api(srv, {"retry_after": {"honor": True, "max": "1s"}}))
     ch = channel(rg)
-    r = call(ch, script="fail:1:unavailable,pushback:3000", key="far")
-    assert r.code == grpc.StatusCode.UNAVAILABLE and r.elapsed < 1.0, r
-    assert r.md.get("x-retrygate-retry-refused") == "retry-after", r
-    # within retry_after.max, but past the call's deadline of 500 ms
+    # within retry_after.max, but past the call's deadline of 500 ms (first: the 3 s pushback
+    # below holds the endpoint past retry_after.max, which would refuse any retry after it)
     r = call(ch, script="fail:1:unavailable,pushback:900", key="late", timeout=5,
              extra=[("x-timeout-ms", "500")])
     assert r.code == grpc.StatusCode.UNAVAILABLE and r.elapsed < 0.5, r
     assert r.md.get("x-retrygate-retry-refused") == "deadline", r
+    r = call(ch, script="fail:1:unavailable,pushback:3000", key="far")
+    assert r.code == grpc.StatusCode.UNAVAILABLE and r.elapsed < 1.0, r
+    assert r.md.get("x-retrygate-retry-refused") == "retry-after", r
 
 
 def test_pushback_ignored_without_honor(grpcsrv, rg_factory, channel):
@@ -514,8 +515,8 @@ def test_dead_upstream_is_unavailable_connect_failure(rg_factory, channel):
 
 def test_overloaded_is_unavailable_with_pushback_1000(grpcsrv, rg_factory, channel):
     srv = grpcsrv()
-    rg = rg_factory(upstreams=api(srv, concurrency={"max_in_flight": 1,
-                                                    "max_retries_in_flight": 1}))
+    rg = rg_factory(upstreams=api(srv, {"per_try_timeout": "5s"},
+                                  concurrency={"max_in_flight": 1, "max_retries_in_flight": 1}))
     ch = channel(rg)
     slow = InThread(call, ch, script="sleep:1500", xkey="slow", timeout=5)
     srv.wait_calls(1)
@@ -591,7 +592,7 @@ def test_definite_error_is_stored_and_replayed(grpcsrv, rg_factory, channel):
 
 def test_repeat_while_the_first_runs_is_aborted(grpcsrv, rg_factory, channel):
     srv = grpcsrv()
-    rg = rg_factory(upstreams=idem_api(srv))
+    rg = rg_factory(upstreams=idem_api(srv, {"per_try_timeout": "5s"}))
     ch = channel(rg)
     first = InThread(call, ch, script="sleep:1500", key="busy", timeout=5)
     srv.wait_calls(1)
