@@ -3,7 +3,7 @@
 The same idea as the HTTP round, with gRPC on both sides (SPEC §10): a grpcio dependency
 (tests/tools/grpcserver.py, its own process) follows healthy -> outage (UNAVAILABLE for most
 calls; some of them fail *after* executing, so the caller cannot tell "failed" from "done") ->
-overloaded (UNAVAILABLE with grpc-retry-pushback-ms: 1000 above its capacity) -> recovered. A
+overloaded (UNAVAILABLE with grpc-retry-pushback-ms: 1500 above its capacity) -> recovered. A
 grpcio client (its own retries off) sends a fixed-rate mix of reads (/test.Catalog/Get, an
 idempotent service), writes with an idempotency-key and writes without one (/test.Svc/Unary),
 each with a 1 s deadline, through retrygate twice:
@@ -12,8 +12,8 @@ each with a 1 s deadline, through retrygate twice:
              (what `non_idempotent: always` and a huge budget amount to)
   retrygate  the default policy: reads are idempotent by `retry.idempotent_paths`, keyed writes
              by their key, unkeyed writes are not re-sent once they may have executed; the
-             budget bounds the retries; pushback is obeyed (a 1000 ms pushback does not fit a
-             1000 ms deadline, so the UNAVAILABLE goes back at once)
+             budget bounds the retries; pushback is obeyed (a 1500 ms pushback does not fit a
+             1 s deadline, so the UNAVAILABLE goes back at once)
 
 The dependency deduplicates keyed writes (as a service that honours keys does), so duplicate
 side effects can only come from unkeyed writes re-sent blindly.
@@ -22,8 +22,8 @@ side effects can only come from unkeyed writes re-sent blindly.
     grpc_table(gn, gg)  grpc_explain(gn, gg)  grpc_acceptance(gn, gg)
 
 PROCS is demo.py's Processes (spawn(name, args, **popen) and stop(p)); the work directory gets
-grpc-TAG.yaml, the logs of retrygate and of the dependency, and grpc-TAG-calls.json (what the
-dependency saw) per run.
+grpc-TAG.yaml, the logs of retrygate and of the dependency, grpc-TAG-requests.json (what the
+client saw) and grpc-TAG-calls.json (what the dependency saw) per run.
 """
 
 import http.client
@@ -53,6 +53,10 @@ QUICK = {"phases": [("healthy", 0.6), ("outage", 1.6), ("overloaded", 1.0), ("re
 FAIL_RATE = 0.8             # outage: share of calls failing UNAVAILABLE
 EXECUTED_RATE = 0.4         # of those, share that executed before failing
 CAPACITY_FRACTION = 0.5     # overloaded: the dependency serves this fraction of the rate
+# overloaded: the pushback it asks for. More than the deadline, with a margin: grpcio rounds
+# the grpc-timeout it sends up (1 s goes out as about 1010 ms), so a 1000 ms pushback would fit
+# what retrygate is told and be waited for, while the client gives up at its own 1 s.
+PUSHBACK_MS = 1500
 DEADLINE_S = 1.0
 READ, WRITE = "/test.Catalog/Get", "/test.Svc/Unary"
 MIX = (("read", 0.4), ("write-key", 0.3), ("write-nokey", 0.3))
@@ -130,7 +134,8 @@ def start_dependency(procs, workdir, phases, capacity, tag):
     p = procs.spawn("grpcserver-" + tag,
                     [PYTHON, str(HERE / "grpcserver.py"), "--phases", spec,
                      "--fail-rate", str(FAIL_RATE), "--executed-rate", str(EXECUTED_RATE),
-                     "--capacity", "%g" % capacity, "--seed", str(SEED), "--dedupe"],
+                     "--capacity", "%g" % capacity, "--pushback-ms", str(PUSHBACK_MS),
+                     "--seed", str(SEED), "--dedupe"],
                     stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
     ready, _, _ = select.select([p.stdout], [], [], 15)
     m = re.match(r"grpc \S+:(\d+) stats \S+:(\d+)", p.stdout.readline() if ready else "")
@@ -254,6 +259,7 @@ def run_policy(procs, binary, workdir, scenario, tag, title, retry, concurrency,
     calls = json.loads(_http(stats_port, "GET", "/calls", timeout=10)[1])
     stats = json.loads(_http(stats_port, "GET", "/stats", timeout=10)[1])
     (workdir / ("grpc-%s-calls.json" % tag)).write_text(json.dumps(calls, indent=0))
+    (workdir / ("grpc-%s-requests.json" % tag)).write_text(json.dumps(records, indent=0))
     rc = procs.stop(rg)
     procs.stop(dep)
     return summarize(tag, title, scenario, retry, records, calls, stats, metrics, rc, tl, load)
@@ -397,11 +403,11 @@ def grpc_explain(n, g):
         "%d unkeyed writes twice: an UNAVAILABLE does not say whether the call executed. "
         "retrygate retried reads (idempotent_paths) and keyed writes within its budget (%.2fx, "
         "bound %.2fx), re-sent no unkeyed write, and left %d unknown outcomes for the caller to "
-        "reconcile instead of guessing. In the overload the dependency asked for 1000 ms of "
+        "reconcile instead of guessing. In the overload the dependency asked for %d ms of "
         "pushback: the naive policy came straight back (%.2fx), retrygate relayed the "
-        "UNAVAILABLE at once (%.2fx), as the wait did not fit the 1000 ms deadline."
+        "UNAVAILABLE at once (%.2fx), as the wait did not fit the 1 s deadline."
         % (n["amp_outage"], n["duplicates_by_kind"]["write-nokey"], g["amp_outage"],
-           g["bound_outage"], g["nokey_failed_but_executed"], n["amp_overload"],
+           g["bound_outage"], g["nokey_failed_but_executed"], PUSHBACK_MS, n["amp_overload"],
            g["amp_overload"]))
 
 

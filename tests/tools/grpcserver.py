@@ -34,7 +34,7 @@ CLOCK_MONOTONIC like tests/tools/flaky.py: in "healthy"/"recovered" every call i
 "outage" a call fails UNAVAILABLE with probability fail_rate (seeded), and a fraction
 executed_rate of those failures happen after the side effect (the caller cannot tell "failed"
 from "done"); in "overloaded" calls above `capacity` a second are refused UNAVAILABLE with
-grpc-retry-pushback-ms: 1000, before any side effect. With dedupe, a call whose
+grpc-retry-pushback-ms: `pushback_ms` (default 1000), before any side effect. With dedupe, a call whose
 idempotency-key already executed answers OK and executes nothing, as real services that honour
 keys do.
 
@@ -51,10 +51,11 @@ In-process (tests):
     srv.wait_calls(n, timeout)  srv.calls_for(key)  srv.effects (dict key -> n)
     srv.stats()  srv.reset()  srv.stop()
     GrpcServer(phases=[("healthy", 2), ("outage", 5)], fail_rate=, executed_rate=, capacity=,
-               dedupe=True); srv.start_timeline(at)    # each Call also has .phase
+               pushback_ms=, dedupe=True); srv.start_timeline(at)    # each Call has .phase
 
 As a process (the demo): grpcserver.py [--listen 127.0.0.1:0] [--stats 127.0.0.1:0] [--seed S]
-[--phases healthy:2,outage:5,...] [--fail-rate F] [--executed-rate E] [--capacity N] [--dedupe]
+[--phases healthy:2,outage:5,...] [--fail-rate F] [--executed-rate E] [--capacity N]
+[--pushback-ms MS] [--dedupe]
 prints "grpc 127.0.0.1:PORT stats 127.0.0.1:PORT" once listening, and serves on the stats port:
     GET /stats      {"calls": N, "effects": {key: n}, "by_code": {name: n}, "keys": {key: n}}
     GET /calls      the records as JSON (metadata included)
@@ -158,13 +159,14 @@ class Call:
 
 class GrpcServer:
     def __init__(self, listen="%s:0" % LOOPBACK, workers=64, seed=1, phases=None,
-                 fail_rate=0.8, executed_rate=0.4, capacity=40.0, dedupe=False):
+                 fail_rate=0.8, executed_rate=0.4, capacity=40.0, pushback_ms=1000,
+                 dedupe=False):
         self.lock = threading.Lock()
         self.calls, self.effects, self.seen, self.by_code = [], {}, {}, {}
         self.rng = random.Random(seed)
         self.timeline = Timeline(phases) if phases else None
         self.fail_rate, self.executed_rate = fail_rate, executed_rate
-        self.capacity, self.dedupe = capacity, dedupe
+        self.capacity, self.pushback_ms, self.dedupe = capacity, pushback_ms, dedupe
         self.tokens, self.tokens_at = capacity / 10.0, time.monotonic()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                                   maximum_concurrent_rpcs=None,
@@ -243,7 +245,7 @@ class GrpcServer:
                     fail = grpc.StatusCode.UNAVAILABLE
                     executed = self.rng.random() < self.executed_rate
             elif "x-script" not in md and call.phase == "overloaded" and not self._admit(call.t):
-                fail, pushback = grpc.StatusCode.UNAVAILABLE, "1000"
+                fail, pushback = grpc.StatusCode.UNAVAILABLE, str(self.pushback_ms)
         return call, script, fail, executed, pushback
 
     def _admit(self, now):
@@ -396,11 +398,12 @@ def main(argv=None):
     ap.add_argument("--fail-rate", type=float, default=0.8)
     ap.add_argument("--executed-rate", type=float, default=0.4)
     ap.add_argument("--capacity", type=float, default=40.0)
+    ap.add_argument("--pushback-ms", type=int, default=1000)
     ap.add_argument("--dedupe", action="store_true")
     a = ap.parse_args(argv)
     srv = GrpcServer(a.listen, seed=a.seed, phases=parse_phases(a.phases) if a.phases else None,
                      fail_rate=a.fail_rate, executed_rate=a.executed_rate,
-                     capacity=a.capacity, dedupe=a.dedupe)
+                     capacity=a.capacity, pushback_ms=a.pushback_ms, dedupe=a.dedupe)
     httpd = _stats_server(srv, a.stats)
     done = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
