@@ -415,8 +415,9 @@ def grpc_acceptance(n, g):
     expected = 1 + FAIL_RATE + FAIL_RATE ** 2          # 3 attempts at an 80% failure rate
     dep_unavail = g["dep_by_code"].get("unavailable", 0)
     checks = [
-        ("gRPC retrygate: amplification during the outage %d/%d = %.2fx <= bound %.2fx"
-         % (g["outage_attempts"], g["outage_requests"], g["amp_outage"], g["bound_outage"]),
+        ("gRPC retrygate: amplification during the outage %d/%d = %.3fx <= bound %.1f/%d = "
+         "%.3fx" % (g["outage_attempts"], g["outage_requests"], g["amp_outage"],
+                    g["outage_attempts_max"], g["outage_requests"], g["bound_outage"]),
          g["outage_requests"] > 0 and g["outage_attempts"] <= g["outage_attempts_max"] + 1e-9),
         ("gRPC retrygate: zero duplicate side effects (%d), no unkeyed write re-sent (%d)"
          % (g["duplicates"], g["nokey_resent"]),
