@@ -19,7 +19,7 @@ import pytest
 from harness import FAST_RETRY, InThread, Refusing, wait_for
 from grpcserver import GrpcServer
 from h2raw import H2Raw
-from h2upstream import H2Upstream, respond
+from h2upstream import INTERNAL_ERROR, REFUSED_STREAM, H2Upstream, respond, rst, stall
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -513,6 +513,45 @@ def test_dead_upstream_is_unavailable_connect_failure(rg_factory, channel):
     assert r.elapsed < 3.0, r
 
 
+def test_refused_stream_is_retried_for_any_call(h2up, rg_factory, channel):
+    up = h2up()
+    up.push(rst(REFUSED_STREAM, early=True), grpc_ok(b"after refusal"))
+    rg = rg_factory(upstreams=api(up))
+    r = call(channel(rg))                          # no key: the server never saw it
+    assert r.code == grpc.StatusCode.OK and r.messages == [b"after refusal"], r
+    assert r.md.get("x-retrygate-attempts") == "2", r
+
+
+def test_reset_and_timeout_are_unavailable_with_their_reason(h2up, rg_factory, channel):
+    up = h2up()
+    up.push(rst(INTERNAL_ERROR), stall(5))
+    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "300ms"}))
+    ch = channel(rg)
+    r = call(ch)                                   # reset, no key: not re-sent
+    assert r.code == grpc.StatusCode.UNAVAILABLE and r.details == "reset", r
+    assert r.md.get("x-retrygate-reason") == "reset", r
+    assert r.md.get("x-retrygate-retry-refused") == "non-idempotent", r
+    r = call(ch)                                   # no answer within per_try_timeout
+    assert r.code == grpc.StatusCode.UNAVAILABLE and r.details == "timeout", r
+    assert r.md.get("x-retrygate-reason") == "timeout", r
+    assert 0.25 <= r.elapsed < 2.0, r
+
+
+def test_limits_are_resource_exhausted(grpcsrv, rg_factory, channel):
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=api(srv), listener_limits={
+        "max_body": "1KiB", "max_header_bytes": "4KiB", "max_uri_bytes": "1KiB"})
+    ch = channel(rg)
+    r = call(ch, req=b"x" * 5000)
+    assert r.code == grpc.StatusCode.RESOURCE_EXHAUSTED and r.details == "body-too-large", r
+    r = call(ch, extra=[("x-big", "v" * 6000)])
+    assert r.code == grpc.StatusCode.RESOURCE_EXHAUSTED, r
+    assert r.details == "headers-too-large", r
+    r = call(ch, "/test.Svc/" + "M" * 2000)
+    assert r.code == grpc.StatusCode.RESOURCE_EXHAUSTED and r.details == "uri-too-long", r
+    assert not srv.calls
+
+
 def test_overloaded_is_unavailable_with_pushback_1000(grpcsrv, rg_factory, channel):
     srv = grpcsrv()
     rg = rg_factory(upstreams=api(srv, {"per_try_timeout": "5s"},
@@ -600,6 +639,20 @@ def test_repeat_while_the_first_runs_is_aborted(grpcsrv, rg_factory, channel):
     assert r.code == grpc.StatusCode.ABORTED and r.details == "idempotency-in-progress", r
     assert r.md.get("x-retrygate-reason") == "idempotency-in-progress", r
     assert first(timeout=10).code == grpc.StatusCode.OK
+    assert len(srv.calls) == 1
+
+
+def test_key_mismatch_and_key_required(grpcsrv, rg_factory, channel):
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=idem_api(srv, require_key=True))
+    ch = channel(rg)
+    assert call(ch, req=b"first", key="mm").code == grpc.StatusCode.OK
+    r = call(ch, req=b"other body", key="mm")
+    assert r.code == grpc.StatusCode.FAILED_PRECONDITION, r
+    assert r.details == "idempotency-key-mismatch", r
+    r = call(ch, req=b"no key")
+    assert r.code == grpc.StatusCode.INVALID_ARGUMENT, r
+    assert r.details == "idempotency-key-required", r
     assert len(srv.calls) == 1
 
 
