@@ -364,12 +364,36 @@ static void grpc_hold(struct exchange *ex, const struct http_head *h)
 {
 	saved_keep(&ex->held, h, NULL);
 	ex->grpc_wait = true;
+	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
+	 * timer stopped when the head came) */
+	int64_t now = clock_now_us();
+	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
+	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
+		struct timeval tv = clock_tv(left > 0 ? left : 0);
+		evtimer_add(&ex->hold_ev, &tv);
+	}
 }
 
 static void grpc_unhold(struct exchange *ex)
 {
 	ex->grpc_wait = false;
+	evtimer_del(&ex->hold_ev);
 	saved_clear(&ex->held);
+}
+
+/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
+ * (retried only where a timeout may be, rule 4). */
+static void grpc_hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (!ex->grpc_wait || !ex->att || ex->state != X_ATTEMPT)
+		return;
+	grpc_unhold(ex);
+	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
+	report_health(ex, OUT_TIMEOUT, NULL);
+	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
+	ex_decide(ex, OUT_TIMEOUT, NULL, false);
 }
 
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
@@ -534,10 +558,9 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 	    evbuffer_get_length(data) > 0) {
 		/* SPEC §10 (gRFC A6): the first response message commits the call: relayed, never
 		 * retried, whatever grpc-status its trailers carry */
-		ex->grpc_wait = false;
 		report_health_as(ex, OUT_STATUS, 200, false);
 		ex_relay_from(ex, a, &ex->held.h, RR_NONE);
-		saved_clear(&ex->held);
+		grpc_unhold(ex);
 	}
 	if (ex->state != X_DONE && a == ex->saved.a) {
 		size_t have = evbuffer_get_length(ex->saved.body);
@@ -570,7 +593,6 @@ static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t,
 		return;
 	if (ex->grpc_wait && a == ex->att) {
 		/* headers, then trailers with no DATA (linkerd2#7701): the outcome is their status */
-		ex->grpc_wait = false;
 		if (grpc_outcome(ex, t, n) >= 0) {
 			grpc_decide(ex, a, &ex->held.h, t, n);
 		} else {
@@ -578,7 +600,7 @@ static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t,
 			ex_relay_from(ex, a, &ex->held.h, RR_NONE);
 			ex_relay_trailers(ex, t, n);
 		}
-		saved_clear(&ex->held);
+		grpc_unhold(ex);
 		return;
 	}
 	if (a == ex->saved.a) {
@@ -632,9 +654,8 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	if (ex->grpc_wait) {
 		if (out == OUT_NONE) {
 			/* headers then an empty end: no message, no status; the client judges it */
-			ex->grpc_wait = false;
 			ex_relay_from(ex, a, &ex->held.h, RR_NONE);
-			saved_clear(&ex->held);
+			grpc_unhold(ex);
 			ex->relay = NULL;
 			attempt_free(a);
 			ex_relay_complete(ex);
@@ -724,6 +745,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
 	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
 	evtimer_assign(&ex->fault_ev, loop->base, ex_fault_cb, ex);
+	evtimer_assign(&ex->hold_ev, loop->base, grpc_hold_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
@@ -918,6 +940,7 @@ void exchange_free(struct exchange *ex)
 	evtimer_del(&ex->deadline_ev);
 	evtimer_del(&ex->backoff_ev);
 	evtimer_del(&ex->fault_ev);
+	evtimer_del(&ex->hold_ev);
 	loop_buf_put(ex->loop, ex->rb.buf);
 	idem_job_free(ex->idem);
 	runtime_unref(ex->rt);

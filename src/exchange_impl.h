@@ -100,6 +100,7 @@ struct exchange {
 	bool idem_path;                 /* the path is one of retry.idempotent_paths (rule 4) */
 	bool grpc_wait;
 	struct saved_response held;     /* the held head (deep copy: the transport's goes away) */
+	struct event hold_ev;           /* the per-try timeout while it is held */
 	int att_grpc;                   /* the current attempt's grpc-status; -1: none */
 	int64_t pushback_us;            /* its grpc-retry-pushback-ms: -1 none, -2 "do not retry" */
 	int client_grpc;                /* the grpc-status the client got; -1: none (yet) */
