@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 UNARY = "/test.Svc/Unary"
 STREAM = "/test.Svc/Stream"
 COLLECT = "/test.Svc/Collect"
+CHAT = "/test.Svc/Chat"
 CATALOG = "/test.Catalog/Get"
 GRPC_CT = ("content-type", "application/grpc")
 
@@ -122,7 +123,10 @@ def call(ch, path=UNARY, req=b"req", timeout=5.0, kind="unary", **md):
             resp, c = ch.stream_unary(path).with_call(iter(req), metadata=m, timeout=timeout)
             msgs = [resp]
         else:
-            c = ch.unary_stream(path)(req, metadata=m, timeout=timeout)
+            if kind == "chat":
+                c = ch.stream_stream(path)(iter(req), metadata=m, timeout=timeout)
+            else:
+                c = ch.unary_stream(path)(req, metadata=m, timeout=timeout)
             msgs = []
             try:
                 for x in c:
@@ -486,6 +490,34 @@ def test_a_server_past_the_deadline_gives_deadline_exceeded(grpcsrv, rg_factory,
     assert 0.8 <= r.elapsed <= 2.0, r
 
 
+def test_grpcio_retry_policy_and_retrygate_do_not_multiply(grpcsrv, rg_factory):
+    """grpcio's own retries (a service config retryPolicy) mark each retry with
+    grpc-previous-rpc-attempts: retrygate gives those one attempt each."""
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=api(srv))
+    policy = {"methodConfig": [{"name": [{"service": "test.Svc"}], "retryPolicy": {
+        "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.05s",
+        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}
+    ch = grpc.insecure_channel("127.0.0.1:%d" % rg.port, options=[
+        ("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(policy))])
+    try:
+        r = call(ch, script="code:unavailable", key="layers", timeout=5)
+    finally:
+        ch.close()
+    assert r.code == grpc.StatusCode.UNAVAILABLE, r
+    # grpcio's last attempt went through once, refused as nested
+    assert r.md.get("x-retrygate-retry-refused") == "nested", r
+    assert r.md.get("x-retrygate-attempts") == "1", r
+    calls = srv.calls_for("layers")
+    seen = [(c.header("grpc-previous-rpc-attempts"), c.header("x-retrygate-attempt"))
+            for c in calls]
+    # grpcio's first attempt (unmarked) is retried by retrygate: 3 attempts; each of grpcio's
+    # 2 retries (marked by grpcio) gets one attempt, forwarded with its markers: 5, not 9
+    assert seen[:3] == [(None, "1"), ("1", "2"), ("2", "3")], seen
+    assert len(seen) == 5 and [p for p, _ in seen[3:]] == ["1", "2"], seen
+    assert all(a in (None, "1") for _, a in seen[3:]), seen
+
+
 def test_a_call_marked_by_its_clients_retries_gets_one_attempt(grpcsrv, rg_factory, channel):
     srv = grpcsrv()
     rg = rg_factory(upstreams=api(srv))
@@ -681,6 +713,16 @@ def test_client_stream_replayed_while_small(grpcsrv, rg_factory, channel):
     assert r.code == grpc.StatusCode.OK and r.messages == [b"one|two"], r
     c1, c2 = srv.wait_calls(2, key="cs")
     assert c1.messages == c2.messages == [b"one", b"two"]
+
+
+def test_bidirectional_stream_replayed_while_small(grpcsrv, rg_factory, channel):
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=api(srv))
+    r = call(channel(rg), CHAT, req=[b"a", b"b", b"c"], kind="chat",
+             script="fail:1:unavailable", key="bidi")
+    assert r.code == grpc.StatusCode.OK and r.messages == [b"re:a", b"re:b", b"re:c"], r
+    c1, c2 = srv.wait_calls(2, key="bidi")
+    assert c2.messages == [b"a", b"b", b"c"]
 
 
 def test_client_stream_over_max_body_not_replayed(grpcsrv, rg_factory, channel):

@@ -6,6 +6,7 @@ Generic handlers with raw bytes in and out, so a test needs no generated code:
     /test.Svc/Unary      unary:            answers b"echo:" + the request
     /test.Svc/Stream     server-streaming: answers `messages` messages (default 3), b"msg-N"
     /test.Svc/Collect    client-streaming: answers b"|".join(the request messages)
+    /test.Svc/Chat       bidirectional: once the client half-closed, answers b"re:" + each
     /test.Catalog/Get    unary, as Unary: a second service, for retry.idempotent_paths
 
 What a call does is chosen by its metadata, so a test scripts each call (and every retry of it,
@@ -175,7 +176,8 @@ class GrpcServer:
             grpc.method_handlers_generic_handler("test.Svc", {
                 "Unary": self._unary_handler("/test.Svc/Unary"),
                 "Stream": grpc.unary_stream_rpc_method_handler(self._stream),
-                "Collect": grpc.stream_unary_rpc_method_handler(self._collect)}),
+                "Collect": grpc.stream_unary_rpc_method_handler(self._collect),
+                "Chat": grpc.stream_stream_rpc_method_handler(self._chat)}),
             grpc.method_handlers_generic_handler("test.Catalog", {
                 "Get": self._unary_handler("/test.Catalog/Get")})))
         host, _, port = listen.rpartition(":")
@@ -327,6 +329,14 @@ class GrpcServer:
         self._effect(call)
         self._answered(call, grpc.StatusCode.OK)
         return out
+
+    def _chat(self, request_iterator, context):
+        msgs = list(request_iterator)
+        call, script, _ = self._run("/test.Svc/Chat", context, msgs, lambda c, s: None)
+        self._effect(call)
+        for m in msgs:
+            yield b"re:" + m
+        self._answered(call, grpc.StatusCode.OK)
 
     def _stream(self, request, context):
         call, script, _ = self._run("/test.Svc/Stream", context, [request], lambda c, s: None)
