@@ -20,12 +20,6 @@ from harness import FAST_RETRY, free_port, wait_for
 from h2raw import H2Raw
 from h2upstream import H2Upstream, respond
 
-# Marked `wiring`: these need the exchange to hand the relayed trailers and the call's
-# grpc-status to the idempotency job and to replay through respond_replay_send() (issue 13's
-# wiring, the integrator's); until that lands they are expected to fail. Drop the marker with
-# it. The Trailers-Only replay needs none of it (the head is recorded already).
-wiring = pytest.mark.xfail(reason="needs the exchange wiring of issue 13", strict=False)
-
 MSG = b"\x00\x00\x00\x00\x05order"          # one uncompressed gRPC message
 GRPC = [("content-type", "application/grpc")]
 
@@ -72,7 +66,6 @@ def names(fields):
     return [n for n, _ in fields]
 
 
-@wiring
 def test_replay_carries_head_messages_and_trailers(h2up, rg_factory):
     up = h2up()
     up.push(respond(200, headers=GRPC + [("x-app", "yes")], body=MSG,
@@ -109,7 +102,6 @@ def test_trailers_only_replays_as_trailers_only(h2up, rg_factory):
     assert len(up.requests) == 1
 
 
-@wiring
 def test_headers_then_trailers_without_data_is_stored(h2up, rg_factory):
     up = h2up()
     up.push(respond(200, headers=GRPC, trailers=[("grpc-status", "6")]))
@@ -121,7 +113,6 @@ def test_headers_then_trailers_without_data_is_stored(h2up, rg_factory):
     assert len(up.requests) == 1
 
 
-@wiring
 @pytest.mark.parametrize("code", ["14", "13", "4", "2"])
 def test_an_unknown_code_is_not_stored(h2up, rg_factory, code):
     up = h2up()
@@ -140,7 +131,6 @@ def test_an_unknown_code_is_not_stored(h2up, rg_factory, code):
     assert len(up.requests) == 2
 
 
-@wiring
 def test_trailers_count_against_max_response(h2up, rg_factory):
     up = h2up()
     trailers = [("grpc-status", "0"), ("x-receipt", "r" * 40)]
@@ -181,7 +171,6 @@ def redis_url():
     p.wait(5)
 
 
-@wiring
 def test_redis_replica_replays_the_trailers(h2up, rg_factory, redis_url):
     up = h2up()
     up.push(respond(200, headers=GRPC, body=MSG,
