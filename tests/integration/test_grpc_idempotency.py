@@ -20,12 +20,6 @@ from harness import FAST_RETRY, free_port, wait_for
 from h2raw import H2Raw
 from h2upstream import H2Upstream, respond
 
-# These need the exchange to hand the relayed trailers and the call's grpc-status to the
-# idempotency job and to replay through respond_replay_send() (issue 13's wiring, the
-# integrator's), and the HTTP/2 responder to end the stream at a head marked end_stream
-# (Trailers-Only): until both land they are expected to fail. Drop the marker with them.
-pytestmark = pytest.mark.xfail(reason="needs the exchange wiring of issue 13", strict=False)
-
 MSG = b"\x00\x00\x00\x00\x05order"          # one uncompressed gRPC message
 GRPC = [("content-type", "application/grpc")]
 
