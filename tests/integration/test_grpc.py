@@ -9,14 +9,17 @@ gRPC framing by hand. Each rule of SPEC §10 has a test here; retrygate's own an
 call are gRPC errors (Trailers-Only, which grpcio exposes as trailing metadata).
 """
 
+import http.client
 import json
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 
-from harness import FAST_RETRY, InThread, Refusing, wait_for
+from harness import FAST_RETRY, REPO_ROOT, InThread, Refusing, wait_for
 from grpcserver import GrpcServer
 from h2raw import H2Raw
 from h2upstream import INTERNAL_ERROR, REFUSED_STREAM, H2Upstream, respond, rst, stall
@@ -812,3 +815,51 @@ def test_budget_bounds_grpc_amplification(grpcsrv, rg_factory, channel):
     assert n < seen <= bound, "%d attempts for %d calls, bound %g" % (seen, n, bound)
     assert any(r.md.get("x-retrygate-retry-refused") == "budget" for r in res)
     rg.wait_metric("retrygate_upstream_attempts_total", seen, upstream="api", op="==")
+
+
+# ------------------------------------------------------------------------------- the server itself
+
+def test_grpcserver_as_a_process_with_phases_and_dedupe(tmp_path):
+    """tests/tools/grpcserver.py as the demo runs it: the address line, the stats port, the
+    phases started by POST /start, an outage failing every call (fail rate 1), and a keyed
+    call that already executed answering OK without a second side effect."""
+    p = subprocess.Popen([sys.executable, str(REPO_ROOT / "tests" / "tools" / "grpcserver.py"),
+                          "--phases", "healthy:0.3,outage:30", "--fail-rate", "1",
+                          "--executed-rate", "1", "--dedupe"],
+                         stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "w"), text=True)
+    try:
+        line = p.stdout.readline().split()
+        assert line[0] == "grpc" and line[2] == "stats", line
+        gport, sport = int(line[1].rsplit(":", 1)[1]), int(line[3].rsplit(":", 1)[1])
+
+        def admin(method, path):
+            c = http.client.HTTPConnection("127.0.0.1", sport, timeout=5)
+            c.request(method, path, body=b"" if method == "POST" else None)
+            r = c.getresponse()
+            out = json.loads(r.read())
+            c.close()
+            return r.status, out
+        ch = grpc.insecure_channel("127.0.0.1:%d" % gport, options=[("grpc.enable_retries", 0)])
+        try:
+            assert call(ch, xkey="k1", key="k1").code == grpc.StatusCode.OK   # before /start
+            assert admin("POST", "/start")[0] == 200
+            time.sleep(0.4)                                                   # in the outage
+            r = call(ch, xkey="k1", key="k1")
+            assert r.code == grpc.StatusCode.UNAVAILABLE, r
+            r = call(ch, xkey="k2")
+            assert r.code == grpc.StatusCode.UNAVAILABLE, r
+            assert call(ch, script="messages:1", xkey="k3").code == grpc.StatusCode.OK  # scripted
+        finally:
+            ch.close()
+        st, stats = admin("GET", "/stats")
+        # k1 executed once (its repeat was deduplicated), k2 executed then failed
+        assert st == 200 and stats["effects"] == {"k1": 1, "k2": 1, "k3": 1}, stats
+        assert stats["by_code"] == {"ok": 2, "unavailable": 2}, stats
+        st, calls = admin("GET", "/calls")
+        assert [c["phase"] for c in calls] == ["healthy", "outage", "outage", "outage"], calls
+        assert admin("POST", "/reset")[1] == {"reset": True}
+        assert admin("GET", "/stats")[1]["calls"] == 0
+    finally:
+        p.terminate()
+        assert p.wait(10) == 0
+        p.stdout.close()
