@@ -255,6 +255,10 @@ def run_policy(procs, binary, workdir, scenario, tag, title, retry, concurrency,
     records = drive(port, load, tl, tag, stop)
     if stop.is_set():
         raise KeyboardInterrupt
+    # a call whose client gave up may still have an attempt out: let it end before the counts
+    end = time.monotonic() + 3
+    while time.monotonic() < end and _metric(_metrics(admin), "retrygate_upstream_in_flight"):
+        time.sleep(0.05)
     metrics = _metrics(admin)
     calls = json.loads(_http(stats_port, "GET", "/calls", timeout=10)[1])
     stats = json.loads(_http(stats_port, "GET", "/stats", timeout=10)[1])
