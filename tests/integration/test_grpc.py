@@ -216,6 +216,16 @@ def test_grpc_is_recognised_by_content_type(rg_factory, ctype, grpc_answer):
         assert h.get("x-retrygate-reason") == "connect-failure", resp
 
 
+def test_grpc_to_an_http1_upstream_is_unimplemented(upstream, rg_factory, channel):
+    """SPEC §10: a gRPC call's upstream needs protocol: h2 (trailers cannot cross HTTP/1.1);
+    one routed to an http1 upstream is refused, nothing forwarded."""
+    rg = rg_factory(upstreams={"api": {"endpoints": [upstream]}})
+    r = call(channel(rg))
+    assert r.code == grpc.StatusCode.UNIMPLEMENTED and r.details == "not-implemented", r
+    assert r.md.get("x-retrygate-attempts") == "0", r
+    assert not upstream.requests
+
+
 def test_grpc_over_http1_is_plain_http(rg_factory, channel):
     """gRPC is HTTP/2 only: the same content-type over HTTP/1.1 is an ordinary request."""
     dead = Refusing()
