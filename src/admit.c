@@ -76,13 +76,13 @@ static void refuse(struct admission *a, int status, const char *reason, bool clo
 void admit_request(const struct cfg_listener *l, const struct http_head *r, struct admission *a)
 {
 	memset(a, 0, sizeof(*a));
+	a->grpc = request_is_grpc(r);   /* first: every refusal of a gRPC call is in gRPC form */
 	a->route = route_match(l, r->host, r->host_len, r->path, r->path_len);
 	if (!a->route) {
 		refuse(a, 404, "no-route", false);
 		return;
 	}
 	const struct cfg_upstream *up = a->route->upstream;
-	a->grpc = request_is_grpc(r);
 	/* gRPC's status travels in trailers, which an HTTP/1.1 upstream hop cannot carry back:
 	 * the exchange answers this in gRPC form, UNIMPLEMENTED */
 	if (a->grpc && up->protocol != UP_H2) {

@@ -24,6 +24,9 @@ enum body_mode {
 	BODY_NONE,
 	BODY_BUFFER,                    /* whole, before the first attempt: replayable */
 	BODY_STREAM,                    /* to the upstream as it comes: never re-sent */
+	BODY_TEE,                       /* to the upstream as it comes, and kept while it fits
+	                                 * retry.max_body: replayable until then (a gRPC stream,
+	                                 * SPEC §10, whose peer may wait for answers) */
 };
 
 struct admission {

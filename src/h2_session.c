@@ -27,6 +27,7 @@
 #include "clock.h"
 #include "config.h"
 #include "exchange.h"
+#include "grpc.h"
 #include "h2_guard.h"
 #include "h2_session.h"
 #include "h2_session_impl.h"
@@ -158,7 +159,10 @@ static void stream_refuse(struct h2_stream *st, int status, const char *reason)
 	accesslog_write(&r);
 	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
 	struct made_response m;
-	respond_error(&m, status, reason, "", 0, NULL, NULL, true);
+	if (st->grpc)
+		respond_grpc_error(&m, reason, "", 0, NULL);    /* SPEC §10 */
+	else
+		respond_error(&m, status, reason, "", 0, NULL, NULL, true);
 	struct responder rsp = h2_responder;
 	rsp.arg = st;
 	respond_send(&rsp, &m.head, m.body, m.body_len);
@@ -477,6 +481,8 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 		}
 		return 0;
 	}
+	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
+		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
 	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
 		int64_t cl = parse_length(v, vl);
 		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))

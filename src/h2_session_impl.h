@@ -59,6 +59,7 @@ struct h2_stream {
 	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
 	const char *refuse_reason;
 	bool malformed, head_done;
+	bool grpc;                      /* its content-type is gRPC: refusals are gRPC errors */
 	bool oversize;                  /* over max_header_bytes: nothing more of it is kept */
 	bool refused;                   /* beyond max_concurrent_streams: REFUSED_STREAM */
 	struct exchange *ex;

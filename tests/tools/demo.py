@@ -4,6 +4,7 @@ retrygate configured as a naive retry policy, once through retrygate's default p
 side-by-side table of what the dependency went through.
 
     /usr/bin/python3 tests/tools/demo.py [--quick] [--json FILE] [--workdir DIR]
+                                         [--round all|http|grpc]
 
 The dependency (tests/tools/flaky.py, its own process) follows one timeline per run:
 healthy -> outage (503s; some POSTs execute and then lose their response) -> overloaded (429/503
@@ -17,6 +18,12 @@ Then a replica phase (SPEC §13): one upstream with two replicas (tests/tools/up
 same budget, once without endpoint health and once with retrygate's default passive health; one
 replica is stopped partway through, and a second table shows the success rate after its death,
 the attempts it still got, and retrygate's ejection log line.
+
+Then a gRPC round (SPEC §10, tests/tools/demo_grpc.py): a grpcio dependency
+(tests/tools/grpcserver.py) that goes UNAVAILABLE (some calls executed before failing) and then
+overloaded (pushback), a grpcio client sending reads, keyed and unkeyed writes, once through a
+naive policy that retries every UNAVAILABLE and once through retrygate's defaults; a third table
+shows the amplification, the duplicate side effects and the success rates.
 
 Acceptance (PASS/FAIL lines; exit 1 on any FAIL): retrygate's amplification during the outage
 stays within the budget bound computed from the run's own numbers, retrygate causes no
@@ -54,6 +61,7 @@ import threading
 import time
 from pathlib import Path
 
+from demo_grpc import grpc_acceptance, grpc_explain, grpc_round, grpc_table   # the gRPC round
 from flaky import Timeline      # the dependency's own clock of phases (tests/tools/flaky.py)
 
 HERE = Path(__file__).resolve().parent
@@ -980,6 +988,9 @@ def main(argv=None):
     ap.add_argument("--workdir", default=str(REPO / "build" / "demo"),
                     help="configs, logs, pid file (default build/demo)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
+    ap.add_argument("--round", choices=("all", "http", "grpc"), default="all",
+                    help="run only the HTTP rounds (both runs and the replica phase) or only "
+                    "the gRPC round (default: all)")
     ap.add_argument("--binary", default=os.environ.get("RETRYGATE_BIN")
                     or str(REPO / "build" / "retrygate"))
     a = ap.parse_args(argv)
@@ -1009,31 +1020,45 @@ def main(argv=None):
     try:
         log("retrygate demo%s: a flaky dependency, a naive retry policy vs retrygate's "
             "(binary %s)" % (" (quick)" if a.quick else "", binary))
-        results = []
-        for tag, title, retry, conc in (
-                ("naive", "naive retries (3 attempts, no budget, POSTs always, Retry-After "
-                 "ignored)", NAIVE_RETRY, NAIVE_CONCURRENCY),
-                ("retrygate", "retrygate default policy (SPEC §2, budget ratio 0.1)",
-                 DEFAULT_RETRY, DEFAULT_CONCURRENCY)):
-            results.append(run_policy(procs, binary, workdir, scenario, tag, title, retry, conc,
-                                      stop, log))
-        n, g = results
-        rn, rg_ = replica_phase(procs, binary, workdir, a.quick, stop, log)
-        log("")
-        log(table(n, g))
-        log("")
-        log(wrap(explain(n, g)))
-        log("")
-        log("Why retries were refused (retrygate /metrics at the end of the load):")
-        log(metrics_block(n))
-        log(metrics_block(g))
-        log("")
-        log("When a replica dies (one upstream, two replicas, the same load and budget; "
-            "success by the time a request was sent):")
-        log(replica_table(rn, rg_))
+        n = g = rn = rg_ = gn = gg = None
+        verdicts = []
+        if a.round in ("all", "http"):
+            results = []
+            for tag, title, retry, conc in (
+                    ("naive", "naive retries (3 attempts, no budget, POSTs always, Retry-After "
+                     "ignored)", NAIVE_RETRY, NAIVE_CONCURRENCY),
+                    ("retrygate", "retrygate default policy (SPEC §2, budget ratio 0.1)",
+                     DEFAULT_RETRY, DEFAULT_CONCURRENCY)):
+                results.append(run_policy(procs, binary, workdir, scenario, tag, title, retry,
+                                          conc, stop, log))
+            n, g = results
+            rn, rg_ = replica_phase(procs, binary, workdir, a.quick, stop, log)
+        if a.round in ("all", "grpc"):
+            gn, gg = grpc_round(procs, binary, workdir, a.quick, stop, log)
+        if n is not None:
+            log("")
+            log(table(n, g))
+            log("")
+            log(wrap(explain(n, g)))
+            log("")
+            log("Why retries were refused (retrygate /metrics at the end of the load):")
+            log(metrics_block(n))
+            log(metrics_block(g))
+            log("")
+            log("When a replica dies (one upstream, two replicas, the same load and budget; "
+                "success by the time a request was sent):")
+            log(replica_table(rn, rg_))
+            verdicts += acceptance(n, g) + replica_acceptance(rn, rg_)
+        if gn is not None:
+            log("")
+            log("gRPC: reads, keyed and unkeyed writes, 1 s deadlines, the dependency "
+                "UNAVAILABLE then overloaded (success by the phase a call was sent in):")
+            log(grpc_table(gn, gg))
+            log("")
+            log(wrap(grpc_explain(gn, gg)))
+            verdicts += grpc_acceptance(gn, gg)
         log("")
         log("Acceptance:")
-        verdicts = acceptance(n, g) + replica_acceptance(rn, rg_)
         for v, text in verdicts:
             log("%s %s" % (v, text))
         ok = all(v == "PASS" for v, _ in verdicts)
@@ -1043,6 +1068,7 @@ def main(argv=None):
         if a.json:
             Path(a.json).write_text(json.dumps(
                 {"naive": n, "retrygate": g, "replica": {"naive": rn, "retrygate": rg_},
+                 "grpc": {"naive": gn, "retrygate": gg},
                  "acceptance": verdicts, "ok": ok,
                  "quick": a.quick, "seconds": time.monotonic() - started}, indent=1,
                 default=str))
