@@ -199,9 +199,10 @@ enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *
 		return why;
 	/* The wait before retry n = attempts is the Retry-After hint when there is a positive
 	 * one (it replaces the backoff), else the jittered backoff: "Retry-After: 0 or a past
-	 * date means no wait beyond the backoff", so a hint of 0 does not skip the jitter. */
-	int64_t wait = f->retry_after_us > 0 ? f->retry_after_us
-	                                     : retry_backoff(r, f->attempts, f->rand);
+	 * date means no wait beyond the backoff", so a hint of 0 does not skip the jitter. A
+	 * gRPC pushback "replaces the backoff" whatever its value (SPEC §10, gRFC A6): 0 is now. */
+	bool replaces = f->retry_after_us > 0 || (f->grpc && f->retry_after_us == 0);
+	int64_t wait = replaces ? f->retry_after_us : retry_backoff(r, f->attempts, f->rand);
 	int64_t start;
 	why = rule_wait(r, d, f, wait, &start);
 	if (why == RR_NONE)
