@@ -80,7 +80,7 @@ def test_demo_quick_passes(demo):
     assert demo["proc"].returncode == 0, _explain(demo)
     assert "FAIL" not in demo["out"], _explain(demo)
     assert "demo: PASS" in demo["out"], _explain(demo)
-    assert demo["seconds"] < 40, "quick mode took %.1fs" % demo["seconds"]
+    assert demo["seconds"] < 50, "quick mode took %.1fs" % demo["seconds"]
 
 
 @pytest.mark.timeout(150)
