@@ -248,10 +248,12 @@ def test_connect_failure_is_retried_for_a_post(pair, refusing):
     # round-robin: one of the two requests goes to the refusing endpoint first
     rs = [c.call("POST", "/cf/%d" % i, body=b"pay") for i in range(2)]
     assert [r.status for r in rs] == [200, 200], rs
-    assert sorted(r.attempts for r in rs) == ["1", "2"], rs
+    assert all(r.attempts in ("1", "2") and r.refused is None for r in rs), rs
+    retried = sum(r.attempts == "2" for r in rs)
+    assert retried >= 1, rs
     assert [q.body for q in side.wait_requests(2)] == [b"pay", b"pay"]
     assert rg.metric("retrygate_upstream_outcomes_total", upstream="api",
-                     outcome="connect-failure") == 1
+                     outcome="connect-failure") == retried
 
 
 def test_reset_after_write_post_without_key_is_refused(pair):
@@ -278,6 +280,29 @@ def test_reset_after_write_post_with_key_is_retried(pair):
     assert rg.metric("retrygate_upstream_outcomes_total", upstream="api", outcome="reset") == 1
 
 
+def test_max_attempts_refusal(pair):
+    side, make = pair
+    side.set_default(side.status(503, b"busy"))
+    rg, c = make(retry={"max_attempts": 2})
+    r = c.call("GET", "/m")
+    assert r.status == 503 and r.body == b"busy" and r.attempts == "2", r
+    assert r.refused == "max-attempts" and r.reason is None, r
+    assert side.count == 2
+
+
+def test_response_of_a_deeper_retrygate_is_not_retried(pair):
+    side, make = pair
+    side.push(side.status(503, b"deep", {"X-Retrygate-Attempts": "3",
+                                         "X-Retrygate-Retry-Refused": "max-attempts"}))
+    rg, c = make()
+    r = c.call("GET", "/n")
+    # this hop's headers replace the deeper hop's
+    assert r.status == 503 and r.body == b"deep", r
+    assert r.attempts == "1" and r.refused == "nested", r
+    time.sleep(0.1)
+    assert side.count == 1
+
+
 def test_retry_after_is_waited_and_one_beyond_max_is_refused(pair):
     side, make = pair
     side.push(side.retry_after(1), side.retry_after(30, body=b"later"))
@@ -291,6 +316,22 @@ def test_retry_after_is_waited_and_one_beyond_max_is_refused(pair):
     assert reqs[1].time - reqs[0].time >= 0.95, "the retry came %.3fs after the first" % (
         reqs[1].time - reqs[0].time)
     assert 0.95 <= took < 4, took
+
+
+def test_hold_delays_another_requests_retry_not_its_first_attempt(pair):
+    """A POST (not retried) gets 503 + Retry-After: 1: the endpoint is held for 1 s. A GET
+    right after makes its first attempt at once, but its retry waits for the hold's end."""
+    side, make = pair
+    side.push(side.retry_after(1, b"post"), side.status(503, b"get"))
+    rg, c = make()
+    r = c.call("POST", "/p", body=b"x")
+    assert r.status == 503 and r.refused == "non-idempotent", r
+    t_post = time.monotonic()
+    r = c.call("GET", "/g", timeout=10)
+    assert r.status == 200 and r.attempts == "2", r
+    qp, qg1, qg2 = side.wait_requests(3)
+    assert qg1.time - t_post < 0.5, "first attempt delayed by the hold"
+    assert qg2.time - qp.time >= 0.95, "retry sent %.3fs into a 1 s hold" % (qg2.time - qp.time)
 
 
 def test_per_try_timeout_is_retried(pair):
@@ -328,6 +369,21 @@ def test_deadline_shrinks_per_attempt_then_504(pair):
     assert 50 <= x2 <= 250, x2
     for q in reqs:
         side.wait_cancelled(q)
+
+
+def test_less_than_deadline_min_left_is_504_without_attempt(pair):
+    side, make = pair
+    rg, c = make(deadline={"default": "2s", "min": "100ms"})
+    for hdrs in ({"X-Timeout-Ms": "60"}, {"grpc-timeout": "99m"}, {"X-Timeout-Ms": "0"}):
+        r = c.call("GET", "/n", headers=hdrs)
+        assert r.status == 504 and r.reason == "deadline-exceeded" and r.attempts == "0", r
+    rg.wait_metric("retrygate_upstream_rejected_total", 3, op="==", upstream="api",
+                   reason="deadline-exceeded")
+    time.sleep(0.1)
+    assert side.count == 0
+    r = c.call("GET", "/n", headers={"X-Timeout-Ms": "400"})
+    assert r.status == 200, r
+    assert 200 <= int(side.wait_requests(1)[0].header("x-timeout-ms")) <= 400
 
 
 def test_relayed_response_kept_when_the_deadline_passes_during_a_retry(pair):
@@ -421,3 +477,18 @@ def test_client_cancel_cancels_the_attempt_and_frees_the_slot(pair):
     side.set_default(side.ok(b"back"))
     r = c.call("GET", "/after")
     assert r.status == 200 and r.body == b"back", r
+
+
+def test_client_cancel_during_a_retry_wait_sends_no_retry(pair):
+    side, make = pair
+    side.push(side.retry_after(1))
+    rg, c = make()
+    p = c.start("GET", "/wait")
+    side.wait_requests(1)
+    rg.wait_metric("retrygate_upstream_retries_in_flight", 1, op="==", upstream="api")
+    p.cancel()
+    rg.wait_metric("retrygate_upstream_retries_in_flight", 0, op="==", upstream="api")
+    in_flight_zero(rg)
+    time.sleep(1.3)
+    assert side.count == 1, "a retry was sent for a client that left"
+    assert rg.metric("retrygate_upstream_retries_total", upstream="api") == 0

@@ -340,6 +340,9 @@ class H2Upstream:
             except OSError:
                 return
             s.settimeout(0.2)
+            # HEADERS and DATA go out as separate writes: without this the DATA waits for
+            # the peer's delayed ACK (40 ms a response)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ctx:
                 try:
                     s.settimeout(5)
