@@ -10,6 +10,9 @@ derived from the limits the test sets (the arithmetic is at BOUND below). Closin
 stream reset) and give the memory back, within a margin (main.c trims the heap once the
 connections have fallen).
 
+Last, a header block stays bounded however its frames arrive: small CONTINUATION frames read
+one at a time end the connection as the header-block defence.
+
 The upstreams here are a few lines of raw HTTP/2 or HTTP/1.1 in one thread (SETTINGS
 exchanged, nothing answered): a thread per stream, as tests/tools/h2upstream.py and
 upstream.py have, would be 10,000 threads.
@@ -28,7 +31,7 @@ import time
 
 import pytest
 
-from h2raw import REFUSED_STREAM, H2Raw
+from h2raw import ENHANCE_YOUR_CALM, REFUSED_STREAM, H2Raw
 from harness import default_binary, rss_bytes, wait_for
 
 pytestmark = pytest.mark.timeout(150)
@@ -326,3 +329,38 @@ def test_1000_connections_x_10_streams_bounded_refused_beyond_limit_released(rg_
         assert r.status == 504, r            # the upstream stalls: the deadline answers
     finally:
         c.close()
+
+
+def test_continuation_frames_one_read_at_a_time_end_as_header_block(rg_factory, upstream):
+    """A header block is bounded however it arrives (CVE-2024-27316 family): small
+    CONTINUATION frames that retrygate reads one at a time are stopped by nghttp2's own count
+    before h2_guard's byte count (twice max_header_bytes) is reached; either way it is the
+    header-block defence: GOAWAY ENHANCE_YOUR_CALM, counted once, nothing forwarded."""
+    from hyperframe.frame import ContinuationFrame, HeadersFrame
+    rg = rg_factory(upstreams={"api": {"endpoints": [upstream]}},
+                    listener_limits={"max_header_bytes": "%dB" % MAX_HEADER_BYTES})
+    c = H2Raw(rg.port, nodelay=True)
+    try:
+        assert c.settle()
+        h = HeadersFrame(1)
+        h.data = c.block([(":method", "GET"), (":scheme", "http"), (":authority", "a"),
+                          (":path", "/cont")])
+        c.frame(h)                                   # no END_HEADERS
+        try:
+            # 40 * ~300 bytes: past twice max_header_bytes too, whatever nghttp2 counts
+            for i in range(40):
+                f = ContinuationFrame(1)
+                f.data = c.block([("x-c%d" % i, "v" * 290)])
+                c.frame(f)
+                time.sleep(0.01)
+        except OSError:
+            pass                                     # closed on us: that is the point
+        g = c.goaway(5)
+        assert g is not None and g[0] == ENHANCE_YOUR_CALM, g
+        assert c.wait_closed(5)
+    finally:
+        c.close()
+    m = rg.metrics()
+    assert m.value("retrygate_downstream_h2_protocol_errors_total", error="header-block") == 1
+    assert m.value("retrygate_downstream_h2_protocol_errors_total", error="malformed") == 0
+    assert upstream.requests == []
