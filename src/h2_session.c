@@ -748,6 +748,12 @@ static void read_cb(struct stream *bev, void *arg)
 				/* replies the client does not read piled up past nghttp2's bound */
 				defence(s, H2E_FLOOD, "nghttp2: flooding detected");
 				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			} else if (n == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) {
+				/* nghttp2's own CONTINUATION count (CVE-2024-28182) can stop a
+				 * block of many small frames before the guard's byte count does,
+				 * when they arrive one read at a time: the same defence (SPEC §9) */
+				defence(s, H2E_HEADER_BLOCK, "header block: too many CONTINUATION frames");
+				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
 			} else {
 				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));
 			}
