@@ -38,6 +38,7 @@
 #define H2_DEFAULT_STREAMS 100          /* assumed until the server's SETTINGS say otherwise */
 #define H2_MAX_CONNS_PER_EP 32          /* beyond this, streams queue on the least loaded */
 #define H2_HEAD_MAX (64 * 1024)         /* response header block, as for HTTP/1.1 */
+#define H2_MAX_FIELDS 100               /* ... and its fields */
 
 enum cstate { C_RESOLVING, C_CONNECTING, C_READY, C_GOAWAY, C_DEAD };
 enum hstate { H_OPEN, H_BODY, H_CLOSED };
@@ -59,10 +60,6 @@ struct h2_stream {
 	struct evbuffer *body;          /* referenced replayable body, read from body_off */
 	size_t body_off;
 	struct evbuffer *pending;       /* streamed body not yet taken by nghttp2 */
-	char *hb;                       /* the header block being received */
-	size_t hused, hcap;
-	struct hfield *hf;
-	int nhf, capf;
 	int status;
 	TAILQ_ENTRY(h2_stream) link;
 };
@@ -94,6 +91,16 @@ struct h2_conn {
 	                                 * before h2_stream_open returned */
 	TAILQ_HEAD(, h2_stream) streams;
 	TAILQ_ENTRY(h2_conn) link;
+	struct h2_stream *last;         /* the last stream find() returned: the callbacks of one
+	                                 * frame all name the same stream */
+	/* The header block being received. A block is never interleaved with another stream's
+	 * (RFC 9113 §4.3: CONTINUATION follows at once), so one per connection serves every
+	 * stream, and no stream allocates for its head. */
+	char *hb;
+	size_t hused, hcap;
+	struct hfield hf[H2_MAX_FIELDS];
+	int nhf;
+	struct http_hdr hdrs[H2_MAX_FIELDS + 1];    /* the block as fields, for on_head */
 };
 
 struct h2_table {
@@ -103,6 +110,27 @@ struct h2_table {
 
 static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed);
 static void conn_flush(struct h2_conn *c);
+
+/* Fields whose value differs in every request (x-request-id, and x-timeout-ms: the time left
+ * in microsecond-derived milliseconds). HPACK-indexed, each one enters the connection's dynamic
+ * table, evicts the fields that repeat, and makes nghttp2's encoder compare every same-name
+ * entry on each lookup (~100 memcmp per request). Sent as never-indexed literals instead
+ * (RFC 7541 §6.2.3); the table keeps the stable fields. NV is copied into LOCAL to flag them
+ * (nghttp2 copies the list anyway); a list longer than LOCAL goes as it is. */
+#define NV_LOCAL 64
+static const nghttp2_nv *never_index(nghttp2_nv *local, const nghttp2_nv *nv, size_t n)
+{
+	if (n > NV_LOCAL)
+		return nv;
+	memcpy(local, nv, n * sizeof(*nv));
+	for (size_t i = 0; i < n; i++) {
+		if ((local[i].namelen == 12 && memcmp(local[i].name, "x-request-id", 12) == 0) ||
+		    (local[i].namelen == 12 && memcmp(local[i].name, "x-timeout-ms", 12) == 0) ||
+		    (local[i].namelen == 12 && memcmp(local[i].name, "grpc-timeout", 12) == 0))
+			local[i].flags |= NGHTTP2_NV_FLAG_NO_INDEX;
+	}
+	return local;
+}
 
 /* The one writer of a connection's state (DESIGN rule 2). */
 static void conn_set_state(struct h2_conn *c, enum cstate st)
@@ -145,10 +173,15 @@ size_t h2_stream_pending(const struct h2_stream *s)
 
 static struct h2_stream *find(struct h2_conn *c, int32_t id)
 {
+	if (c->last && c->last->id == id)
+		return c->last;
 	struct h2_stream *s;
-	TAILQ_FOREACH(s, &c->streams, link)
-		if (s->id == id)
+	TAILQ_FOREACH(s, &c->streams, link) {
+		if (s->id == id) {
+			c->last = s;
 			return s;
+		}
+	}
 	return NULL;
 }
 
@@ -156,8 +189,6 @@ static void stream_free_cb(void *p)
 {
 	struct h2_stream *s = p;
 	s->magic = 0;
-	free(s->hb);
-	free(s->hf);
 	free(s);
 }
 
@@ -168,6 +199,8 @@ static void stream_detach(struct h2_stream *s)
 	stream_set_state(s, H_CLOSED);
 	TAILQ_REMOVE(&c->streams, s, link);
 	c->nstreams--;
+	if (c->last == s)
+		c->last = NULL;
 	if (s->pending)
 		loop_buf_put(c->loop, s->pending);
 	s->pending = NULL;
@@ -200,6 +233,7 @@ static void conn_free_cb(void *p)
 	if (c->ng)
 		nghttp2_session_del(c->ng);
 	c->magic = 0;
+	free(c->hb);
 	free(c);
 }
 
@@ -287,10 +321,14 @@ static void conn_flush(struct h2_conn *c)
 		return;
 	}
 	struct evbuffer *out = stream_output(c->bev);
+	/* frames are gathered here and appended together: nghttp2 hands them over one at a time,
+	 * and an append costs more than the copy (the output's callback) */
+	uint8_t stage[8192];
+	size_t staged = 0;
 	c->busy++;
 	do {
 		c->want_flush = false;
-		while (evbuffer_get_length(out) < H2_OUT_HIGH) {
+		while (evbuffer_get_length(out) + staged < H2_OUT_HIGH) {
 			const uint8_t *p;
 			ssize_t n = nghttp2_session_mem_send(c->ng, &p);
 			if (n < 0) {
@@ -300,10 +338,21 @@ static void conn_flush(struct h2_conn *c)
 			}
 			if (n == 0)
 				break;
-			evbuffer_add(out, p, (size_t)n);
+			if (staged + (size_t)n > sizeof(stage)) {
+				evbuffer_add(out, stage, staged);
+				staged = 0;
+			}
+			if ((size_t)n <= sizeof(stage)) {
+				memcpy(stage + staged, p, (size_t)n);
+				staged += (size_t)n;
+			} else {
+				evbuffer_add(out, p, (size_t)n);
+			}
 			c->queued += (uint64_t)n;
 		}
-	} while (c->want_flush && evbuffer_get_length(out) < H2_OUT_HIGH);
+	} while (c->want_flush && evbuffer_get_length(out) + staged < H2_OUT_HIGH);
+	if (staged > 0)
+		evbuffer_add(out, stage, staged);
 	c->busy--;
 	deliver_drains(c);
 	if (c->state == C_DEAD)
@@ -356,12 +405,11 @@ static int on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *f, void
 {
 	struct h2_conn *c = ud;
 	MAGIC_CHECK(c, H2C_MAGIC);
+	c->hused = 0;
+	c->nhf = 0;
 	struct h2_stream *s = find(c, f->hd.stream_id);
-	if (s) {
-		s->hused = 0;
-		s->nhf = 0;
+	if (s)
 		s->status = 0;
-	}
 	return 0;
 }
 
@@ -380,45 +428,41 @@ static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *f, const uint8
 		s->status = vlen == 3 ? st : 0;
 		return 0;
 	}
-	if (s->hused + nlen + vlen + 32 > H2_HEAD_MAX || s->nhf >= 100) {
+	if (c->hused + nlen + vlen + 32 > H2_HEAD_MAX || c->nhf >= H2_MAX_FIELDS) {
 		s->bad_head = true;
 		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;   /* resets the stream */
 	}
-	if (s->hused + nlen + vlen > s->hcap) {
-		size_t cap = s->hcap ? s->hcap * 2 : 1024;
-		while (cap < s->hused + nlen + vlen)
+	if (c->hused + nlen + vlen > c->hcap) {
+		size_t cap = c->hcap ? c->hcap * 2 : 1024;
+		while (cap < c->hused + nlen + vlen)
 			cap *= 2;
-		s->hb = xrealloc(s->hb, cap);
-		s->hcap = cap;
+		c->hb = xrealloc(c->hb, cap);
+		c->hcap = cap;
 	}
-	if (s->nhf == s->capf) {
-		s->capf = s->capf ? s->capf * 2 : 16;
-		s->hf = xrealloc(s->hf, (size_t)s->capf * sizeof(*s->hf));
-	}
-	struct hfield *h = &s->hf[s->nhf++];
-	h->noff = (uint32_t)s->hused;
+	struct hfield *h = &c->hf[c->nhf++];
+	h->noff = (uint32_t)c->hused;
 	h->nlen = (uint32_t)nlen;
-	memcpy(s->hb + s->hused, name, nlen);
-	s->hused += nlen;
-	h->voff = (uint32_t)s->hused;
+	memcpy(c->hb + c->hused, name, nlen);
+	c->hused += nlen;
+	h->voff = (uint32_t)c->hused;
 	h->vlen = (uint32_t)vlen;
-	memcpy(s->hb + s->hused, value, vlen);
-	s->hused += vlen;
+	memcpy(c->hb + c->hused, value, vlen);
+	c->hused += vlen;
 	return 0;
 }
 
-/* The complete header block as fields (content-length marked as framing: every writer above
- * computes its own; HTTP/2 has no other hop-by-hop field). HDRS holds NHF entries. */
-static void block_fields(struct h2_stream *s, struct http_hdr *hdrs, int64_t *clen)
+/* The complete header block as fields in c->hdrs (content-length marked as framing: every
+ * writer above computes its own; HTTP/2 has no other hop-by-hop field). */
+static void block_fields(struct h2_conn *c, int64_t *clen)
 {
 	*clen = -1;
-	for (int i = 0; i < s->nhf; i++) {
-		struct http_hdr *h = &hdrs[i];
+	for (int i = 0; i < c->nhf; i++) {
+		struct http_hdr *h = &c->hdrs[i];
 		memset(h, 0, sizeof(*h));
-		h->name = s->hb + s->hf[i].noff;
-		h->nlen = s->hf[i].nlen;
-		h->value = s->hb + s->hf[i].voff;
-		h->vlen = s->hf[i].vlen;
+		h->name = c->hb + c->hf[i].noff;
+		h->nlen = c->hf[i].nlen;
+		h->value = c->hb + c->hf[i].voff;
+		h->vlen = c->hf[i].vlen;
 		if (str_ieq(h->name, h->nlen, "content-length", 14)) {
 			h->hop = true;
 			int64_t v = 0;
@@ -429,18 +473,19 @@ static void block_fields(struct h2_stream *s, struct http_hdr *hdrs, int64_t *cl
 	}
 }
 
+/* The fields (c->hdrs) are valid for the callback only: the next block reuses them. */
 static void deliver_head(struct h2_stream *s, bool end_stream)
 {
-	struct http_hdr *hdrs = xcalloc((size_t)s->nhf + 1, sizeof(*hdrs));
+	struct h2_conn *c = s->c;
 	struct http_head h;
 	memset(&h, 0, sizeof(h));
 	h.status = s->status;
 	h.reason = "";
 	h.version = 11;
 	h.keep_alive = true;
-	h.hdrs = hdrs;
-	h.nhdrs = s->nhf;
-	block_fields(s, hdrs, &h.content_length);
+	h.hdrs = c->hdrs;
+	h.nhdrs = c->nhf;
+	block_fields(c, &h.content_length);
 	if (s->status >= 200) {
 		stream_set_state(s, H_BODY);
 		if (end_stream && h.content_length < 0)
@@ -448,16 +493,14 @@ static void deliver_head(struct h2_stream *s, bool end_stream)
 		h.end_stream = end_stream;
 	}
 	s->cbs.on_head(s->arg, &h);
-	free(hdrs);
 }
 
 static void deliver_trailers(struct h2_stream *s)
 {
-	struct http_hdr *hdrs = xcalloc((size_t)s->nhf + 1, sizeof(*hdrs));
+	struct h2_conn *c = s->c;
 	int64_t clen;
-	block_fields(s, hdrs, &clen);
-	s->cbs.on_trailers(s->arg, hdrs, s->nhf);
-	free(hdrs);
+	block_fields(c, &clen);
+	s->cbs.on_trailers(s->arg, c->hdrs, c->nhf);
 }
 
 static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
@@ -854,8 +897,9 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 		s->pending = loop_buf_get(l);
 	nghttp2_data_provider dp = { .source.ptr = s, .read_callback = body_read_cb };
 	bool has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0);
-	int32_t id = nghttp2_submit_request(c->ng, NULL, o->nv, o->nvlen, has_body ? &dp : NULL,
-	                                    NULL);
+	nghttp2_nv local[NV_LOCAL];
+	const nghttp2_nv *nv = never_index(local, o->nv, o->nvlen);
+	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, NULL);
 	if (id < 0) {
 		if (s->pending)
 			loop_buf_put(l, s->pending);
@@ -869,8 +913,10 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	c->nstreams++;
 	if (c->state == C_READY)
 		evtimer_del(&c->timer);     /* no longer idle */
-	struct timeval now = { 0, 0 };
-	evtimer_add(&c->kick, &now);
+	/* activated rather than a zero timeout (a heap insertion and removal per stream): queued
+	 * behind the callbacks of this loop round, it still sends the HEADERS they opened in one
+	 * flush */
+	event_active(&c->kick, EV_TIMEOUT, 0);
 	return s;
 }
 

@@ -85,9 +85,11 @@ static void stream_release(struct h2_stream *st)
 	for (int i = 0; i < st->nrc; i++)
 		nghttp2_rcbuf_decref(st->rc[i]);
 	st->nrc = st->caprc = st->cap = 0;
-	free(st->rc);
+	if (st->rc != st->rc_in)
+		free(st->rc);
 	st->rc = NULL;
-	free(st->hdrs);
+	if (st->hdrs != st->hdrs_in)
+		free(st->hdrs);
 	st->hdrs = NULL;
 	st->head.hdrs = NULL;
 	st->head.nhdrs = 0;
@@ -97,7 +99,7 @@ static void stream_free_cb(void *p)
 {
 	struct h2_stream *st = p;
 	st->magic = 0;
-	free(st);
+	loop_obj_put(st->loop, LOOP_H2_STREAM, st);
 }
 
 /* The stream is gone (closed by nghttp2, or the connection closes): its exchange, if still
@@ -115,9 +117,9 @@ static void stream_destroy(struct h2_stream *st)
 	stream_release(st);
 	free(st->cookie);
 	free(st->trailers);
-	free(st->trailer_mem);
-	evbuffer_free(st->req_in);
-	evbuffer_free(st->resp);
+	loop_buf_put(s->loop, st->req_in);
+	loop_buf_put(s->loop, st->resp);
+	st->req_in = st->resp = NULL;
 	loop_defer_free(s->loop, stream_free_cb, st);
 }
 
@@ -300,14 +302,52 @@ static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
 	}
 }
 
+/* The frames gathered so far go to the output, in order. */
+static void stage_flush(struct h2_session *s)
+{
+	if (s->staged > 0 && s->bev) {
+		evbuffer_add(stream_output(s->bev), s->stage, s->staged);
+		s->staged = 0;
+	}
+}
+
+/* nghttp2_session_send with its frames gathered on the stack and appended once: an append
+ * costs more than the copy (the output's callback, a chain per small piece when it waits),
+ * and a round sends a few frames per stream. Small DATA joins the stage; larger DATA flushes
+ * it first (the order holds) and moves its chains. */
+#define STAGE_BYTES 8192
+#define STAGE_SMALL_DATA 1024           /* DATA up to this is copied into the stage too */
+static int session_send(struct h2_session *s)
+{
+	uint8_t buf[STAGE_BYTES];
+	s->stage = buf;
+	s->staged = 0;
+	s->stagecap = sizeof(buf);
+	int rv = nghttp2_session_send(s->ng);
+	stage_flush(s);
+	s->stage = NULL;
+	s->stagecap = 0;
+	return rv;
+}
+
 static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int flags,
                        void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
 	struct evbuffer *out = stream_output(s->bev);
-	if (evbuffer_get_length(out) >= OUT_HIGH)
+	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
+	if (s->stage && s->settings_sent) {
+		if (s->staged + len > s->stagecap)
+			stage_flush(s);
+		if (len <= s->stagecap) {
+			memcpy(s->stage + s->staged, data, len);
+			s->staged += len;
+			return (ssize_t)len;
+		}
+	}
+	stage_flush(s);
 	if (!s->settings_sent) {
 		struct evbuffer_iovec v;
 		if (evbuffer_reserve_space(out, (ev_ssize_t)len, &v, 1) < 1)
@@ -354,10 +394,22 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 	struct h2_stream *st = src->ptr;
 	MAGIC_CHECK(st, H2ST_MAGIC);
 	struct evbuffer *out = stream_output(s->bev);
-	if (evbuffer_get_length(out) >= OUT_HIGH)
+	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
-	evbuffer_add(out, framehd, 9);
-	evbuffer_remove_buffer(st->resp, out, length);
+	if (s->stage && length <= STAGE_SMALL_DATA) {
+		/* a small frame is copied into the stage with the frames around it */
+		if (s->staged + 9 + length > s->stagecap)
+			stage_flush(s);
+		memcpy(s->stage + s->staged, framehd, 9);
+		if (length > 0)
+			evbuffer_remove(st->resp, s->stage + s->staged + 9, length);
+		s->staged += 9 + length;
+	} else {
+		/* a large one moves its chains: no copy */
+		stage_flush(s);
+		evbuffer_add(out, framehd, 9);
+		evbuffer_remove_buffer(st->resp, out, length);
+	}
 	s->resp_pending -= length;
 	if (length > 0)
 		s->last_progress_us = clock_now_us();
@@ -374,13 +426,14 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	MAGIC_CHECK(s, H2S_MAGIC);
 	if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
-	struct h2_stream *st = xcalloc(1, sizeof(*st));
+	struct h2_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
 	st->magic = H2ST_MAGIC;
+	st->loop = s->loop;
 	st->s = s;
 	st->id = frame->hd.stream_id;
 	st->head.content_length = -1;
-	st->req_in = evbuffer_new();
-	st->resp = evbuffer_new();
+	st->req_in = loop_buf_get(s->loop);
+	st->resp = loop_buf_get(s->loop);
 	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
@@ -406,21 +459,39 @@ static void refuse_head(struct h2_stream *st, int status, const char *reason)
 	}
 }
 
-/* Room for one more field in the head. */
+/* Room for one more field in the head: the stream's own array first, then the heap. */
 static struct http_hdr *hdr_slot(struct h2_stream *st)
 {
+	if (st->cap == 0) {
+		st->hdrs = st->hdrs_in;
+		st->cap = HDRS_INLINE;
+	}
 	if (st->head.nhdrs + 1 >= st->cap) {
-		st->cap = st->cap ? 2 * st->cap : 16;
-		st->hdrs = xrealloc(st->hdrs, (size_t)st->cap * sizeof(*st->hdrs));
+		int cap = 2 * st->cap;
+		struct http_hdr *h = xmalloc((size_t)cap * sizeof(*h));
+		memcpy(h, st->hdrs, (size_t)st->head.nhdrs * sizeof(*h));
+		if (st->hdrs != st->hdrs_in)
+			free(st->hdrs);
+		st->hdrs = h;
+		st->cap = cap;
 	}
 	return &st->hdrs[st->head.nhdrs++];
 }
 
 static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
 {
+	if (st->caprc == 0) {
+		st->rc = st->rc_in;
+		st->caprc = RC_INLINE;
+	}
 	if (st->nrc + 2 > st->caprc) {
-		st->caprc = st->caprc ? 2 * st->caprc : 16;
-		st->rc = xrealloc(st->rc, (size_t)st->caprc * sizeof(*st->rc));
+		int cap = 2 * st->caprc;
+		nghttp2_rcbuf **r = xmalloc((size_t)cap * sizeof(*r));
+		memcpy(r, st->rc, (size_t)st->nrc * sizeof(*r));
+		if (st->rc != st->rc_in)
+			free(st->rc);
+		st->rc = r;
+		st->caprc = cap;
 	}
 	nghttp2_rcbuf_incref(a);
 	nghttp2_rcbuf_incref(b);
@@ -686,7 +757,7 @@ static void flush(struct h2_session *s)
 		next = TAILQ_NEXT(st, link);
 		stream_pump(s, st);
 	}
-	int rv = nghttp2_session_send(s->ng);
+	int rv = session_send(s);
 	if (rv != 0) {
 		slog(LOG_INFO, s->id, "http2: %s", nghttp2_strerror(rv));
 		h2_session_close(s, "nghttp2 send error");
@@ -748,6 +819,12 @@ static void read_cb(struct stream *bev, void *arg)
 				/* replies the client does not read piled up past nghttp2's bound */
 				defence(s, H2E_FLOOD, "nghttp2: flooding detected");
 				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			} else if (n == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) {
+				/* nghttp2's own CONTINUATION count (CVE-2024-28182) can stop a
+				 * block of many small frames before the guard's byte count does,
+				 * when they arrive one read at a time: the same defence (SPEC §9) */
+				defence(s, H2E_HEADER_BLOCK, "header block: too many CONTINUATION frames");
+				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
 			} else {
 				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));
 			}
@@ -758,7 +835,7 @@ static void read_cb(struct stream *bev, void *arg)
 		evbuffer_drain(in, (size_t)n);
 		/* replies (SETTINGS and PING ACKs) leave as they are due, before more is read:
 		 * nghttp2 bounds how many may wait */
-		if (nghttp2_session_send(s->ng) != 0) {
+		if (session_send(s) != 0) {
 			set_state(s, H_CLOSING);
 			break;
 		}

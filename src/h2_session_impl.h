@@ -36,21 +36,28 @@ struct stream;
 #define RESP_LOW (64 * 1024)            /* a stream's pending response: tell the exchange below */
 #define NOTICE_RTT_US (100 * 1000)      /* shutdown notice to final GOAWAY, at least */
 #define RECV_SLICE 4096                 /* input handed to nghttp2 between two sends */
+#define HDRS_INLINE 16                  /* request fields kept in the stream itself ... */
+#define RC_INLINE 32                    /* ... and the rcbufs they point into: no allocation
+                                         * for the head of a typical request */
 
 enum hstate { H_OPEN, H_DRAINING, H_CLOSING, H_CLOSED };
 
 struct h2_session;
 
+/* From the loop's free list (LOOP_H2_STREAM): the first member is overwritten while free. */
 struct h2_stream {
 	uint32_t magic;
+	struct loop *loop;              /* for the deferred free: the session may be gone by then */
 	struct h2_session *s;
 	int32_t id;
 	TAILQ_ENTRY(h2_stream) link;
 	struct http_head head;
-	struct http_hdr *hdrs;          /* point into the rcbufs held in rc */
+	struct http_hdr *hdrs;          /* point into the rcbufs held in rc; hdrs_in until it grows */
 	int cap;
-	nghttp2_rcbuf **rc;
+	nghttp2_rcbuf **rc;             /* rc_in until it grows */
 	int nrc, caprc;
+	struct http_hdr hdrs_in[HDRS_INLINE];
+	nghttp2_rcbuf *rc_in[RC_INLINE];
 	char *cookie;                   /* the cookie fields joined with "; " (RFC 9113 §8.2.3) */
 	size_t cookie_len;
 	const char *authority, *hosthdr;
@@ -69,9 +76,8 @@ struct h2_stream {
 	struct evbuffer *resp;          /* response DATA not yet sent */
 	bool head_sent, bodyless, resp_eof, deferred, cut, rst_after, client_reset, was_high;
 	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
-	nghttp2_nv *trailers;
+	nghttp2_nv *trailers;            /* the list, then the bytes it points to: one block */
 	size_t ntrailers;
-	char *trailer_mem;
 };
 
 struct h2_session {
@@ -99,6 +105,8 @@ struct h2_session {
 	bool tls;
 	char peer_ip[64];
 	struct evbuffer *tmp;
+	uint8_t *stage;                 /* during session_send: frames gathered for one append */
+	size_t staged, stagecap;
 	nghttp2_nv *nv;                 /* scratch for submits (nghttp2 copies) */
 	size_t nvcap;
 	char *names;

@@ -21,10 +21,10 @@ struct pool_table;
 struct h2_table;
 struct evbuffer;
 
-/* Per-loop free lists for what every request allocates: its exchange and attempts, and the
- * evbuffers they use. Bounded (LOOP_CACHE_MAX objects a kind, LOOP_BUF_MAX buffers), so a
+/* Per-loop free lists for what every request allocates: its exchange and attempts, an HTTP/2
+ * client stream (h2_session), and the evbuffers they use. Bounded (LOOP_CACHE_MAX objects a kind, LOOP_BUF_MAX buffers), so a
  * burst leaves no more than that behind; loop_fini frees them. */
-enum loop_kind { LOOP_EXCHANGE, LOOP_ATTEMPT, LOOP_NKINDS };
+enum loop_kind { LOOP_EXCHANGE, LOOP_ATTEMPT, LOOP_H2_STREAM, LOOP_NKINDS };
 #define LOOP_CACHE_MAX 64
 #define LOOP_BUF_MAX 256
 

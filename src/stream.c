@@ -10,7 +10,8 @@
  *    turning reading back on reads them from the `soon` event;
  *  - memory held is about the bytes counted, which the owners' watermarks bound: the input
  *    holds chains about the size of what they carry (do_read), and small chains moved into
- *    an output that waits are packed (out_pack);
+ *    an output that waits (the kernel buffer was full, or a connect is under way) are packed
+ *    (out_pack); an output that leaves in this round's writev is not;
  *  - appending to the output schedules `soon`, which runs after the callbacks already queued
  *    in this loop round: everything a round appended leaves in one writev. When the kernel
  *    buffer is full the rest waits for the next writable edge.
@@ -57,6 +58,7 @@ struct stream {
 	bool reading, can_read, connecting, soon_pending, trigger, freed, packing;
 	bool eof;                       /* the read side ended (EOF or error reported) */
 	bool broken;                    /* a write failed (reported) */
+	bool blocked;                   /* a write met EAGAIN: the output waits for an edge */
 	bool rdhup;                     /* the peer's FIN is queued behind the data */
 	short pending_event;            /* to report from `soon` (connect result) */
 	int pending_errno;
@@ -128,6 +130,7 @@ static void do_write(struct stream *s)
 			if (errno == EAGAIN || errno == EWOULDBLOCK) {
 				/* the next writable edge continues; a peer that stops reading for the
 				 * write timeout is reported */
+				s->blocked = true;
 				if (s->wr_timer && (progress || !evtimer_pending(s->wr_timer, NULL)))
 					evtimer_add(s->wr_timer, &s->wr_timeout);
 				return;
@@ -138,6 +141,7 @@ static void do_write(struct stream *s)
 		if (n == 0)
 			return;
 	}
+	s->blocked = false;
 	if (s->wr_timer)
 		evtimer_del(s->wr_timer);
 	if (s->wr && evbuffer_get_length(s->out) <= s->wr_low)
@@ -331,7 +335,9 @@ static void out_changed_cb(struct evbuffer *buf, const struct evbuffer_cb_info *
 			s->out_adds = 0;            /* drained: nothing waits */
 	}
 	if (info->n_added > 0) {
-		if (++s->out_adds >= PACK_ADDS)
+		/* only an output that waits: what leaves this round is not worth a copy (an HTTP/2
+		 * session appends a few frames per stream, hundreds in a round) */
+		if (++s->out_adds >= PACK_ADDS && (s->blocked || s->connecting))
 			out_pack(s);
 		if (!s->connecting && s->fd >= 0)
 			stream_schedule(s);

@@ -20,6 +20,56 @@ def ratio(a, b):
     return round(a / b, 3) if a is not None and b else None
 
 
+def aggregate(records, proxies):
+    """One table block: per proxy the medians over rounds, then the ratios."""
+    row = {}
+    for p in ["direct"] + proxies:
+        rs = [r for r in records if r["proxy"] == p]
+        if not rs:
+            continue
+        w = [r["wrk"] for r in rs]
+        errs = sum(x["err_connect"] + x["err_read"] + x["err_write"] + x["err_timeout"] for x in w)
+        non2xx = sum(x["err_status"] for x in w)
+        cpu = [r["cpu_us"] / x["requests"] for r, x in zip(rs, w) if x["requests"]]
+        row[p] = {
+            "rounds": len(rs),
+            "rps": round(med([x["rps"] for x in w]), 1),
+            "rps_min": round(min(x["rps"] for x in w), 1),
+            "rps_max": round(max(x["rps"] for x in w), 1),
+            "p50_us": med([x["p50_us"] for x in w]),
+            "p99_us": med([x["p99_us"] for x in w]),
+            "cpu_us_per_req": round(med(cpu), 2) if p != "direct" and cpu else None,
+            "requests": sum(x["requests"] for x in w),
+            "socket_errors": errs,
+            "non_2xx": non2xx,
+            "per_round": [{"round": r["round"], "rps": x["rps"], "p50_us": x["p50_us"],
+                           "p99_us": x["p99_us"], "cpu_us": r["cpu_us"]} for r, x in zip(rs, w)],
+        }
+    ratios = {}
+    rg = row.get("retrygate")
+    peers = [p for p in proxies if p != "retrygate" and p in row]
+    if rg and peers:
+        def paired(p, key):
+            # ratio within each round (the runs of one round are seconds apart), then median
+            mine = {x["round"]: x[key] for x in rg["per_round"]}
+            xs = [mine[x["round"]] / x[key] for x in row[p]["per_round"]
+                  if x["round"] in mine and x[key]]
+            return round(med(xs), 3) if xs else None
+
+        for p in peers:
+            o = row[p]
+            ratios["retrygate/" + p] = {
+                "rps": ratio(rg["rps"], o["rps"]),
+                "rps_paired": paired(p, "rps"),
+                "p50": ratio(rg["p50_us"], o["p50_us"]),
+                "p99": ratio(rg["p99_us"], o["p99_us"]),
+                "cpu_per_req": ratio(rg["cpu_us_per_req"], o["cpu_us_per_req"]),
+            }
+        best = max(peers, key=lambda p: row[p]["rps"])
+        ratios["retrygate/best"] = dict(ratios["retrygate/" + best], peer=best)
+    return {"proxies": row, "ratios": ratios}
+
+
 def main():
     rec_path, mem_path, meta_path, sys_path, out_path = sys.argv[1:6]
     records = [json.loads(line) for line in open(rec_path) if line.strip()]
@@ -30,52 +80,11 @@ def main():
 
     results = {}
     for c in conns:
-        row = {}
-        for p in ["direct"] + proxies:
-            rs = [r for r in records if r["proxy"] == p and r["conns"] == c]
-            if not rs:
-                continue
-            w = [r["wrk"] for r in rs]
-            errs = sum(x["err_connect"] + x["err_read"] + x["err_write"] + x["err_timeout"] for x in w)
-            non2xx = sum(x["err_status"] for x in w)
-            cpu = [r["cpu_us"] / x["requests"] for r, x in zip(rs, w) if x["requests"]]
-            row[p] = {
-                "rounds": len(rs),
-                "rps": round(med([x["rps"] for x in w]), 1),
-                "rps_min": round(min(x["rps"] for x in w), 1),
-                "rps_max": round(max(x["rps"] for x in w), 1),
-                "p50_us": med([x["p50_us"] for x in w]),
-                "p99_us": med([x["p99_us"] for x in w]),
-                "cpu_us_per_req": round(med(cpu), 2) if p != "direct" and cpu else None,
-                "requests": sum(x["requests"] for x in w),
-                "socket_errors": errs,
-                "non_2xx": non2xx,
-                "per_round": [{"round": r["round"], "rps": x["rps"], "p50_us": x["p50_us"],
-                               "p99_us": x["p99_us"], "cpu_us": r["cpu_us"]} for r, x in zip(rs, w)],
-            }
-        ratios = {}
-        rg = row.get("retrygate")
-        peers = [p for p in proxies if p != "retrygate" and p in row]
-        if rg and peers:
-            def paired(p, key):
-                # ratio within each round (the runs of one round are seconds apart), then median
-                mine = {x["round"]: x[key] for x in rg["per_round"]}
-                xs = [mine[x["round"]] / x[key] for x in row[p]["per_round"]
-                      if x["round"] in mine and x[key]]
-                return round(med(xs), 3) if xs else None
-
-            for p in peers:
-                o = row[p]
-                ratios["retrygate/" + p] = {
-                    "rps": ratio(rg["rps"], o["rps"]),
-                    "rps_paired": paired(p, "rps"),
-                    "p50": ratio(rg["p50_us"], o["p50_us"]),
-                    "p99": ratio(rg["p99_us"], o["p99_us"]),
-                    "cpu_per_req": ratio(rg["cpu_us_per_req"], o["cpu_us_per_req"]),
-                }
-            best = max(peers, key=lambda p: row[p]["rps"])
-            ratios["retrygate/best"] = dict(ratios["retrygate/" + best], peer=best)
-        results[str(c)] = {"proxies": row, "ratios": ratios}
+        results[str(c)] = aggregate([r for r in records if "row" not in r and r["conns"] == c],
+                                    proxies)
+    h2_rows = meta.get("h2_rows", [])
+    for name in h2_rows:
+        results[name] = aggregate([r for r in records if r.get("row") == name], proxies)
 
     syscalls = {}
     for line in open(sys_path):
@@ -104,10 +113,22 @@ def main():
         meta["retrygate"], meta["retrygate_git"], meta["haproxy"], meta["nginx"], meta["wrk"],
         meta["loadavg_before"], meta["loadavg_after"]))
     warn = []
-    for c in conns:
-        row, ratios = results[str(c)]["proxies"], results[str(c)]["ratios"]
+    titles = {
+        "h2": "HTTP/2 client -> HTTP/1.1 upstream",
+        "h2h2": "HTTP/2 client -> HTTP/2 upstream",
+        "grpc": "unary gRPC (HTTP/2 -> HTTP/2, grpc-status trailers)",
+    }
+    blocks = [("c=%d" % c, str(c)) for c in conns]
+    blocks += [("%s: %s" % (name, titles.get(name, name)), name) for name in h2_rows]
+    for label, key in blocks:
+        row, ratios = results[key]["proxies"], results[key]["ratios"]
+        if h2_rows and key == h2_rows[0]:
+            print()
+            print("HTTP/2 rows: %d rounds x %ss, h2load -t1 -c%d -m%d (%d streams), h2load %s" % (
+                meta["h2_rounds"], meta["h2_seconds"], meta["h2_conns"], meta["h2_streams"],
+                meta["h2_conns"] * meta["h2_streams"], meta.get("h2load", "?")))
         print()
-        print("c=%d" % c)
+        print(label)
         print("  %-10s %10s %21s %9s %9s %10s  %s" % (
             "proxy", "req/s", "(min..max)", "p50 us", "p99 us", "cpu us/req", "errors"))
         for p in ["direct"] + proxies:
@@ -121,14 +142,14 @@ def main():
                 "(%.0f..%.0f)" % (x["rps_min"], x["rps_max"]), x["p50_us"], x["p99_us"], cpu,
                 "%d sock, %d non-2xx" % (x["socket_errors"], x["non_2xx"]) if e else "0"))
             if p != "direct" and "direct" in row and x["rps"] > 0.8 * row["direct"]["rps"]:
-                warn.append("c=%d: %s reaches %.0f%% of the direct rate: the load core may be the "
-                            "limit, not the proxy" % (c, p, 100 * x["rps"] / row["direct"]["rps"]))
+                warn.append("%s: %s reaches %.0f%% of the direct rate: the load core may be the "
+                            "limit, not the proxy" % (label, p, 100 * x["rps"] / row["direct"]["rps"]))
             if e:
-                warn.append("c=%d: %s had %d errors" % (c, p, e))
+                warn.append("%s: %s had %d errors" % (label, p, e))
         for k, v in ratios.items():
-            label = k + (" (" + v["peer"] + ")" if "peer" in v else "")
+            name = k + (" (" + v["peer"] + ")" if "peer" in v else "")
             print("  %-28s req/s %6s (paired %5s)   p50 %6s   p99 %6s   cpu/req %6s" % (
-                label, v["rps"], v["rps_paired"], v["p50"], v["p99"], v["cpu_per_req"]))
+                name, v["rps"], v["rps_paired"], v["p50"], v["p99"], v["cpu_per_req"]))
     print()
     print("memory after the run (all processes of each proxy):")
     for p in proxies:

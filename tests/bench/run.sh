@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: retrygate vs HAProxy vs nginx as plain keep-alive HTTP reverse proxies, side by
 # side on this machine, reported as ratios. Method and how to read it: tests/bench/README.md.
+# First the HTTP/1.1 rows (wrk), then the HTTP/2 rows (h2load): HTTP/2 client -> HTTP/1.1
+# upstream, HTTP/2 -> HTTP/2 (no nginx: it proxies HTTP/2 only as gRPC), and unary gRPC.
 #
 # Environment (defaults in brackets):
 #   BENCH_ROUNDS [5]         interleaved rounds; each round measures every proxy once per concurrency
@@ -19,6 +21,10 @@
 #   BENCH_SYSCALL_SECONDS    that run's length [BENCH_SECONDS with perf, 3 with strace]
 #   BENCH_KEEP=1             keep build/bench/run.* (configs, logs, raw wrk output) after success
 #   RETRYGATE_BIN            the binary to measure [build/retrygate]
+#   BENCH_H2_ROWS ["h2 h2h2 grpc"]  the HTTP/2 rows ("" = none)
+#   BENCH_H2_ROUNDS [3; 2 in quick mode]  interleaved rounds of the HTTP/2 rows
+#   BENCH_H2_SECONDS [BENCH_SECONDS]      length of one h2load measurement
+#   BENCH_H2_CONNS [4]  BENCH_H2_STREAMS [16]  h2load -c and -m (h2load always runs one thread)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -41,12 +47,19 @@ PROXIES=${BENCH_PROXIES:-"retrygate haproxy nginx"}
 PROXY_CPU=${BENCH_PROXY_CPU:-0}
 LOAD_CPU=${BENCH_LOAD_CPU:-1}
 BODY=${BENCH_BODY:-13}
+H2_ROWS=${BENCH_H2_ROWS-"h2 h2h2 grpc"}
+H2_ROUNDS=${BENCH_H2_ROUNDS:-3}
+[ "${BENCH_QUICK:-0}" = 1 ] && H2_ROUNDS=${BENCH_H2_ROUNDS:-2}
+H2_SECS=${BENCH_H2_SECONDS:-$SECS}
+H2_C=${BENCH_H2_CONNS:-4}
+H2_M=${BENCH_H2_STREAMS:-16}
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
 
 # ------------------------------------------------------------------ tools
 need_cmd_pkg="wrk:wrk nginx:nginx haproxy:haproxy gcc:gcc taskset:util-linux python3:python3 curl:curl"
+[ -z "$H2_ROWS" ] || need_cmd_pkg="$need_cmd_pkg h2load:nghttp2-client"
 # the syscall phase uses perf when it works here, else strace
 [ "$SYSCALLS" = 0 ] || command -v perf >/dev/null 2>&1 || need_cmd_pkg="$need_cmd_pkg strace:strace"
 missing=""
@@ -104,20 +117,38 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 UP_PORT=$(free_port); RG_PORT=$(free_port); HA_PORT=$(free_port); NG_PORT=$(free_port)
+# the HTTP/2 rows: an HTTP/2 and a gRPC upstream, and a port per proxy and row
+UP_H2_PORT=$(free_port); UP_GRPC_PORT=$(free_port)
+RG_H2_PORT=$(free_port); RG_H2H2_PORT=$(free_port); RG_GRPC_PORT=$(free_port)
+HA_H2_PORT=$(free_port); HA_H2H2_PORT=$(free_port); HA_GRPC_PORT=$(free_port)
+NG_H2_PORT=$(free_port); NG_GRPC_PORT=$(free_port)
 
 subst() {
-    sed -e "s|@DIR@|$RUN|g" -e "s|@UP_PORT@|$UP_PORT|g" -e "s|@RG_PORT@|$RG_PORT|g" \
-        -e "s|@HA_PORT@|$HA_PORT|g" -e "s|@NG_PORT@|$NG_PORT|g" "$1" > "$2"
+    local args=(-e "s|@DIR@|$RUN|g") v
+    for v in UP_PORT RG_PORT HA_PORT NG_PORT UP_H2_PORT UP_GRPC_PORT RG_H2_PORT RG_H2H2_PORT \
+             RG_GRPC_PORT HA_H2_PORT HA_H2H2_PORT HA_GRPC_PORT NG_H2_PORT NG_GRPC_PORT; do
+        args+=(-e "s|@$v@|${!v}|g")
+    done
+    sed "${args[@]}" "$1" > "$2"
 }
 
 # ------------------------------------------------------------------ upstream
-gcc -O2 -Wall -Wextra -o "$RUN/upstream" "$HERE/upstream.c" || die "cannot compile the upstream"
+gcc -O2 -Wall -Wextra -DUPSTREAM_H2 -o "$RUN/upstream" "$HERE/upstream.c" -lnghttp2 || die "cannot compile the upstream"
 $PIN_LOAD "$RUN/upstream" "$UP_PORT" "$BODY" 2> "$RUN/upstream.log" &
 PIDS+=($!); UP_PID=$!
+if [ -n "$H2_ROWS" ]; then
+    $PIN_LOAD "$RUN/upstream" "$UP_H2_PORT" "$BODY" h2 2> "$RUN/upstream-h2.log" & PIDS+=($!)
+    $PIN_LOAD "$RUN/upstream" "$UP_GRPC_PORT" "$BODY" grpc 2> "$RUN/upstream-grpc.log" & PIDS+=($!)
+fi
 
 # ------------------------------------------------------------------ proxies
 declare -A PORT PID
 PORT[direct]=$UP_PORT
+PORT[h2.retrygate]=$RG_H2_PORT;   PORT[h2.haproxy]=$HA_H2_PORT;   PORT[h2.nginx]=$NG_H2_PORT
+PORT[h2h2.retrygate]=$RG_H2H2_PORT; PORT[h2h2.haproxy]=$HA_H2H2_PORT
+PORT[h2h2.direct]=$UP_H2_PORT
+PORT[grpc.retrygate]=$RG_GRPC_PORT; PORT[grpc.haproxy]=$HA_GRPC_PORT; PORT[grpc.nginx]=$NG_GRPC_PORT
+PORT[grpc.direct]=$UP_GRPC_PORT
 for p in $PROXIES; do
     case $p in
     retrygate)
@@ -178,6 +209,31 @@ for p in direct $PROXIES; do
     done
     [ "$got" = "$expect" ] || die "$p on port $port answers '${got:0:80}', expected '$expect'"
 done
+# The HTTP/2 rows: the same body over HTTP/2 (prior knowledge); for gRPC, the upstream's
+# message (5-byte prefix + body) and the trailers grpc-status: 0 (curl writes trailers with -D).
+GRPC_MSG=$RUN/grpc-request.bin
+printf '\0\0\0\0\005hello' > "$GRPC_MSG"
+GRPC_PATH=/bench.Bench/Unary
+h2_proxies() {   # ROW: the proxies of that row, in BENCH_PROXIES order
+    local p
+    for p in $PROXIES; do [ -n "${PORT[$1.$p]:-}" ] && printf '%s ' "$p"; done
+}
+for row in $H2_ROWS; do
+    case $row in h2|h2h2|grpc) ;; *) die "unknown row '$row' in BENCH_H2_ROWS (h2 h2h2 grpc)" ;; esac
+    for p in $(h2_proxies "$row") $([ -n "${PORT[$row.direct]:-}" ] && echo direct); do
+        port=${PORT[$row.$p]}
+        if [ "$row" = grpc ]; then
+            curl -s -m 2 --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' \
+                --data-binary @"$GRPC_MSG" -D "$RUN/check.hdr" -o "$RUN/check.body" \
+                "http://127.0.0.1:$port$GRPC_PATH" 2>/dev/null || true
+            got=$(tail -c +6 "$RUN/check.body" 2>/dev/null || true)
+            grep -qi '^grpc-status: 0' "$RUN/check.hdr" 2>/dev/null || got="(no grpc-status: 0) $got"
+        else
+            got=$(curl -s -m 2 --http2-prior-knowledge "http://127.0.0.1:$port/" 2>/dev/null || true)
+        fi
+        [ "$got" = "$expect" ] || die "$p ($row row) on port $port answers '${got:0:80}', expected '$expect'"
+    done
+done
 log "upstream :$UP_PORT  $(for p in $PROXIES; do printf '%s :%s  ' "$p" "${PORT[$p]}"; done)"
 log "proxies on CPU $PROXY_CPU, wrk + upstream on CPU $LOAD_CPU; $ROUNDS rounds x ${SECS}s at c=[$CONNS]"
 
@@ -202,6 +258,32 @@ measure() {
         "$(sed -n 's/.*"rps":\([0-9.]*\).*/\1/p' <<<"$line")" >&2
 }
 
+# measure_h2 ROW LABEL SECONDS ROUND: one h2load run (-t1 -cC -mM for SECONDS), one record
+# like measure's (the proxy's CPU time, h2load's numbers in report.lua's shape); round < 0: not kept
+measure_h2() {
+    local row=$1 p=$2 s=$3 r=$4 raw c0 c1 line pid=""
+    raw=$RUN/h2load.$row.$p.r$r
+    [ "$p" = direct ] || pid=${PID[$p]}
+    local extra=() url="http://127.0.0.1:${PORT[$row.$p]}/"
+    if [ "$row" = grpc ]; then
+        extra=(-H 'content-type: application/grpc' -H 'te: trailers' -d "$GRPC_MSG")
+        url="http://127.0.0.1:${PORT[$row.$p]}$GRPC_PATH"
+    fi
+    c0=0; [ -z "$pid" ] || c0=$(cpu_us "$pid")
+    $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$s" "${extra[@]}" --log-file="$raw.log" "$url" \
+        > "$raw.txt" 2>&1 || { tail -n 20 "$raw.txt" >&2; die "h2load failed against $p ($row row)"; }
+    c1=0; [ -z "$pid" ] || c1=$(cpu_us "$pid")
+    [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || die "$p died during the $row row (see $RUN)"
+    line=$(python3 "$HERE/h2load_json.py" "$raw.txt" "$raw.log" | sed -n 's/^BENCHJSON //p')
+    rm -f "$raw.log"    # one line per request: large
+    [ -n "$line" ] || { tail -n 20 "$raw.txt" >&2; die "no result from h2load against $p ($row row)"; }
+    [ "$r" -ge 0 ] || return 0
+    printf '{"proxy":"%s","row":"%s","conns":%s,"round":%s,"cpu_us":%s,"wrk":%s}\n' \
+        "$p" "$row" "$((H2_C * H2_M))" "$r" "$((c1 - c0))" "$line" >> "$RESULTS"
+    printf '  round %s  %-5s %-10s %10s req/s\n' "$r" "$row" "$p" \
+        "$(sed -n 's/.*"rps": *\([0-9.]*\).*/\1/p' <<<"$line")" >&2
+}
+
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 if [ "$WARMUP" != 0 ]; then
     log "warm-up (${WARMUP}s per proxy and concurrency)"
@@ -221,6 +303,27 @@ for r in $(seq 1 "$ROUNDS"); do
         done
     done
 done
+
+# The HTTP/2 rows, the same way: warm-up, the ceiling of the load core where the upstream speaks
+# the row's protocol, then interleaved rounds with the order rotating.
+if [ -n "$H2_ROWS" ]; then
+    log "HTTP/2 rows [$H2_ROWS]: h2load -c$H2_C -m$H2_M, $H2_ROUNDS rounds x ${H2_SECS}s"
+    if [ "$WARMUP" != 0 ]; then
+        for row in $H2_ROWS; do for p in $(h2_proxies "$row"); do measure_h2 "$row" "$p" "$WARMUP" -1; done; done
+    fi
+    for row in $H2_ROWS; do
+        [ -z "${PORT[$row.direct]:-}" ] || measure_h2 "$row" direct "$H2_SECS" 0
+    done
+    for r in $(seq 1 "$H2_ROUNDS"); do
+        log "HTTP/2 round $r/$H2_ROUNDS"
+        for row in $H2_ROWS; do
+            set -- $(h2_proxies "$row"); NP=$#; PLIST=("$@")
+            for i in $(seq 0 $((NP - 1))); do
+                measure_h2 "$row" "${PLIST[$(((i + r - 1) % NP))]}" "$H2_SECS" "$r"
+            done
+        done
+    done
+fi
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ------------------------------------------------------------------ system calls per request
@@ -297,6 +400,9 @@ python3 - "$META" <<EOF
 import json, sys
 json.dump({
   "rounds": $ROUNDS, "seconds": $SECS, "warmup_seconds": $WARMUP, "conns": "$CONNS".split(),
+  "h2_rows": "$H2_ROWS".split(), "h2_rounds": $H2_ROUNDS, "h2_seconds": $H2_SECS,
+  "h2_conns": $H2_C, "h2_streams": $H2_M,
+  "h2load": "$(h2load --version 2>/dev/null | head -1 | sed 's/.*nghttp2\/\([^ ]*\).*/\1/')",
   "proxies": "$PROXIES".split(), "proxy_cpu": "$PROXY_CPU", "load_cpu": "$LOAD_CPU",
   "body_bytes": $BODY, "ncpu": $NCPU, "loadavg_before": "$LOAD_BEFORE", "loadavg_after": "$LOAD_AFTER",
   "retrygate": "$("$RG_BIN" --version 2>/dev/null | head -1)",
