@@ -248,6 +248,8 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.h2 = h2,
 		.nv = nv.nv,
 		.nvlen = nv.n,
+		.trailers = ex->req_trailers,
+		.ntrailers = ex->nreq_trailers,
 	};
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
 	forward_nv_free(&nv);       /* nghttp2 copied the fields */
@@ -887,6 +889,20 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 	}
 }
 
+void exchange_trailers(struct exchange *ex, const struct http_hdr *t, int n)
+{
+	/* SPEC §9: trailers cross only between HTTP/2 peers; an HTTP/1 upstream gets none (§8).
+	 * Kept for every attempt; the one streaming now gets them before the body ends. */
+	if (ex->state == X_DONE || n <= 0 || ex->req_trailers || !ex->up ||
+	    ex->up->protocol != UP_H2)
+		return;
+	saved_copy_fields(t, n, &ex->req_trailers, &ex->req_tmem, 0);
+	ex->nreq_trailers = n;
+	struct attempt *a = streaming_attempt(ex);
+	if (a && (ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE))
+		attempt_send_trailers(a, ex->req_trailers, n);
+}
+
 void exchange_body_end(struct exchange *ex)
 {
 	if (ex->state == X_DONE) {
@@ -942,6 +958,8 @@ void exchange_free(struct exchange *ex)
 	evtimer_del(&ex->fault_ev);
 	evtimer_del(&ex->hold_ev);
 	loop_buf_put(ex->loop, ex->rb.buf);
+	free(ex->req_trailers);
+	free(ex->req_tmem);
 	idem_job_free(ex->idem);
 	runtime_unref(ex->rt);
 	atomic_fetch_sub(&g_gstats[ex->loop->id].exchanges_active, 1);

@@ -104,6 +104,9 @@ struct exchange {
 	int att_grpc;                   /* the current attempt's grpc-status; -1: none */
 	int64_t pushback_us;            /* its grpc-retry-pushback-ms: -1 none, -2 "do not retry" */
 	int client_grpc;                /* the grpc-status the client got; -1: none (yet) */
+	struct http_hdr *req_trailers;  /* the client's request trailers (HTTP/2 to HTTP/2), copied */
+	int nreq_trailers;
+	char *req_tmem;
 	const struct http_hdr *dec_trailers;    /* the trailers ex_decide() is judging, or NULL */
 	int dec_ntrailers;
 };

@@ -78,6 +78,10 @@ struct h2_stream {
 	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
 	nghttp2_nv *trailers;            /* the list, then the bytes it points to: one block */
 	size_t ntrailers;
+	struct evbuffer *req_trailers;  /* the request's trailer fields, (nlen, vlen, name, value)
+	                                 * each, for an HTTP/2 upstream (SPEC §9); or NULL */
+	int nreq_trailers;
+	size_t req_trailer_bytes;
 };
 
 struct h2_session {

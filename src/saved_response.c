@@ -25,7 +25,7 @@ void saved_clear(struct saved_response *s)
 }
 
 /* Deep copies of N fields FROM into *OUT (array) and *MEM (their strings, NUL after each). */
-static void copy_fields(const struct http_hdr *from, int n, struct http_hdr **out, char **mem,
+void saved_copy_fields(const struct http_hdr *from, int n, struct http_hdr **out, char **mem,
                         size_t extra)
 {
 	size_t total = extra;
@@ -48,7 +48,7 @@ static void copy_fields(const struct http_hdr *from, int n, struct http_hdr **ou
 void saved_keep(struct saved_response *s, const struct http_head *h, struct attempt *a)
 {
 	saved_clear(s);
-	copy_fields(h->hdrs, h->nhdrs, &s->hdrs, &s->strings, h->reason_len + 1);
+	saved_copy_fields(h->hdrs, h->nhdrs, &s->hdrs, &s->strings, h->reason_len + 1);
 	s->h = *h;
 	memcpy(s->strings, h->reason, h->reason_len);
 	s->strings[h->reason_len] = 0;
@@ -63,6 +63,6 @@ void saved_keep_trailers(struct saved_response *s, const struct http_hdr *t, int
 {
 	free(s->trailers);
 	free(s->tstrings);
-	copy_fields(t, n, &s->trailers, &s->tstrings, 0);
+	saved_copy_fields(t, n, &s->trailers, &s->tstrings, 0);
 	s->ntrailers = n;
 }

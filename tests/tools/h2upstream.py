@@ -79,6 +79,7 @@ class H2Request:
         self.stream_id = stream_id
         self.headers = headers          # [(name, value)] as str, pseudo-headers first
         self.body = b""
+        self.trailers = None            # [(name, value)] when the request ended with trailers
         self.time = time.monotonic()
         self.complete = False
 
@@ -195,6 +196,12 @@ class _Conn:
                                                              ev.stream_id))
             if ev.stream_ended and req:
                 self.ended(req)
+        elif isinstance(ev, h2.events.TrailersReceived):
+            req = self.reqs.get(ev.stream_id)
+            if req:
+                req.trailers = [(n, v) for n, v in ev.headers]
+                if ev.stream_ended:
+                    self.ended(req)
         elif isinstance(ev, h2.events.StreamEnded):
             req = self.reqs.get(ev.stream_id)
             if req and not req.complete:
