@@ -22,7 +22,7 @@ import pytest
 from harness import FAST_RETRY, REPO_ROOT, InThread, Refusing, wait_for
 from grpcserver import GrpcServer
 from h2raw import H2Raw
-from h2upstream import INTERNAL_ERROR, REFUSED_STREAM, H2Upstream, respond, rst, stall
+from h2upstream import INTERNAL_ERROR, REFUSED_STREAM, respond, rst, stall
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,19 +47,6 @@ def grpcsrv():
     yield make
     for s in made:
         s.stop(0)
-
-
-@pytest.fixture
-def h2up():
-    made = []
-
-    def make(**kw):
-        up = H2Upstream(**kw)
-        made.append(up)
-        return up
-    yield make
-    for up in made:
-        up.close()
 
 
 @pytest.fixture

@@ -5,27 +5,12 @@ headers sent long before anything else, and several endpoints of which one keeps
 """
 import time
 
-import pytest
-
 from harness import FAST_RETRY
 from h2raw import H2Raw
-from h2upstream import H2Upstream, respond
+from h2upstream import respond
 
 CT = [("content-type", "application/grpc")]
 MSG = b"\x00\x00\x00\x00\x02ok"
-
-
-@pytest.fixture
-def h2ups():
-    made = []
-
-    def make():
-        up = H2Upstream()
-        made.append(up)
-        return up
-    yield make
-    for up in made:
-        up.close()
 
 
 def api(endpoints, retry=None, **more):
@@ -52,9 +37,9 @@ def meta(r, name):
     return None
 
 
-def test_per_try_timeout_runs_while_the_head_is_held(h2ups, rg_factory):
+def test_per_try_timeout_runs_while_the_head_is_held(h2up, rg_factory):
     """Headers, then nothing for 3 s: no outcome within per_try_timeout is a timeout."""
-    up = h2ups()
+    up = h2up()
     up.push(respond(200, headers=CT, trailers=[("grpc-status", "0")], delay_body=3),
             respond(200, headers=CT, body=MSG, trailers=[("grpc-status", "0")]))
     rg = rg_factory(upstreams=api([up], {"per_try_timeout": "300ms"}))
@@ -67,8 +52,8 @@ def test_per_try_timeout_runs_while_the_head_is_held(h2ups, rg_factory):
     assert 0.25 < took < 2.5, took
 
 
-def test_a_held_head_that_times_out_unkeyed_is_unavailable_timeout(h2ups, rg_factory):
-    up = h2ups()
+def test_a_held_head_that_times_out_unkeyed_is_unavailable_timeout(h2up, rg_factory):
+    up = h2up()
     up.push(respond(200, headers=CT, trailers=[("grpc-status", "0")], delay_body=3))
     rg = rg_factory(upstreams=api([up], {"per_try_timeout": "300ms"}))
     c = H2Raw(rg.port)
@@ -81,10 +66,10 @@ def test_a_held_head_that_times_out_unkeyed_is_unavailable_timeout(h2ups, rg_fac
     assert len(up.requests) == 1
 
 
-def test_unavailable_answers_eject_an_endpoint_like_5xx(h2ups, rg_factory):
+def test_unavailable_answers_eject_an_endpoint_like_5xx(h2up, rg_factory):
     """SPEC §13 passive health: UNAVAILABLE counts as a server failure, so the endpoint that
     keeps answering it is ejected and first attempts go to the other."""
-    bad, good = h2ups(), h2ups()
+    bad, good = h2up(), h2up()
     bad.set_default(respond(200, headers=CT, trailers=[("grpc-status", "14"),
                                                        ("grpc-message", "sick")]))
     good.set_default(respond(200, headers=CT, body=MSG, trailers=[("grpc-status", "0")]))

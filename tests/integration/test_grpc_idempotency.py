@@ -18,23 +18,10 @@ from hyperframe.frame import DataFrame, HeadersFrame
 
 from harness import FAST_RETRY, free_port, wait_for
 from h2raw import H2Raw
-from h2upstream import H2Upstream, respond
+from h2upstream import respond
 
 MSG = b"\x00\x00\x00\x00\x05order"          # one uncompressed gRPC message
 GRPC = [("content-type", "application/grpc")]
-
-
-@pytest.fixture
-def h2up():
-    made = []
-
-    def make(**kw):
-        up = H2Upstream(**kw)
-        made.append(up)
-        return up
-    yield make
-    for up in made:
-        up.close()
 
 
 def api(up, store=None, **idem):
