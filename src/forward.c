@@ -121,16 +121,10 @@ static void deadline_fields(const struct forward_req *f, struct sink *k)
 	char v[DEADLINE_FMT_MAX];
 	int n = deadline_format(DL_X_TIMEOUT_MS, f->wait_us, v, sizeof(v));
 	PUT_STR(k, "X-Timeout-Ms", v, (size_t)(n > 0 ? n : 0));
-	/* SPEC §10: a gRPC server enforces the deadline natively only if it is told in its own
-	 * header, so every attempt of a call carries one, sent or not by the client */
-	if (f->grpc) {
-		char g[16];
-		size_t gn = grpc_timeout_format(f->wait_us, g);
-		put(k, deadline_header_name[DL_GRPC_TIMEOUT], strlen(deadline_header_name[DL_GRPC_TIMEOUT]),
-		    g, gn);
-	}
 	for (int i = 1; i < DL_NKINDS; i++) {
-		if (!f->dl_present[i] || (f->grpc && i == DL_GRPC_TIMEOUT))
+		/* SPEC §10: a gRPC server enforces the deadline natively only if it is told in its
+		 * own header, so every attempt of a call carries one, sent or not by the client */
+		if (!f->dl_present[i] && !(f->grpc && i == DL_GRPC_TIMEOUT))
 			continue;
 		n = deadline_format((enum dl_kind)i, f->wait_us, v, sizeof(v));
 		put(k, deadline_header_name[i], strlen(deadline_header_name[i]), v,

@@ -56,7 +56,7 @@ static const struct row rows[] = {
 	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Timeout-Ms: 4000\r\ngrpc-timeout: 4S\r\n"
 	  "x-envoy-upstream-rq-timeout-ms: 0\r\n\r\n", .wait_ms = 250, .expect =
 	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\n"
-	  "X-Request-Id: rid\r\nX-Timeout-Ms: 250\r\ngrpc-timeout: 250000u\r\n"
+	  "X-Request-Id: rid\r\nX-Timeout-Ms: 250\r\ngrpc-timeout: 250m\r\n"
 	  "x-envoy-upstream-rq-timeout-ms: 250\r\nX-Retrygate-Attempt: 1\r\n\r\n" },
 	{ "host_rewrite replaces the client's Host",
 	  "GET / HTTP/1.1\r\nHost: outside.example\r\n\r\n", .host_rewrite = "inside", .expect =
@@ -255,7 +255,7 @@ static const struct h2row h2rows[] = {
 	{ "not gRPC: a client's grpc-timeout is rewritten in its finest unit, no te added",
 	  "POST /p HTTP/1.1\r\nHost: svc\r\ngrpc-timeout: 4S\r\n\r\n",
 	  .expect = ":method: POST\n:scheme: http\n:authority: svc\n:path: /p\n" H2_ID
-	  "x-timeout-ms: 950\ngrpc-timeout: 950000u\nx-retrygate-attempt: 1\n" },
+	  "x-timeout-ms: 950\ngrpc-timeout: 950m\nx-retrygate-attempt: 1\n" },
 };
 
 static void test_h2_rows(void **state)
