@@ -18,6 +18,7 @@
 
 #include "accesslog.h"
 #include "config.h"
+#include "grpc.h"
 #include "http.h"
 #include "util.h"
 
@@ -61,6 +62,7 @@ void access_add_attempt(struct access_rec *r, const char *ep)
 		r->att[r->natt].outcome = NULL;
 		r->att[r->natt].status = 0;
 		r->att[r->natt].fault = NULL;
+		r->att[r->natt].grpc_status = -1;
 	}
 	r->natt++;
 }
@@ -81,6 +83,12 @@ void access_set_fault(struct access_rec *r, const char *kind)
 {
 	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS)
 		r->att[r->natt - 1].fault = kind;
+}
+
+void access_set_grpc_status(struct access_rec *r, int code)
+{
+	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS && code >= 0 && code < GRPC_NCODES)
+		r->att[r->natt - 1].grpc_status = code;
 }
 
 const char *access_outcome(const struct access_rec *r)
@@ -182,9 +190,14 @@ void accesslog_write(const struct access_rec *r)
 		if (r->att[i].fault)
 			append(line, &n, sizeof(line), "\"fault\":\"%s\",", r->att[i].fault);
 		if (r->att[i].status)
-			append(line, &n, sizeof(line), "\"status\":%d}", r->att[i].status);
+			append(line, &n, sizeof(line), "\"status\":%d", r->att[i].status);
 		else
-			append(line, &n, sizeof(line), "\"outcome\":\"%s\"}", r->att[i].outcome ? r->att[i].outcome : "cancelled");
+			append(line, &n, sizeof(line), "\"outcome\":\"%s\"", r->att[i].outcome ? r->att[i].outcome : "cancelled");
+		/* added keys only: a reader of HTTP tries sees what it always saw */
+		if (r->att[i].grpc_status >= 0)
+			append(line, &n, sizeof(line), ",\"grpc_status\":%d,\"grpc_status_name\":\"%s\"",
+			       r->att[i].grpc_status, grpc_status_name(r->att[i].grpc_status));
+		append(line, &n, sizeof(line), "}");
 	}
 	append(line, &n, sizeof(line), "],\"retry_refused\":");
 	if (r->refused != RR_NONE && r->refused != RR_NOT_LISTED)

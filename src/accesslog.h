@@ -29,7 +29,13 @@ struct access_rec {
 	int attempts;
 	enum refusal refused;
 	const char *reason;             /* retrygate's own reason, if it answered itself */
-	struct { const char *ep; const char *outcome; int status; const char *fault; } att[ACCESS_MAX_ATTEMPTS];
+	struct {
+		const char *ep;
+		const char *outcome;
+		int status;
+		const char *fault;
+		int grpc_status;            /* -1: none (not gRPC, or no grpc-status seen) */
+	} att[ACCESS_MAX_ATTEMPTS];
 	int natt;
 	int64_t deadline_given_us, deadline_left_us, duration_us, body_bytes;
 	const char *key; size_t keylen;
@@ -50,6 +56,10 @@ void access_set_outcome(struct access_rec *r, const char *outcome);
 void access_set_status(struct access_rec *r, int status);
 /* The last attempt's SPEC §11 fault kind ("abort", ...): the line names it in that try. */
 void access_set_fault(struct access_rec *r, const char *kind);
+/* The grpc-status (0..16, grpc.h) of the attempt access_add_attempt began, from its
+ * Trailers-Only head or its trailers (SPEC §10): that try gets "grpc_status": CODE and
+ * "grpc_status_name": "unavailable" beside its "status". A code outside 0..16 is ignored. */
+void access_set_grpc_status(struct access_rec *r, int code);
 
 /* "ok", "failed" or "unknown" (a non-idempotent request whose last attempt ended in reset or
  * timeout: it may have been executed). */

@@ -6,6 +6,7 @@
 
 #include "admit.h"
 #include "config.h"
+#include "grpc.h"
 #include "http.h"
 #include "idem_job.h"
 #include "route.h"
@@ -31,10 +32,38 @@ bool admit_response_nested(const struct http_head *h)
 	       http_head_get(h, "X-Retrygate-Retry-Refused", NULL) != NULL;
 }
 
-static bool request_marked_retry(const struct http_head *r)
+/* A gRPC call's grpc-previous-rpc-attempts is its client's own retry count (gRFC A6): any
+ * value but 0, even one we cannot read, says a retry policy above us is already at work. */
+static bool request_marked_retry(const struct http_head *r, bool grpc)
 {
+	if (grpc && http_head_get(r, "grpc-previous-rpc-attempts", NULL) &&
+	    hdr_int(r, "grpc-previous-rpc-attempts") != 0)
+		return true;
 	return hdr_int(r, "X-Retrygate-Attempt") > 1 || hdr_int(r, "x-envoy-attempt-count") > 1 ||
 	       hdr_int(r, "grpc-previous-rpc-attempts") > 0;
+}
+
+/* SPEC §10: HTTP/2 and a gRPC content-type. Over HTTP/1 the same content-type is just a
+ * POST: gRPC needs trailers, which we only relay over HTTP/2. */
+static bool request_is_grpc(const struct http_head *r)
+{
+	size_t n = 0;
+	const char *ct = http_head_get(r, "content-type", &n);
+	return r->version == 20 && ct && grpc_content_type(ct, n);
+}
+
+/* The path without its query starts with one of retry.idempotent_paths (§4 rule 4) */
+static bool path_idempotent(const struct cfg_retry *rc, const char *path, size_t len)
+{
+	const char *q = path ? memchr(path, '?', len) : NULL;
+	if (q)
+		len = (size_t)(q - path);
+	for (int i = 0; path && i < rc->nidempotent_paths; i++) {
+		size_t plen = strlen(rc->idempotent_paths[i]);
+		if (plen <= len && memcmp(path, rc->idempotent_paths[i], plen) == 0)
+			return true;
+	}
+	return false;
 }
 
 static void refuse(struct admission *a, int status, const char *reason, bool close)
@@ -47,12 +76,19 @@ static void refuse(struct admission *a, int status, const char *reason, bool clo
 void admit_request(const struct cfg_listener *l, const struct http_head *r, struct admission *a)
 {
 	memset(a, 0, sizeof(*a));
+	a->grpc = request_is_grpc(r);   /* first: every refusal of a gRPC call is in gRPC form */
 	a->route = route_match(l, r->host, r->host_len, r->path, r->path_len);
 	if (!a->route) {
 		refuse(a, 404, "no-route", false);
 		return;
 	}
 	const struct cfg_upstream *up = a->route->upstream;
+	/* gRPC's status travels in trailers, which an HTTP/1.1 upstream hop cannot carry back:
+	 * the exchange answers this in gRPC form, UNIMPLEMENTED */
+	if (a->grpc && up->protocol != UP_H2) {
+		refuse(a, 501, "not-implemented", true);
+		return;
+	}
 	struct dl_value vals[DL_NKINDS];
 	deadline_collect(r->hdrs, r->nhdrs, vals, a->dl_present);
 	int kind;
@@ -65,8 +101,11 @@ void admit_request(const struct cfg_listener *l, const struct http_head *r, stru
 		a->too_late = true;
 		return;
 	}
-	a->nested = request_marked_retry(r);
-	a->mclass = retry_method_class(r->method);
+	a->nested = request_marked_retry(r, a->grpc);
+	/* an idempotent path is idempotent whatever the method: rule 4, the log and the
+	 * unknown-outcome record all read it from the class */
+	a->idempotent_path = path_idempotent(&up->retry, r->path, r->path_len);
+	a->mclass = a->idempotent_path ? MC_IDEMPOTENT : retry_method_class(r->method);
 	size_t klen = 0;
 	const char *key = http_head_get(r, up->idem.header, &klen);
 	if (key && klen > 0) {

@@ -465,6 +465,8 @@ static void attempt_start_h2(struct attempt *a, const struct attempt_req *req)
 		.nvlen = req->nvlen,
 		.body = a->body,
 		.streaming = a->streaming,
+		.trailers = req->trailers,
+		.ntrailers = req->ntrailers,
 		.connect_timeout_us = a->connect_timeout_us,
 		.tls = a->tls,
 		.sni = a->sni[0] ? a->sni : NULL,
@@ -582,6 +584,12 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 		http_chunk_encode(dst, data, n);
 	else
 		evbuffer_add_buffer(dst, data);
+}
+
+void attempt_send_trailers(struct attempt *a, const struct http_hdr *t, int n)
+{
+	if (a->h2 && a->h2s && !a->body_ended)
+		h2_stream_send_trailers(a->h2s, t, n);
 }
 
 void attempt_send_body_end(struct attempt *a)

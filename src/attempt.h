@@ -64,6 +64,8 @@ struct attempt_req {
 	bool h2;
 	const nghttp2_nv *nv;
 	size_t nvlen;
+	const struct http_hdr *trailers;    /* HTTP/2: request trailers known at the start (copied) */
+	int ntrailers;
 };
 
 struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,
@@ -73,6 +75,9 @@ void attempt_free(struct attempt *a);
 /* Streaming request body */
 void attempt_send_body(struct attempt *a, struct evbuffer *data);
 void attempt_send_body_end(struct attempt *a);
+/* Request trailers, before attempt_send_body_end(): sent to an HTTP/2 upstream, dropped for
+ * HTTP/1 (SPEC §9: trailers cross only between HTTP/2 peers). */
+void attempt_send_trailers(struct attempt *a, const struct http_hdr *t, int n);
 size_t attempt_send_pending(const struct attempt *a);
 
 /* Response backpressure */

@@ -56,6 +56,8 @@ struct cfg_retry {
 	char **idempotent_paths;    /* retry.idempotent_paths: path prefixes idempotent whatever
 	                             * the method (rule 4), default none */
 	int nidempotent_paths;
+	int non_idempotent_line;    /* where non_idempotent was written (0: the default), so that
+	                             * --check can point at it */
 };
 
 struct cfg_idempotency {
@@ -237,6 +239,14 @@ static inline bool cfg_retry_on_status(const struct cfg_retry *r, int status)
 	if (status < 400 || status > 599)
 		return false;
 	return (r->on_status[(status - 400) / 8] >> ((status - 400) % 8)) & 1;
+}
+
+/* CODE is a grpc-status (grpc.h); retry.on lists it by name. OK is never listed. */
+static inline bool cfg_retry_on_grpc(const struct cfg_retry *r, int code)
+{
+	if (code <= 0 || code >= 32)
+		return false;
+	return (r->on_grpc >> code) & 1u;
 }
 
 #endif

@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "config_impl.h"
+#include "grpc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +111,12 @@ void emit_retry_on(struct json *j, const struct key *k, const void *base)
 	for (int s = 400; s <= 599; s++)
 		if (cfg_retry_on_status(r, s)) {
 			fprintf(j->f, "%s%d", first ? "" : ", ", s);
+			first = false;
+		}
+	for (int c = 0; c < GRPC_NCODES; c++)
+		if (cfg_retry_on_grpc(r, c)) {
+			fputs(first ? "" : ", ", j->f);
+			json_string(j, grpc_status_name(c));
 			first = false;
 		}
 	fputc(']', j->f);

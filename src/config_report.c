@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "config_impl.h"
+#include "grpc.h"
 #include "retry.h"
 
 #include <stdio.h>
@@ -86,7 +87,7 @@ static bool retry_on_any(const struct cfg_retry *r)
 	for (size_t i = 0; i < sizeof r->on_status; i++)
 		if (r->on_status[i])
 			return true;
-	return r->on_flags != 0;
+	return r->on_flags != 0 || r->on_grpc != 0;
 }
 
 /* The budget's long-run bound per first attempt at a traffic of RATE first attempts a second:
@@ -133,6 +134,11 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 				fprintf(out, "%s%d", sep, s);
 				sep = ", ";
 			}
+		for (int g = 0; g < GRPC_NCODES; g++)
+			if (cfg_retry_on_grpc(r, g)) {
+				fprintf(out, "%s%s", sep, grpc_status_name(g));
+				sep = ", ";
+			}
 		if (!retry_on_any(r))
 			fprintf(out, " nothing (retry.on is empty)");
 		fprintf(out, "; POST/PATCH %s\n", r->non_idempotent == NI_ALWAYS ? "always re-sent" :
@@ -143,6 +149,12 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 		        (long long)r->budget_max_tokens, r->budget_ratio, r->budget_min_per_second,
 		        (long long)r->budget_max_tokens, n);
 		report_sustained(out, r, n);
+	}
+	if (r->nidempotent_paths > 0) {
+		fputs("  idempotent     any method under", out);
+		for (int i = 0; i < r->nidempotent_paths; i++)
+			fprintf(out, "%s%s", i ? ", " : " ", r->idempotent_paths[i]);
+		fputs(" (retry.idempotent_paths)\n", out);
 	}
 	fprintf(out, "  concurrency    %d attempts in flight, %d of them retries\n", u->max_in_flight,
 	        u->max_retries_in_flight);
@@ -257,6 +269,12 @@ static void report_warnings(FILE *out, const struct config *c)
 			fprintf(out, "warning: upstreams.%s.retry.non_idempotent: always re-sends POST and "
 			        "PATCH without an Idempotency-Key; a retry after a reset or timeout can "
 			        "repeat a side effect\n", n);
+		/* every gRPC call is a POST: on an h2 upstream "always" replays all of them */
+		if (r->non_idempotent == NI_ALWAYS && u->protocol == UP_H2)
+			fprintf(out, "warning: upstreams.%s.retry.non_idempotent: %s:%d: always with protocol: "
+			        "h2 re-sends every gRPC call (each is a POST) after a reset or timeout; list "
+			        "read-only services in retry.idempotent_paths or send idempotency-key "
+			        "metadata instead\n", n, c->path, r->non_idempotent_line);
 		if ((int64_t)r->max_attempts * r->per_try_timeout_us > u->deadline.default_us)
 			fprintf(out, "warning: upstreams.%s.retry: max_attempts %d x per_try_timeout %s "
 			        "cannot fit deadline.default %s\n", n, r->max_attempts,

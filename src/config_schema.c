@@ -22,6 +22,7 @@
 #include "config.h"
 #include "config_impl.h"
 #include "cpus.h"
+#include "grpc.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -54,10 +55,19 @@ const char *const cfg_retry_on_words[] = { "connect-failure", "reset", "timeout"
 
 static void retry_on_parse(struct load *ld, const struct key *k, const struct node *v, void *base)
 {
-	static const char expect[] =
-	        "expected connect-failure, reset, timeout or a status code 400-599";
+	static const char expect[] = "expected connect-failure, reset, timeout, a status code "
+	                             "400-599 or a gRPC code name such as unavailable";
 	struct cfg_retry *r = base;
+	/* the words, then the gRPC names but "ok", for "did you mean" */
+	const char *words[8 + GRPC_NCODES];
+	int nw = 0;
 	char q[80];
+
+	for (int w = 0; cfg_retry_on_words[w]; w++)
+		words[nw++] = cfg_retry_on_words[w];
+	for (int c = GRPC_OK + 1; c < GRPC_NCODES; c++)
+		words[nw++] = grpc_status_name(c);
+	words[nw] = NULL;
 
 	if (v->kind != N_SEQ && !node_is_null(v)) {
 		type_error(ld, v, "a sequence of conditions");
@@ -66,11 +76,12 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 	/* replaces the default; duplicates merge into the same bit */
 	r->on_flags = 0;
 	memset(r->on_status, 0, sizeof r->on_status);
+	r->on_grpc = 0;
 	for (int i = 0; v->kind == N_SEQ && i < v->nkids; i++) {
 		const struct node *item = v->kids[i];
 		const char *near;
 		int64_t status;
-		int w;
+		int w, code;
 
 		if (item->kind != N_SCALAR || node_is_null(item)) {
 			type_error(ld, item, "a condition");
@@ -83,18 +94,39 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 			}
 		if (cfg_retry_on_words[w])
 			continue;
-		if (scan_int(item->str, &status) == 0 && status >= 400 && status <= 599)
+		code = grpc_status_by_name(item->str, strlen(item->str));
+		if (code > GRPC_OK)
+			r->on_grpc |= 1u << code;
+		else if (code == GRPC_OK)
+			/* a success is not a failure that may heal: retrying it would repeat every call */
+			value_error(ld, item, "gRPC status \"ok\" is a success and cannot be retried "
+			            "(%s)", expect);
+		else if (scan_int(item->str, &status) == 0 && status >= 400 && status <= 599)
 			r->on_status[(status - 400) / 8] |= (uint8_t)(1u << ((status - 400) % 8));
 		else if (scan_int(item->str, &status) == 0)
 			value_error(ld, item, "status %s cannot be retried (%s)",
 			            cfg_quote(item->str, q, sizeof q), expect);
-		else if ((near = closest_word(item->str, cfg_retry_on_words)))
+		else if ((near = closest_word(item->str, words)))
 			value_error(ld, item, "unknown condition %s (did you mean \"%s\"?)",
 			            cfg_quote(item->str, q, sizeof q), near);
 		else
 			value_error(ld, item, "unknown condition %s (%s)", cfg_quote(item->str, q, sizeof q),
 			            expect);
 	}
+}
+
+/* retry.idempotent_paths: a path prefix like a route's; a query could never match, since the
+ * prefix is compared with the path without its query */
+static const char *check_idempotent_path(char *s, char *buf, size_t cap)
+{
+	const char *bad = check_path_prefix(s, buf, cap);
+	char q[80];
+
+	if (bad || !strchr(s, '?'))
+		return bad;
+	snprintf(buf, cap, "bad path prefix %s (expected a path without a query: the query is not "
+	         "compared)", cfg_quote(s, q, sizeof q));
+	return buf;
 }
 
 /* ------------------------------------------------------------------ block checks */
@@ -132,6 +164,14 @@ static void backoff_check(struct load *ld, void *base, const struct node *map)
 		key_error(ld, map, node_find(map, "base") ? "base" : "max",
 		          "backoff.base %s is above backoff.max %s (expected base <= max)", a, b);
 	}
+}
+
+/* --check names the line of a risky non_idempotent (config_report.c) */
+static void retry_check(struct load *ld, void *base, const struct node *map)
+{
+	struct cfg_retry *r = base;
+	const struct node *n = node_find(map, "non_idempotent");
+	r->non_idempotent_line = n ? n->line : 0;
 }
 
 static void concurrency_check(struct load *ld, void *base, const struct node *map)
@@ -454,17 +494,20 @@ static const struct key retry_keys[] = {
 	{ "enabled", K_BOOL, OFF(cfg_retry, enabled), .def = "true" },
 	{ "max_attempts", K_INT, OFF(cfg_retry, max_attempts), .def = "3", .min = 1, .max = 100 },
 	{ "per_try_timeout", K_DUR, OFF(cfg_retry, per_try_timeout_us), .def = "1s", TIMEOUT },
-	{ "on", K_CUSTOM, 0, .def = "[connect-failure, reset, timeout, 502, 503, 504]",
+	{ "on", K_CUSTOM, 0, .def = "[connect-failure, reset, timeout, 502, 503, 504, unavailable]",
 	  .parse = retry_on_parse, .emit = emit_retry_on },
 	{ "backoff", K_BLOCK, 0, .sub = &backoff_block },
 	{ "retry_after", K_BLOCK, 0, .sub = &retry_after_block },
 	{ "budget", K_BLOCK, 0, .sub = &budget_block },
 	{ "non_idempotent", K_ENUM, OFF(cfg_retry, non_idempotent), .def = "require-key",
 	  .names = non_idempotent_words },
+	{ "idempotent_paths", K_STRS, OFF(cfg_retry, idempotent_paths),
+	  OFF(cfg_retry, nidempotent_paths), .def = "[]", .check = check_idempotent_path,
+	  .expect = "a path prefix such as /shop.Catalog/" },
 	{ "max_body", K_SIZE, OFF(cfg_retry, max_body), .def = "64KiB", .min = 0, .max = GiB },
 	{ .name = NULL },
 };
-static const struct block retry_block = { .keys = retry_keys };
+static const struct block retry_block = { .keys = retry_keys, .check = retry_check };
 
 static const struct key deadline_keys[] = {
 	{ "default", K_DUR, OFF(cfg_deadline, default_us), .def = "5s", TIMEOUT },

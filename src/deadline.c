@@ -7,6 +7,7 @@
  * never rounds up, so a next hop is never promised more time than this hop has.
  */
 #include "deadline.h"
+#include "grpc.h"
 #include "http.h"
 #include "util.h"
 
@@ -136,12 +137,6 @@ int deadline_resolve(const struct dl_value vals[DL_NKINDS], const struct cfg_dea
  * number would be a wrong deadline, so the caller must not send it. */
 int deadline_format(enum dl_kind k, int64_t us, char *buf, size_t cap)
 {
-	static const struct { char unit; int64_t us; } grpc_units[] = {
-		/* coarser units, finest first; nanoseconds are handled before the loop */
-		{ 'u', 1 }, { 'm', US_PER_MS }, { 'S', US_PER_S }, { 'M', 60 * US_PER_S },
-		{ 'H', 3600 * US_PER_S },
-	};
-	const int64_t max8 = 99999999;
 	int n;
 
 	if (us < 0)
@@ -150,16 +145,14 @@ int deadline_format(enum dl_kind k, int64_t us, char *buf, size_t cap)
 		n = -1;
 	} else if (k != DL_GRPC_TIMEOUT) {
 		n = snprintf(buf, cap, "%lld", (long long)(us / US_PER_MS));
-	} else if (us <= max8 / 1000) {
-		n = snprintf(buf, cap, "%lldn", (long long)(us * 1000));
 	} else {
-		size_t i = 0;
-		while (us / grpc_units[i].us > max8 && i + 1 < sizeof(grpc_units) / sizeof(grpc_units[0]))
-			i++;
-		int64_t x = us / grpc_units[i].us;
-		if (x > max8)
-			x = max8;   /* beyond 99999999H (11,000 years): the largest gRPC can say */
-		n = snprintf(buf, cap, "%lld%c", (long long)x, grpc_units[i].unit);
+		/* one gRPC format everywhere (grpc.c): whole milliseconds, so it says the same time
+		 * as X-Timeout-Ms beside it */
+		char g[16];
+		size_t gn = grpc_timeout_format(us, g);
+		n = gn < cap ? (int)gn : -1;
+		if (n > 0)
+			memcpy(buf, g, gn + 1);
 	}
 	if (n < 0 || (size_t)n >= cap) {
 		if (cap > 0)

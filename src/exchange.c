@@ -37,6 +37,7 @@
 #include "exchange_impl.h"
 #include "faults.h"
 #include "forward.h"
+#include "grpc.h"
 #include "http.h"
 #include "idem_job.h"
 #include "log.h"
@@ -81,21 +82,37 @@ static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool r
 	                    ex->tried, now);
 }
 
-/* SPEC §13: the attempt's outcome, for the passive health of its endpoint. */
+/* SPEC §13: the attempt's outcome (STATUS with OUT_STATUS; HINTED: it carried a Retry-After,
+ * which sets a hold instead), for the passive health of its endpoint. */
+static void report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted)
+{
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int neps = upstream_endpoints(ex->ub, eps);
+	int64_t now = clock_now_us();
+	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
+		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
+		     "failures in a row", ex->up->name, ex->att_ep->name,
+		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),
+		     ex->up->health.consecutive_failures);
+}
+
 static void report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
 {
 	size_t n;
 	bool hinted = h && (h->status == 429 || h->status == 503) &&
 	              http_head_get(h, "Retry-After", &n);
-	struct ep_state *eps[MAX_ENDPOINTS];
-	int neps = upstream_endpoints(ex->ub, eps);
-	int64_t now = clock_now_us();
-	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, h ? h->status : 0, hinted,
-	                   now))
-		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
-		     "failures in a row", ex->up->name, ex->att_ep->name,
-		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),
-		     ex->up->health.consecutive_failures);
+	report_health_as(ex, out, h ? h->status : 0, hinted);
+}
+
+/* A gRPC status for passive health: the server-side failures count as a 5xx would (as Envoy
+ * maps them: UNAVAILABLE 503, INTERNAL/UNKNOWN/DATA_LOSS 500, DEADLINE_EXCEEDED 504), and a
+ * pushback is a Retry-After. Everything else is the service answering. */
+static void report_health_grpc(struct exchange *ex, int code)
+{
+	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
+	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
+	report_health_as(ex, OUT_STATUS, failed ? 503 : 200,
+	                 failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor);
 }
 
 /* ------------------------------------------------------------------ attempts */
@@ -107,7 +124,7 @@ static void request_facts(const struct exchange *ex, struct retry_facts *f)
 	f->nested = ex->req_nested;
 	f->method = ex->mclass;
 	f->has_key = ex->has_key;
-	f->idempotent_path = false;   /* until config has retry.idempotent_paths */
+	f->idempotent_path = ex->idem_path;
 	f->body_replayable = reqbody_replayable(&ex->rb, ex->up->retry.max_body);
 }
 
@@ -165,6 +182,8 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	ex->att_ep = ep;
 	ex->att_t0_us = now;
 	ex->last_att_status = 0;
+	ex->att_grpc = -1;
+	ex->pushback_us = -1;
 	ex_set_state(ex, X_ATTEMPT);
 	access_add_attempt(&ex->log, ep->name);
 	ex->fault = ex_fault_draw(ex, now);
@@ -200,8 +219,9 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.wait_us = wait,
 		.attempt = ex->attempts,
 		.nested = ex->req_nested,
-		.streamed = ex->rb.mode == BODY_STREAM,
+		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
 		.body_len = ex->rb.len,
+		.grpc = ex->grpc,
 	};
 	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
 	struct forward_nv nv = { 0 };
@@ -216,7 +236,7 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 	struct attempt_req rq = {
 		.head = head,
 		.body = (ex->rb.mode == BODY_BUFFER && ex->rb.len > 0) ? ex->rb.buf : NULL,
-		.streaming = ex->rb.mode == BODY_STREAM,
+		.streaming = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
 		.chunked = ex->rb.mode == BODY_STREAM && ex->req->content_length < 0,
 		.is_head = ex->req->method_head,
 		.fresh_conn = !retry_may_replay(&ex->up->retry, &rf),
@@ -228,6 +248,8 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.h2 = h2,
 		.nv = nv.nv,
 		.nvlen = nv.n,
+		.trailers = ex->req_trailers,
+		.ntrailers = ex->nreq_trailers,
 	};
 	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
 	forward_nv_free(&nv);       /* nghttp2 copied the fields */
@@ -284,6 +306,98 @@ int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int6
 	return delay;
 }
 
+/* SPEC §10: with retry_after.honor, a non-negative grpc-retry-pushback-ms puts a hold on the
+ * endpoint that answered, whether or not a retry follows. Returns it in µs, or -1 for none. */
+static int64_t grpc_pushback_hold(struct exchange *ex, int64_t now)
+{
+	if (!ex->up->retry.retry_after_honor || ex->pushback_us < 0)
+		return -1;
+	if (ex->pushback_us > 0)
+		upstream_hold(ex->att_ep, now + ex->pushback_us);
+	return ex->pushback_us;
+}
+
+/* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:
+ * counted and logged per attempt. Returns the code, or -1 when there is none. */
+static int grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
+{
+	int code = -1;
+	int64_t pb = -1;
+	for (int i = 0; i < n; i++) {
+		if (str_ieq(f[i].name, f[i].nlen, "grpc-status", 11)) {
+			code = grpc_status_parse(f[i].value, f[i].vlen);
+		} else if (str_ieq(f[i].name, f[i].nlen, "grpc-retry-pushback-ms", 22)) {
+			int64_t us;
+			pb = grpc_pushback_parse(f[i].value, f[i].vlen, &us) ? us : -2;
+		}
+	}
+	if (code < 0)
+		return -1;
+	ex->att_grpc = code;
+	ex->pushback_us = pb;
+	STAT_INC(ex->us->grpc_responses[code]);
+	access_set_grpc_status(&ex->log, code);
+	if (ex->state == X_ATTEMPT)
+		report_health_grpc(ex, code);   /* a committed call reported when it committed */
+	return code;
+}
+
+/* The gRPC attempt A's outcome is its grpc-status (ex->att_grpc): from Trailers-Only head H,
+ * or from trailers T[N] that followed held head H with no DATA. Retry, or relay it whole. */
+static void grpc_decide(struct exchange *ex, struct attempt *a, const struct http_head *h,
+                        const struct http_hdr *t, int n)
+{
+	if (cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)) {
+		ex->dec_trailers = t;
+		ex->dec_ntrailers = n;
+		ex_decide(ex, OUT_STATUS, h, false);
+		ex->dec_trailers = NULL;
+		ex->dec_ntrailers = 0;
+		return;
+	}
+	grpc_pushback_hold(ex, clock_now_us());     /* not retried, but it may set a hold */
+	ex_relay_from(ex, a, h, RR_NONE);
+	if (n > 0)
+		ex_relay_trailers(ex, t, n);
+}
+
+/* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. */
+static void grpc_hold(struct exchange *ex, const struct http_head *h)
+{
+	saved_keep(&ex->held, h, NULL);
+	ex->grpc_wait = true;
+	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
+	 * timer stopped when the head came) */
+	int64_t now = clock_now_us();
+	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
+	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
+		struct timeval tv = clock_tv(left > 0 ? left : 0);
+		evtimer_add(&ex->hold_ev, &tv);
+	}
+}
+
+static void grpc_unhold(struct exchange *ex)
+{
+	ex->grpc_wait = false;
+	evtimer_del(&ex->hold_ev);
+	saved_clear(&ex->held);
+}
+
+/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
+ * (retried only where a timeout may be, rule 4). */
+static void grpc_hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (!ex->grpc_wait || !ex->att || ex->state != X_ATTEMPT)
+		return;
+	grpc_unhold(ex);
+	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
+	report_health(ex, OUT_TIMEOUT, NULL);
+	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
+	ex_decide(ex, OUT_TIMEOUT, NULL, false);
+}
+
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
@@ -318,6 +432,15 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 			f.nested = true;
 		f.retry_after_us = ex_retry_after_hint(ex, h, now);
 	}
+	if (h && ex->grpc && ex->att_grpc >= 0) {
+		/* SPEC §10: the outcome is the grpc-status; pushback is its Retry-After */
+		f.grpc = true;
+		f.grpc_status = ex->att_grpc;
+		f.pushback_refuse = rc->retry_after_honor && ex->pushback_us == -2;
+		int64_t pb = grpc_pushback_hold(ex, now);
+		if (pb >= 0)
+			f.retry_after_us = pb;
+	}
 	struct ep_state *next = choose_endpoint(ex, now, true);
 	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
 	f.hold_until_us = hold > now ? hold : 0;
@@ -340,6 +463,9 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		if (h) {
 			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
 			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
+			if (ex->dec_trailers)
+				saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
+			ex->saved.grpc_status = ex->att_grpc;
 		} else {
 			attempt_free(a);
 		}
@@ -357,6 +483,8 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	if (h) {
 		saved_clear(&ex->saved);
 		ex_relay_from(ex, a, h, reason);
+		if (ex->dec_trailers)
+			ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);
 		if (!a)
 			ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
 		return;
@@ -398,11 +526,24 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
-	report_health(ex, OUT_STATUS, h);
+	if (!ex->grpc || h->status != 200)
+		report_health(ex, OUT_STATUS, h);  /* a gRPC 200 reports once its outcome is known */
 	access_set_status(&ex->log, h->status);
 	ex->last_out = OUT_STATUS;      /* the last attempt answered (a reset before is history) */
 	ex->last_att_status = h->status;
 	ex->reached = true;
+	if (ex->grpc && h->status == 200) {
+		/* SPEC §10: Trailers-Only names its outcome at once; any other head waits */
+		if (!h->end_stream) {
+			grpc_hold(ex, h);
+			return;
+		}
+		if (grpc_outcome(ex, h->hdrs, h->nhdrs) >= 0) {
+			grpc_decide(ex, a, h, NULL, 0);
+			return;
+		}
+		report_health(ex, OUT_STATUS, h);      /* no status: an HTTP outcome after all */
+	}
 	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
 		ex_decide(ex, OUT_STATUS, h, false);
 		return;
@@ -415,6 +556,14 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->grpc_wait && a == ex->att && ex->state == X_ATTEMPT &&
+	    evbuffer_get_length(data) > 0) {
+		/* SPEC §10 (gRFC A6): the first response message commits the call: relayed, never
+		 * retried, whatever grpc-status its trailers carry */
+		report_health_as(ex, OUT_STATUS, 200, false);
+		ex_relay_from(ex, a, &ex->held.h, RR_NONE);
+		grpc_unhold(ex);
+	}
 	if (ex->state != X_DONE && a == ex->saved.a) {
 		size_t have = evbuffer_get_length(ex->saved.body);
 		size_t cap = (size_t)ex->up->retry.max_body;
@@ -442,15 +591,37 @@ static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t,
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state == X_RELAY && a == ex->relay)
-		ex->rsp.trailers(ex->rsp.arg, t, n);
+	if (ex->state == X_DONE)
+		return;
+	if (ex->grpc_wait && a == ex->att) {
+		/* headers, then trailers with no DATA (linkerd2#7701): the outcome is their status */
+		if (grpc_outcome(ex, t, n) >= 0) {
+			grpc_decide(ex, a, &ex->held.h, t, n);
+		} else {
+			report_health_as(ex, OUT_STATUS, 200, false);
+			ex_relay_from(ex, a, &ex->held.h, RR_NONE);
+			ex_relay_trailers(ex, t, n);
+		}
+		grpc_unhold(ex);
+		return;
+	}
+	if (a == ex->saved.a) {
+		saved_keep_trailers(&ex->saved, t, n);
+		return;
+	}
+	if (ex->state == X_RELAY && a == ex->relay) {
+		if (ex->grpc)
+			grpc_outcome(ex, t, n);     /* a committed call's final status, for the count */
+		ex_relay_trailers(ex, t, n);
+	}
 }
 
 static void att_drain(void *arg, struct attempt *a)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state != X_DONE && ex->rb.mode == BODY_STREAM && !ex->rb.done)
+	if (ex->state != X_DONE && (ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE) &&
+	    !ex->rb.done)
 		ex->rsp.want_body(ex->rsp.arg);
 }
 
@@ -482,6 +653,18 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	}
 	if (a != ex->att)
 		return;
+	if (ex->grpc_wait) {
+		if (out == OUT_NONE) {
+			/* headers then an empty end: no message, no status; the client judges it */
+			ex_relay_from(ex, a, &ex->held.h, RR_NONE);
+			grpc_unhold(ex);
+			ex->relay = NULL;
+			attempt_free(a);
+			ex_relay_complete(ex);
+			return;
+		}
+		grpc_unhold(ex);        /* cut after its head: a reset, decided below */
+	}
 	if (out != OUT_CONNECT_FAILURE)
 		ex->reached = true;
 	STAT_INC(ex->us->outcomes[bad ? OUT_RESET : out]);
@@ -518,6 +701,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 		access_set_outcome(&ex->log, outcome_name(o));
 		attempt_free(ex->att);
 		ex->att = NULL;
+		grpc_unhold(ex);
 	} else if (ex->fault_pending) {
 		/* a fault's attempt: a delay cut is a timeout (SPEC §11), the rest sent nothing */
 		enum outcome o = ex->fault->kind == FAULT_DELAY ? OUT_TIMEOUT : OUT_CONNECT_FAILURE;
@@ -558,9 +742,12 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->req = req;
 	ex->rsp = *rsp;
 	ex->t0_us = clock_now_us();
+	ex->att_grpc = ex->client_grpc = -1;
+	ex->pushback_us = -1;
 	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
 	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
 	evtimer_assign(&ex->fault_ev, loop->base, ex_fault_cb, ex);
+	evtimer_assign(&ex->hold_ev, loop->base, grpc_hold_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
@@ -589,7 +776,14 @@ void exchange_start(struct exchange *ex)
 	if (ex->has_key)
 		access_set_key(&ex->log, ad.key, ad.keylen);
 	ex->enforce_idem = ad.idem;
+	ex->grpc = ad.grpc;
+	ex->idem_path = ad.idempotent_path;
 	ex->rb.mode = ex->rb.present ? ad.bmode : BODY_NONE;
+	/* SPEC §10: a gRPC call's messages go upstream as they come (a streaming peer may wait
+	 * for answers before it sends more), kept for replay while they fit retry.max_body;
+	 * enforcement here needs the whole body for its fingerprint, so it still buffers */
+	if (ex->grpc && ex->rb.mode == BODY_BUFFER && !ex->enforce_idem)
+		ex->rb.mode = BODY_TEE;
 	if (ad.status) {
 		if (ad.too_late)
 			STAT_INC(ex->us->rejected[REJ_DEADLINE]);
@@ -631,8 +825,7 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		ex->resp_status = stored->status;
 		ex->log.reason = "idempotency-replayed";
 		ex->head_sent = true;
-		respond_send(&ex->rsp, &m.head, stored->body,
-		             m.head.content_length > 0 ? stored->body_len : 0);
+		respond_replay_send(&ex->rsp, &m, stored->body);
 		ex_finish(ex, true, false);
 		return;
 	}
@@ -696,6 +889,20 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 	}
 }
 
+void exchange_trailers(struct exchange *ex, const struct http_hdr *t, int n)
+{
+	/* SPEC §9: trailers cross only between HTTP/2 peers; an HTTP/1 upstream gets none (§8).
+	 * Kept for every attempt; the one streaming now gets them before the body ends. */
+	if (ex->state == X_DONE || n <= 0 || ex->req_trailers || !ex->up ||
+	    ex->up->protocol != UP_H2)
+		return;
+	saved_copy_fields(t, n, &ex->req_trailers, &ex->req_tmem, 0);
+	ex->nreq_trailers = n;
+	struct attempt *a = streaming_attempt(ex);
+	if (a && (ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE))
+		attempt_send_trailers(a, ex->req_trailers, n);
+}
+
 void exchange_body_end(struct exchange *ex)
 {
 	if (ex->state == X_DONE) {
@@ -749,7 +956,10 @@ void exchange_free(struct exchange *ex)
 	evtimer_del(&ex->deadline_ev);
 	evtimer_del(&ex->backoff_ev);
 	evtimer_del(&ex->fault_ev);
+	evtimer_del(&ex->hold_ev);
 	loop_buf_put(ex->loop, ex->rb.buf);
+	free(ex->req_trailers);
+	free(ex->req_tmem);
 	idem_job_free(ex->idem);
 	runtime_unref(ex->rt);
 	atomic_fetch_sub(&g_gstats[ex->loop->id].exchanges_active, 1);

@@ -17,6 +17,7 @@ struct loop;
 struct runtime;
 struct cfg_listener;
 struct http_head;
+struct http_hdr;
 struct evbuffer;
 struct exchange;
 
@@ -30,6 +31,8 @@ void exchange_start(struct exchange *ex);
 
 /* Request body bytes (decoded): the exchange drains DATA. */
 void exchange_body(struct exchange *ex, struct evbuffer *data);
+/* The request's trailer fields (an HTTP/2 client), before exchange_body_end(); copied. */
+void exchange_trailers(struct exchange *ex, const struct http_hdr *t, int n);
 void exchange_body_end(struct exchange *ex);
 /* How many body bytes the exchange takes now (0: stop reading the client). */
 size_t exchange_body_room(const struct exchange *ex);

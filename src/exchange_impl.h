@@ -93,6 +93,22 @@ struct exchange {
 	int64_t att_t0_us;              /* when the current attempt started (its delay included) */
 	struct http_head fault_head;    /* abort's response, as if the upstream had sent it */
 	struct http_hdr fault_hdrs[2];
+
+	/* SPEC §10: a gRPC call. A 200 head without END_STREAM names no outcome yet: it is held
+	 * (grpc_wait) until DATA commits the call or trailers with no DATA name its grpc-status. */
+	bool grpc;
+	bool idem_path;                 /* the path is one of retry.idempotent_paths (rule 4) */
+	bool grpc_wait;
+	struct saved_response held;     /* the held head (deep copy: the transport's goes away) */
+	struct event hold_ev;           /* the per-try timeout while it is held */
+	int att_grpc;                   /* the current attempt's grpc-status; -1: none */
+	int64_t pushback_us;            /* its grpc-retry-pushback-ms: -1 none, -2 "do not retry" */
+	int client_grpc;                /* the grpc-status the client got; -1: none (yet) */
+	struct http_hdr *req_trailers;  /* the client's request trailers (HTTP/2 to HTTP/2), copied */
+	int nreq_trailers;
+	char *req_tmem;
+	const struct http_hdr *dec_trailers;    /* the trailers ex_decide() is judging, or NULL */
+	int dec_ntrailers;
 };
 
 /* exchange.c */
@@ -119,6 +135,7 @@ void ex_relay_saved(struct exchange *ex, enum refusal reason);
 void ex_deliver_last(struct exchange *ex);
 void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_head *h);
 void ex_relay_informational(struct exchange *ex, const struct http_head *h);
+void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n);
 
 /* exchange_fault.c */
 const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now);

@@ -13,6 +13,7 @@
 #include "attempt.h"
 #include "clock.h"
 #include "exchange_impl.h"
+#include "grpc.h"
 #include "idem_job.h"
 #include "loop.h"
 #include "reconcile.h"
@@ -65,7 +66,12 @@ void ex_end(struct exchange *ex)
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
-	if (idem_job_settle(ex->idem, ex->last_att_status, ex->reached, ex->resp_complete))
+	saved_clear(&ex->held);
+	ex->grpc_wait = false;
+	evtimer_del(&ex->hold_ev);
+	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
+	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
+	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached, ex->resp_complete))
 		STAT_INC(ex->us->idem[IS_STORED]);
 }
 
@@ -108,8 +114,11 @@ void ex_count_end(struct exchange *ex, int64_t now)
 		STAT_INC(g_gstats[ex->loop->id].requests[c]);
 	if (ex->us && ex->attempts > 0)
 		stats_observe_duration(ex->us, now - ex->t0_us);
+	/* a gRPC error travels in a 200: its status says whether the call failed (SPEC §11's
+	 * success rate counts it as a 5xx) */
+	bool failed = ex->resp_status >= 500 || (ex->client_grpc >= 0 && !grpc_definite(ex->client_grpc));
 	if (ex->us && ex->resp_status > 0)
-		stats_window_response(ex->us, now, ex->resp_status >= 500);
+		stats_window_response(ex->us, now, failed);
 	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
 	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT)) {
 		STAT_INC(ex->us->unknown_outcomes);
@@ -133,8 +142,18 @@ void ex_finish_error(struct exchange *ex, int status, const char *reason, bool c
                          const char *retry_after)
 {
 	struct made_response m;
-	respond_error(&m, status, reason, ex->up ? ex->up->name : "", ex->attempts, own_refusal(ex),
-	              retry_after, close || ex->close_after || ex_body_left_unread(ex, true));
+	bool cl = close || ex->close_after || ex_body_left_unread(ex, true);
+	if (ex->grpc) {
+		/* SPEC §10: a gRPC client gets a gRPC error (Trailers-Only), never a bare HTTP one */
+		respond_grpc_error(&m, reason, ex->up ? ex->up->name : "", ex->attempts, own_refusal(ex));
+		m.head.close = cl;
+		int pb;
+		ex->client_grpc = grpc_status_for_reason(reason, &pb);
+		status = 200;
+	} else {
+		respond_error(&m, status, reason, ex->up ? ex->up->name : "", ex->attempts,
+		              own_refusal(ex), retry_after, cl);
+	}
 	respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])), ex->reqid);
 	ex->resp_status = status;
 	ex->log.reason = reason;
@@ -154,6 +173,9 @@ void ex_send_head(struct exchange *ex, const struct http_head *h, enum refusal r
 	struct relayed_head rh;
 	respond_relayed(&rh, h, ex->attempts, refused, ex->close_after, false);
 	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
+	rh.head.end_stream = h->end_stream;     /* Trailers-Only stays Trailers-Only (SPEC §10) */
+	if (h->end_stream && ex->grpc)
+		ex->client_grpc = ex->att_grpc;
 	idem_job_record_head(ex->idem, &rh.head);
 	ex->head_sent = true;
 	ex->resp_status = h->status;
@@ -180,6 +202,15 @@ void ex_relay_from(struct exchange *ex, struct attempt *a, const struct http_hea
 	ex_send_head(ex, h, reason);
 }
 
+/* Trailer fields after the body (HTTP/2 to HTTP/2; the HTTP/1 codec drops them). */
+void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n)
+{
+	if (ex->grpc)
+		ex->client_grpc = ex->att_grpc;
+	idem_job_record_trailers(ex->idem, t, n);
+	ex->rsp.trailers(ex->rsp.arg, t, n);
+}
+
 void ex_relay_complete(struct exchange *ex)
 {
 	ex->resp_complete = true;
@@ -189,12 +220,16 @@ void ex_relay_complete(struct exchange *ex)
 void ex_relay_saved(struct exchange *ex, enum refusal reason)
 {
 	struct saved_response *s = &ex->saved;
-	if (s->complete)
+	if (s->complete && s->ntrailers == 0)
 		s->h.content_length = (int64_t)evbuffer_get_length(s->body);
+	if (ex->grpc)
+		ex->att_grpc = s->grpc_status;      /* the status the client gets is the kept one's */
 	ex_set_state(ex, X_RELAY);
 	ex_send_head(ex, &s->h, reason);
 	ex_relay_body(ex, s->body);
 	if (s->complete) {
+		if (s->ntrailers > 0)
+			ex_relay_trailers(ex, s->trailers, s->ntrailers);
 		ex_relay_complete(ex);
 		return;
 	}

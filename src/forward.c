@@ -9,6 +9,7 @@
 #include <event2/buffer.h>
 
 #include "forward.h"
+#include "grpc.h"
 #include "h1_write.h"
 #include "http.h"
 #include "util.h"
@@ -121,7 +122,9 @@ static void deadline_fields(const struct forward_req *f, struct sink *k)
 	int n = deadline_format(DL_X_TIMEOUT_MS, f->wait_us, v, sizeof(v));
 	PUT_STR(k, "X-Timeout-Ms", v, (size_t)(n > 0 ? n : 0));
 	for (int i = 1; i < DL_NKINDS; i++) {
-		if (!f->dl_present[i])
+		/* SPEC §10: a gRPC server enforces the deadline natively only if it is told in its
+		 * own header, so every attempt of a call carries one, sent or not by the client */
+		if (!f->dl_present[i] && !(f->grpc && i == DL_GRPC_TIMEOUT))
 			continue;
 		n = deadline_format((enum dl_kind)i, f->wait_us, v, sizeof(v));
 		put(k, deadline_header_name[i], strlen(deadline_header_name[i]), v,
@@ -160,6 +163,8 @@ static void fields(const struct forward_req *f, struct sink *k)
 			continue;   /* an HTTP/2 client's pseudo-headers are ours to rebuild */
 		if (!f->nested && NAMED(h, "X-Retrygate-Attempt"))
 			continue;
+		if (f->grpc && !f->nested && NAMED(h, "grpc-previous-rpc-attempts"))
+			continue;   /* ours below: this hop's count, not the client's */
 		if (NAMED(h, "X-Forwarded-For")) {
 			if (xff)
 				PUT_STR(k, "X-Forwarded-For", xff->value, xff->vlen);
@@ -183,6 +188,9 @@ static void fields(const struct forward_req *f, struct sink *k)
 	deadline_fields(f, k);
 	if (!f->nested)
 		PUT_INT(k, "X-Retrygate-Attempt", f->attempt);
+	/* gRFC A6's own marker, so the server (and its metrics) see a retry as gRPC names it */
+	if (f->grpc && !f->nested && f->attempt > 1)
+		PUT_INT(k, "grpc-previous-rpc-attempts", f->attempt - 1);
 }
 
 void forward_h1_head(const struct forward_req *f, struct evbuffer *b)
@@ -239,7 +247,9 @@ void forward_h2_headers(const struct forward_req *f, bool up_tls, struct forward
 	nv_add(out, ":authority", 10, host, hlen, NULL, 0, NULL, 0);
 	nv_add(out, ":path", 5, r->path, r->path_len, NULL, 0, NULL, 0);
 	fields(f, &k);
-	if (te_trailers(r))
+	/* gRPC servers refuse a call without it (it says the client reads trailers); exactly
+	 * one, the client's own TE being hop-by-hop and dropped above */
+	if (f->grpc || te_trailers(r))
 		PUT_STR(&k, "te", "trailers", 8);
 	framing(f, &k);
 	for (size_t i = 0; i < out->n; i++) {

@@ -35,8 +35,10 @@ struct forward_req {
 	bool streamed;                  /* body streamed: the client's framing (length or chunked),
 	                                 * and its Expect: 100-continue goes along */
 	int64_t body_len;               /* buffered body: Content-Length (if any body or framing) */
-	bool grpc;                      /* SPEC §10 markers: te: trailers, grpc-timeout (wait_us),
-	                                 * grpc-previous-rpc-attempts on attempt > 1 */
+	bool grpc;                      /* SPEC §10 markers: exactly one te: trailers, grpc-timeout
+	                                 * = grpc_timeout_format(wait_us) replacing the client's,
+	                                 * and unless nested grpc-previous-rpc-attempts: attempt-1
+	                                 * on attempt > 1 (the client's dropped) */
 };
 
 #define FORWARD_ID_MAX 132

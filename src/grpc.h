@@ -49,9 +49,11 @@ const char *grpc_status_name(int code);
 /* The code named NAME (N bytes), or -1. "ok" is a name like the others. */
 int grpc_status_by_name(const char *name, size_t n);
 
-/* grpc-timeout for US microseconds (>= 0): at most 8 digits and a unit; milliseconds ("950m")
- * when it fits, else seconds, minutes, hours (rounded down; never 0 of a unit above "m" when
- * fewer would do). Writes a NUL-terminated string, returns its length. */
+/* grpc-timeout for US microseconds (a negative one counts as 0): at most 8 digits and a unit;
+ * milliseconds ("950m") when it fits, else seconds, minutes, hours (rounded down, capped at
+ * "99999999H"); 0 is "0m". Between 1 and 999 µs it is microseconds ("999u"): "0m" would tell
+ * the server the call has already expired. Writes a NUL-terminated string, returns its
+ * length. */
 size_t grpc_timeout_format(int64_t us, char out[16]);
 
 /* grpc-retry-pushback-ms: a non-negative decimal integer of milliseconds gives true with *US

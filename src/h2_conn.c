@@ -61,6 +61,9 @@ struct h2_stream {
 	struct evbuffer *body;          /* referenced replayable body, read from body_off */
 	size_t body_off;
 	struct evbuffer *pending;       /* streamed body not yet taken by nghttp2 */
+	nghttp2_nv *tnv;                /* request trailers, sent when the body ends */
+	size_t ntnv;
+	char *tmem;
 	int status;
 	TAILQ_ENTRY(h2_stream) link;
 };
@@ -217,7 +220,45 @@ static void stream_free_cb(void *p)
 {
 	struct h2_stream *s = p;
 	s->magic = 0;
+	free(s->tnv);
+	free(s->tmem);
 	free(s);
+}
+
+/* Keep a copy of the request trailers T[N] (names lowercase, pseudo-fields skipped). */
+static void keep_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
+{
+	if (s->tnv || n <= 0)
+		return;
+	size_t bytes = 0;
+	for (int i = 0; i < n; i++)
+		bytes += t[i].nlen + t[i].vlen;
+	char *p = s->tmem = xmalloc(bytes + 1);
+	s->tnv = xcalloc((size_t)n, sizeof(*s->tnv));
+	for (int i = 0; i < n; i++) {
+		if (t[i].nlen == 0 || t[i].name[0] == ':')
+			continue;
+		nghttp2_nv *v = &s->tnv[s->ntnv++];
+		v->name = (uint8_t *)p;
+		for (uint32_t j = 0; j < t[i].nlen; j++)
+			*p++ = (char)(t[i].name[j] >= 'A' && t[i].name[j] <= 'Z' ? t[i].name[j] + 32
+			                                                         : t[i].name[j]);
+		v->namelen = t[i].nlen;
+		memcpy(p, t[i].value, t[i].vlen);
+		v->value = (uint8_t *)p;
+		v->valuelen = t[i].vlen;
+		p += t[i].vlen;
+		v->flags = NGHTTP2_NV_FLAG_NONE;
+	}
+}
+
+/* The request body is all out: END_STREAM on the last DATA, or the trailers carry it. */
+static void body_eof(struct h2_conn *c, struct h2_stream *s, uint32_t *flags)
+{
+	*flags |= NGHTTP2_DATA_FLAG_EOF;
+	if (s && s->ntnv > 0 &&
+	    nghttp2_submit_trailer(c->ng, s->id, s->tnv, s->ntnv) == 0)
+		*flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
 }
 
 /* Take S off its connection: no callback reaches its owner after this. */
@@ -635,7 +676,7 @@ static ssize_t body_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 	MAGIC_CHECK(c, H2C_MAGIC);
 	struct h2_stream *s = find(c, id);
 	if (!s) {
-		*flags |= NGHTTP2_DATA_FLAG_EOF;
+		body_eof(c, NULL, flags);
 		return 0;
 	}
 	size_t n = 0;
@@ -659,7 +700,7 @@ static ssize_t body_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 	}
 	if (!s->streaming || s->body_ended) {
 		if (!s->pending || evbuffer_get_length(s->pending) == 0)
-			*flags |= NGHTTP2_DATA_FLAG_EOF;
+			body_eof(c, s, flags);
 		return (ssize_t)n;
 	}
 	if (n == 0) {
@@ -924,14 +965,18 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	s->streaming = o->streaming;
 	if (o->streaming)
 		s->pending = loop_buf_get(l);
+	keep_trailers(s, o->trailers, o->ntrailers);
 	nghttp2_data_provider dp = { .source.ptr = s, .read_callback = body_read_cb };
-	bool has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0);
+	bool has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0) ||
+	                s->ntnv > 0;
 	nghttp2_nv local[NV_LOCAL];
 	const nghttp2_nv *nv = never_index(local, o->nv, o->nvlen);
 	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, NULL);
 	if (id < 0) {
 		if (s->pending)
 			loop_buf_put(l, s->pending);
+		free(s->tnv);
+		free(s->tmem);
 		free(s);
 		if (c->nstreams == 0 && c->state != C_DEAD)
 			conn_fail(c, "cannot submit", true);
@@ -974,6 +1019,13 @@ void h2_stream_send_body(struct h2_stream *s, struct evbuffer *data)
 		nghttp2_session_resume_data(s->c->ng, s->id);
 	}
 	conn_flush(s->c);
+}
+
+void h2_stream_send_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
+{
+	if (s->state == H_CLOSED || s->body_ended)
+		return;
+	keep_trailers(s, t, n);
 }
 
 void h2_stream_body_end(struct h2_stream *s)

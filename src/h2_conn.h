@@ -48,6 +48,9 @@ struct h2_open {
 	size_t nvlen;
 	struct evbuffer *body;          /* complete body (referenced, not drained) or NULL */
 	bool streaming;                 /* more body through h2_stream_send_body() */
+	const struct http_hdr *trailers;    /* request trailers (copied), or NULL: SPEC §9 relays
+	                                     * them between HTTP/2 peers */
+	int ntrailers;
 	int64_t connect_timeout_us;     /* for a connection this stream makes us open */
 	SSL_CTX *tls;                   /* NULL: cleartext, prior knowledge */
 	const char *sni;
@@ -64,6 +67,8 @@ bool h2_stream_sent(const struct h2_stream *s);
 
 void h2_stream_send_body(struct h2_stream *s, struct evbuffer *data);
 void h2_stream_body_end(struct h2_stream *s);
+/* Trailer fields to send after the streamed body (copied; before h2_stream_body_end). */
+void h2_stream_send_trailers(struct h2_stream *s, const struct http_hdr *t, int n);
 size_t h2_stream_pending(const struct h2_stream *s);
 /* N bytes of DATA were taken by the owner: open the flow-control windows by as much. */
 void h2_stream_consume(struct h2_stream *s, size_t n);

@@ -163,9 +163,13 @@ static void rsp_head(void *arg, const struct resp_head *h)
 	if (s->state == H_CLOSED || st->head_sent)
 		return;
 	st->head_sent = true;
-	st->bodyless = st->head.method_head || h->status == 204 || h->status == 304;
+	st->bodyless = st->head.method_head || h->status == 204 || h->status == 304 || h->end_stream;
+	/* a head that ends the stream (gRPC Trailers-Only) is the whole response: resp_eof
+	 * already, so that end() adds nothing to it; no length, no data provider */
+	if (h->end_stream)
+		st->resp_eof = true;
 	char status[4], cl[24];
-	size_t n = head_block(s, h, status, cl,
+	size_t n = head_block(s, h, status, cl, !h->end_stream &&
 	                      h->status >= 200 && h->status != 204 && h->content_length >= 0);
 	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = h2s_data_read_cb };
 	nghttp2_submit_response(s->ng, st->id, s->nv, n, st->bodyless ? NULL : &prd);
@@ -199,8 +203,8 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 {
 	struct h2_stream *st = arg;
 	MAGIC_CHECK(st, H2ST_MAGIC);
-	if (st->s->state == H_CLOSED || st->trailers || n <= 0)
-		return;
+	if (st->s->state == H_CLOSED || st->trailers || st->bodyless || n <= 0)
+		return;     /* bodyless: no DATA will carry them out (a head that ended the stream) */
 	/* kept until the last DATA is packed (h2s_data_read_cb submits them) */
 	size_t bytes = 0;
 	for (int i = 0; i < n; i++)
@@ -229,6 +233,14 @@ void h2s_rsp_end(void *arg, bool complete, bool close)
 	st->ex_done = true;
 	if (s->state == H_CLOSED)
 		return;
+	if (st->head_sent && st->resp_eof) {
+		/* the head ended the stream: nothing to cut or resume; a client still sending is
+		 * reset after it (NO_ERROR) as for any response that closes */
+		if (close && !st->req_end)
+			st->rst_after = true;
+		h2s_kick(s);
+		return;
+	}
 	if (!complete || !st->head_sent) {
 		/* never END_STREAM on a cut response: the client must not take it as complete */
 		st->cut = true;

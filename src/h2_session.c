@@ -28,6 +28,7 @@
 #include "clock.h"
 #include "config.h"
 #include "exchange.h"
+#include "grpc.h"
 #include "h2_guard.h"
 #include "h2_session.h"
 #include "h2_session_impl.h"
@@ -119,6 +120,7 @@ static void stream_destroy(struct h2_stream *st)
 	free(st->trailers);
 	loop_buf_put(s->loop, st->req_in);
 	loop_buf_put(s->loop, st->resp);
+	loop_buf_put(s->loop, st->req_trailers);
 	st->req_in = st->resp = NULL;
 	loop_defer_free(s->loop, stream_free_cb, st);
 }
@@ -161,7 +163,10 @@ static void stream_refuse(struct h2_stream *st, int status, const char *reason)
 	accesslog_write(&r);
 	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
 	struct made_response m;
-	respond_error(&m, status, reason, "", 0, NULL, NULL, true);
+	if (st->grpc)
+		respond_grpc_error(&m, reason, "", 0, NULL);    /* SPEC §10 */
+	else
+		respond_error(&m, status, reason, "", 0, NULL, NULL, true);
 	struct responder rsp = h2_responder;
 	rsp.arg = st;
 	respond_send(&rsp, &m.head, m.body, m.body_len);
@@ -247,6 +252,23 @@ static void stream_start(struct h2_stream *st)
 	exchange_start(st->ex);
 }
 
+/* The kept request trailers go to the exchange (before its body ends). */
+static void deliver_request_trailers(struct h2_stream *st)
+{
+	const char *p = (const char *)evbuffer_pullup(st->req_trailers, -1);
+	struct http_hdr t[HTTP_MAX_HEADERS];
+	int n = 0;
+	for (; n < st->nreq_trailers; n++) {
+		uint32_t lens[2];
+		memcpy(lens, p, sizeof(lens));
+		p += sizeof(lens);
+		t[n] = (struct http_hdr){ .name = p, .nlen = lens[0], .value = p + lens[0],
+		                          .vlen = lens[1] };
+		p += lens[0] + lens[1];
+	}
+	exchange_trailers(st->ex, t, n);
+}
+
 /* Request body bytes go to the exchange as it takes them, and only then are consumed
  * (WINDOW_UPDATE): a stalled upstream stalls this stream, nothing else. */
 static void stream_pump(struct h2_session *s, struct h2_stream *st)
@@ -270,7 +292,10 @@ static void stream_pump(struct h2_session *s, struct h2_stream *st)
 	}
 	if (st->req_end && left == 0 && !st->body_end_sent && st->ex && !st->ex_done) {
 		st->body_end_sent = true;
-		exchange_body_end(st->ex);
+		if (st->nreq_trailers > 0)
+			deliver_request_trailers(st);
+		if (!st->ex_done)
+			exchange_body_end(st->ex);
 	}
 }
 
@@ -496,14 +521,38 @@ static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
 	st->rc[st->nrc++] = b;
 }
 
+/* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
+ * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
+ * upstream; past that the rest is dropped. */
+static void keep_request_trailer(struct h2_session *s, struct h2_stream *st, nghttp2_rcbuf *name,
+                                 nghttp2_rcbuf *value)
+{
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	st->req_trailer_bytes += nv.len + vv.len + 32;
+	if (st->req_trailer_bytes > (size_t)s->lcfg->limits.max_header_bytes ||
+	    st->nreq_trailers >= HTTP_MAX_HEADERS)
+		return;
+	if (!st->req_trailers)
+		st->req_trailers = loop_buf_get(s->loop);
+	uint32_t lens[2] = { (uint32_t)nv.len, (uint32_t)vv.len };
+	evbuffer_add(st->req_trailers, lens, sizeof(lens));
+	evbuffer_add(st->req_trailers, nv.base, nv.len);
+	evbuffer_add(st->req_trailers, vv.base, vv.len);
+	st->nreq_trailers++;
+}
+
 static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rcbuf *name,
                      nghttp2_rcbuf *value, uint8_t flags, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
 	struct h2_stream *st = stream_of(s, frame->hd.stream_id);
-	if (!st || st->head_done || st->malformed || st->refused)
-		return 0;               /* request trailers: dropped (no upstream takes them yet) */
+	if (!st || st->malformed || st->refused)
+		return 0;
+	if (st->head_done) {
+		keep_request_trailer(s, st, name, value);
+		return 0;
+	}
 	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
 	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
 	size_t nl = nv.len, vl = vv.len;
@@ -549,6 +598,8 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 		}
 		return 0;
 	}
+	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
+		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
 	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
 		int64_t cl = parse_length(v, vl);
 		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))
@@ -840,6 +891,12 @@ static void read_cb(struct stream *bev, void *arg)
 			if (n == NGHTTP2_ERR_FLOODED) {
 				/* replies the client does not read piled up past nghttp2's bound */
 				defence(s, H2E_FLOOD, "nghttp2: flooding detected");
+				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			} else if (n == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) {
+				/* nghttp2's own CONTINUATION count (CVE-2024-28182) can stop a
+				 * block of many small frames before the guard's byte count does,
+				 * when they arrive one read at a time: the same defence (SPEC §9) */
+				defence(s, H2E_HEADER_BLOCK, "header block: too many CONTINUATION frames");
 				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
 			} else {
 				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));

@@ -66,6 +66,7 @@ struct h2_stream {
 	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
 	const char *refuse_reason;
 	bool malformed, head_done;
+	bool grpc;                      /* its content-type is gRPC: refusals are gRPC errors */
 	bool oversize;                  /* over max_header_bytes: nothing more of it is kept */
 	bool refused;                   /* beyond max_concurrent_streams: REFUSED_STREAM */
 	struct exchange *ex;
@@ -77,6 +78,10 @@ struct h2_stream {
 	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
 	nghttp2_nv *trailers;            /* the list, then the bytes it points to: one block */
 	size_t ntrailers;
+	struct evbuffer *req_trailers;  /* the request's trailer fields, (nlen, vlen, name, value)
+	                                 * each, for an HTTP/2 upstream (SPEC §9); or NULL */
+	int nreq_trailers;
+	size_t req_trailer_bytes;
 };
 
 struct h2_session {

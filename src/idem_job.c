@@ -22,10 +22,12 @@ struct idem_job {
 	idem_claim_fn fn;
 	void *arg;
 	bool owns;                      /* this request claimed the key */
-	bool overflow;                  /* the body outgrew max_response: relayed, not stored */
+	bool overflow;                  /* body + trailers outgrew max_response: relayed, not
+	                                 * stored */
 	int status;
 	struct evbuffer *hdrs;          /* "Name: value\r\n" lines */
 	struct evbuffer *body;
+	struct evbuffer *trailers;      /* the same lines; NULL until trailers come */
 };
 
 bool idem_job_applies(const struct cfg_idempotency *ic, const char *method, bool has_key)
@@ -89,6 +91,44 @@ static bool ours(const struct http_hdr *x)
 	       str_ieq(x->name, x->nlen, "X-Retrygate-Retry-Refused", 25);
 }
 
+/* Fields no replay may carry in a trailer block: pseudo-headers, and what RFC 9113 §8.2.2
+ * calls connection-specific (an HTTP/2 peer would take the replay as malformed). */
+static bool not_a_trailer(const struct http_hdr *x)
+{
+	static const char *const conn[] = { "connection", "keep-alive", "proxy-connection",
+	                                    "transfer-encoding", "upgrade", "te" };
+	if (x->hop || x->nlen == 0 || x->name[0] == ':')
+		return true;
+	for (size_t i = 0; i < sizeof conn / sizeof *conn; i++)
+		if (str_ieq(x->name, x->nlen, conn[i], strlen(conn[i])))
+			return true;
+	return false;
+}
+
+static void add_line(struct evbuffer *b, const struct http_hdr *x)
+{
+	evbuffer_add(b, x->name, x->nlen);
+	evbuffer_add(b, ": ", 2);
+	evbuffer_add(b, x->value, x->vlen);
+	evbuffer_add(b, "\r\n", 2);
+}
+
+/* Body and trailer bytes kept so far: what max_response bounds. */
+static size_t kept(const struct idem_job *j)
+{
+	return evbuffer_get_length(j->body) + (j->trailers ? evbuffer_get_length(j->trailers) : 0);
+}
+
+/* Past max_response the response is relayed but not stored: drop what was kept (it will
+ * never be used) so a large response costs no memory here. */
+static void overflow(struct idem_job *j)
+{
+	j->overflow = true;
+	evbuffer_drain(j->body, evbuffer_get_length(j->body));
+	if (j->trailers)
+		evbuffer_drain(j->trailers, evbuffer_get_length(j->trailers));
+}
+
 void idem_job_record_head(struct idem_job *j, const struct resp_head *h)
 {
 	if (!idem_job_owns(j))
@@ -99,10 +139,7 @@ void idem_job_record_head(struct idem_job *j, const struct resp_head *h)
 		const struct http_hdr *x = &h->hdrs[i];
 		if (x->hop || ours(x))
 			continue;
-		evbuffer_add(j->hdrs, x->name, x->nlen);
-		evbuffer_add(j->hdrs, ": ", 2);
-		evbuffer_add(j->hdrs, x->value, x->vlen);
-		evbuffer_add(j->hdrs, "\r\n", 2);
+		add_line(j->hdrs, x);
 	}
 }
 
@@ -111,14 +148,35 @@ void idem_job_record_body(struct idem_job *j, struct evbuffer *data)
 	if (!idem_job_owns(j) || j->overflow)
 		return;
 	size_t n = evbuffer_get_length(data);
-	if (evbuffer_get_length(j->body) + n > (size_t)j->ic->max_response) {
-		j->overflow = true;     /* relayed, not stored: the key stays claimed */
+	if (kept(j) + n > (size_t)j->ic->max_response) {
+		overflow(j);
 		return;
 	}
 	evbuffer_add(j->body, evbuffer_pullup(data, -1), n);
 }
 
-bool idem_job_settle(struct idem_job *j, int last_status, bool reached, bool complete)
+void idem_job_record_trailers(struct idem_job *j, const struct http_hdr *t, int n)
+{
+	if (!idem_job_owns(j) || j->overflow)
+		return;
+	struct evbuffer *b = evbuffer_new();
+	for (int i = 0; i < n; i++)
+		if (!not_a_trailer(&t[i]))
+			add_line(b, &t[i]);
+	/* one trailer block per response (responder.h); a second would replace the first */
+	if (j->trailers)
+		evbuffer_free(j->trailers);
+	j->trailers = NULL;
+	if (kept(j) + evbuffer_get_length(b) > (size_t)j->ic->max_response) {
+		evbuffer_free(b);
+		overflow(j);
+		return;
+	}
+	j->trailers = b;
+}
+
+bool idem_job_settle(struct idem_job *j, int last_status, int grpc_status, bool reached,
+                     bool complete)
 {
 	if (!j)
 		return false;
@@ -130,16 +188,20 @@ bool idem_job_settle(struct idem_job *j, int last_status, bool reached, bool com
 		return false;
 	j->owns = false;
 	const struct cfg_idempotency *ic = j->ic;
-	int64_t blen = (j->overflow || !complete) ? -1 : (int64_t)evbuffer_get_length(j->body);
-	switch (idem_disposition(last_status, reached, blen, ic->max_response)) {
+	int64_t len = (j->overflow || !complete) ? -1 : (int64_t)kept(j);
+	switch (idem_disposition(last_status, grpc_status, reached, len, ic->max_response)) {
 	case IDEM_AFTER_STORE: {
 		struct idem_response resp = {
 			.status = last_status,
 			.headers = (const char *)evbuffer_pullup(j->hdrs, -1),
 			.headers_len = evbuffer_get_length(j->hdrs),
 			.body = (const char *)evbuffer_pullup(j->body, -1),
-			.body_len = (size_t)blen,
+			.body_len = evbuffer_get_length(j->body),
 		};
+		if (j->trailers) {
+			resp.trailers = (const char *)evbuffer_pullup(j->trailers, -1);
+			resp.trailers_len = evbuffer_get_length(j->trailers);
+		}
 		idem_complete(j->store, &j->key, &resp, ic->ttl_us);
 		return true;
 	}
@@ -165,5 +227,7 @@ void idem_job_free(struct idem_job *j)
 		evbuffer_free(j->hdrs);
 	if (j->body)
 		evbuffer_free(j->body);
+	if (j->trailers)
+		evbuffer_free(j->trailers);
 	free(j);
 }

@@ -20,14 +20,18 @@ struct idem_key {
 };
 
 /* A response as relayed to the client: status, the header lines exactly as sent
- * ("Name: value\r\n" each, without framing headers or the blank line), and the body. A view:
- * the store copies what it keeps; what it hands out is valid only during the callback. */
+ * ("Name: value\r\n" each, without framing headers or the blank line), the body, and the
+ * trailer fields that followed it (HTTP/2, gRPC's grpc-status: the same line format; none for
+ * most responses). A view: the store copies what it keeps; what it hands out is valid only
+ * during the callback. */
 struct idem_response {
 	int status;                 /* 100-599 */
 	const char *headers;
 	size_t headers_len;
 	const char *body;
 	size_t body_len;
+	const char *trailers;       /* NULL or "" with trailers_len 0: none */
+	size_t trailers_len;
 };
 
 enum idem_result {

@@ -7,6 +7,7 @@
  * fingerprint. The registry is one mutex-protected list: handles are few (stores x workers)
  * and looked up rarely enough (per request at most) that a list walk is nothing.
  */
+#include "grpc.h"
 #include "idempotency.h"
 #include "store.h"
 #include "util.h"
@@ -119,12 +120,15 @@ void idem_fingerprint(unsigned char out[32], const char *method, size_t method_l
 
 /* ------------------------------------------------------------------ policy */
 
-enum idem_after idem_disposition(int last_status, bool reached, int64_t body_len,
-                                 int64_t max_response)
+enum idem_after idem_disposition(int last_status, int grpc_status, bool reached,
+                                 int64_t stored_len, int64_t max_response)
 {
-	if (last_status > 0 && last_status < 500)
-		return body_len >= 0 && body_len <= max_response ? IDEM_AFTER_STORE : IDEM_AFTER_KEEP;
-	if (last_status >= 500 || reached)
+	/* a gRPC error such as UNAVAILABLE travels under :status 200: the code decides */
+	bool definite = last_status != 200 || grpc_status < 0 || grpc_definite(grpc_status);
+	if (last_status > 0 && last_status < 500 && definite)
+		return stored_len >= 0 && stored_len <= max_response ? IDEM_AFTER_STORE
+		                                                     : IDEM_AFTER_KEEP;
+	if (last_status > 0 || reached)
 		return IDEM_AFTER_EXPIRE;
 	return IDEM_AFTER_RELEASE;
 }

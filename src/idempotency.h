@@ -7,6 +7,7 @@
  *
  *   (none)  --idem_claim------------> CLAIMED(fp)            for lock_timeout
  *   CLAIMED --idem_complete---------> DONE(fp, response)     for ttl  (final status < 500, stored)
+ *                                                                     (gRPC: a definite code)
  *   CLAIMED --idem_keep_claimed-----> KEPT(fp)               for ttl  (response too large to store)
  *   CLAIMED --idem_release----------> (none)                 (provably never reached the upstream)
  *   CLAIMED --lock_timeout passes---> (none)                 (outcome unknown: claimable again)
@@ -80,18 +81,25 @@ enum idem_after {
 	IDEM_AFTER_RELEASE, /* idem_release(): nothing reached the upstream, a repeat may go now */
 };
 
-/* SPEC §6 "the claim follows the last attempt", as a pure function:
+/* SPEC §6 "the claim follows the last attempt", and §10's definite gRPC answers, as a pure
+ * function:
  *   last_status  the last attempt's final response status; 0 when it had none (connect
  *                failure, reset, timeout, cancelled) or no attempt was made;
+ *   grpc_status  that response's grpc-status (from its trailers, or its head for a
+ *                Trailers-Only response), or -1 when it is not a gRPC response;
  *   reached      whether any attempt's request may have reached the upstream (every outcome
  *                but connect-failure and "never sent");
- *   body_len     the response body length when it was fully buffered, -1 when not (streamed
- *                past max_response);
- * STORE when 0 < last_status < 500 and 0 <= body_len <= max_response; KEEP when
- * 0 < last_status < 500 otherwise; RELEASE when no response and !reached; else EXPIRE
- * (a 5xx, or reset/timeout: even if an earlier attempt's response was relayed). */
-enum idem_after idem_disposition(int last_status, bool reached, int64_t body_len,
-                                 int64_t max_response);
+ *   stored_len   the bytes to store, body plus trailers, when they were fully buffered; -1
+ *                when not (streamed past max_response);
+ * STORE when 0 < last_status < 500, the answer is definite and 0 <= stored_len <=
+ * max_response; KEEP when 0 < last_status < 500 and definite otherwise; RELEASE when no
+ * response and !reached; else EXPIRE (a 5xx, or reset/timeout: even if an earlier attempt's
+ * response was relayed). A response is definite unless it is gRPC (grpc_status >= 0) with
+ * :status 200 and a code grpc_definite() refuses (UNAVAILABLE, INTERNAL, ...): that outcome
+ * is unknown exactly as a 5xx, EXPIRE. A gRPC call answered with another :status is an
+ * HTTP outcome (§10), judged by the status alone. */
+enum idem_after idem_disposition(int last_status, int grpc_status, bool reached,
+                                 int64_t stored_len, int64_t max_response);
 
 /* ------------------------------------------------------------------ the store */
 

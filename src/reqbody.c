@@ -37,7 +37,25 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
 		b->mode = BODY_STREAM;  /* a chunked body outgrew replay: it will never be re-sent */
 		return RB_OUTGREW;
 	}
-	if (b->mode == BODY_STREAM && to)
+	if (b->mode == BODY_TEE) {
+		if (b->len > keep_max) {
+			/* outgrew replay: from now on it only streams (without an attempt in flight,
+			 * all of it waits in BUF for the next one) */
+			b->mode = BODY_STREAM;
+			if (!to) {
+				loop_buf_hold(b->buf, data);
+				return RB_TAKEN;
+			}
+			evbuffer_drain(b->buf, evbuffer_get_length(b->buf));
+		} else {
+			evbuffer_add(b->buf, evbuffer_pullup(data, -1), n);     /* the replay copy */
+			if (!to) {
+				evbuffer_drain(data, n);
+				return RB_TAKEN;
+			}
+		}
+	}
+	if ((b->mode == BODY_STREAM || b->mode == BODY_TEE) && to)
 		attempt_send_body(to, data);
 	else
 		evbuffer_drain(data, n);
@@ -47,12 +65,25 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
 void reqbody_end(struct reqbody *b, struct attempt *to)
 {
 	b->done = true;
-	if (b->mode == BODY_STREAM && to)
+	if ((b->mode == BODY_STREAM || b->mode == BODY_TEE) && to)
 		attempt_send_body_end(to);
 }
 
 void reqbody_stream_to(struct reqbody *b, struct attempt *to)
 {
+	if (b->mode == BODY_TEE) {
+		/* a replay: a copy of everything so far, the rest as it comes */
+		size_t n = evbuffer_get_length(b->buf);
+		if (n > 0) {
+			struct evbuffer *copy = evbuffer_new();
+			evbuffer_add(copy, evbuffer_pullup(b->buf, -1), n);
+			attempt_send_body(to, copy);
+			evbuffer_free(copy);
+		}
+		if (b->done)
+			attempt_send_body_end(to);
+		return;
+	}
 	if (b->mode != BODY_STREAM)
 		return;
 	if (evbuffer_get_length(b->buf) > 0)
@@ -63,7 +94,7 @@ void reqbody_stream_to(struct reqbody *b, struct attempt *to)
 
 size_t reqbody_room(const struct reqbody *b, const struct attempt *to)
 {
-	if (b->mode != BODY_STREAM)
+	if (b->mode != BODY_STREAM && b->mode != BODY_TEE)
 		return BUFFER_STEP;
 	if (!to)
 		return 0;

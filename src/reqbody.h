@@ -51,7 +51,7 @@ size_t reqbody_room(const struct reqbody *b, const struct attempt *to);
 /* SPEC §4 rule 5: no body, or one fully buffered and <= MAX. */
 static inline bool reqbody_replayable(const struct reqbody *b, int64_t max)
 {
-	return b->mode != BODY_STREAM && b->len <= max;
+	return b->mode != BODY_STREAM && b->len <= max;    /* BODY_TEE: while it fits */
 }
 /* The connection cannot carry another request: the body was not read whole, unless it still
  * streams to the upstream (OURS: retrygate answers itself, nothing will read the rest). */

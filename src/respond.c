@@ -5,6 +5,7 @@
 
 #include <event2/buffer.h>
 
+#include "grpc.h"
 #include "h1_write.h"
 #include "idempotency.h"
 #include "respond.h"
@@ -87,6 +88,38 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
 	};
 }
 
+void respond_grpc_error(struct made_response *m, const char *reason, const char *upstream,
+                        int attempts, const char *refused)
+{
+	int pushback_ms;
+	int code = grpc_status_for_reason(reason, &pushback_ms);
+	size_t alen = h1_fmt_int(m->attempts, attempts);
+	size_t clen = h1_fmt_int(m->code, code);
+	(void)upstream;
+	m->body_len = 0;
+
+	/* lower-case as gRPC writes them; the HTTP/2 responder lowercases the rest */
+	int k = 0;
+	set_field(&m->fields[k++], "content-type", "application/grpc", 16);
+	set_field(&m->fields[k++], "grpc-status", m->code, clen);
+	/* grpc-message is percent-encoded on the wire; a reason is [a-z-] and needs none */
+	set_field(&m->fields[k++], "grpc-message", reason, strlen(reason));
+	set_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
+	set_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
+	if (refused)
+		set_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+	if (pushback_ms >= 0)
+		set_field(&m->fields[k++], "grpc-retry-pushback-ms", m->pushback,
+		          h1_fmt_int(m->pushback, pushback_ms));
+	m->head = (struct resp_head){
+		.status = 200,
+		.hdrs = m->fields,
+		.nhdrs = k,
+		.content_length = 0,
+		.end_stream = true,
+	};
+}
+
 static bool named(const struct http_hdr *h, const char *name, size_t nlen)
 {
 	return str_ieq(h->name, h->nlen, name, nlen);
@@ -146,12 +179,13 @@ void respond_send(const struct responder *rsp, const struct resp_head *h, const 
 	}
 }
 
-void respond_replay(struct replay_response *m, const struct idem_response *stored)
+/* "Name: value\r\n" lines (as the idempotency job writes them) into at most CAP fields
+ * pointing into P; returns the count. */
+static int parse_lines(const char *p, size_t len, struct http_hdr *out, int cap)
 {
-	/* the stored head is "Name: value\r\n" lines, written by the idempotency job */
-	const char *p = stored->headers, *end = stored->headers + stored->headers_len;
+	const char *end = p + len;
 	int k = 0;
-	while (p < end && k < HTTP_MAX_HEADERS) {
+	while (p < end && k < cap) {
 		const char *eol = memchr(p, '\n', (size_t)(end - p));
 		const char *le = eol ? eol : end;
 		const char *colon = memchr(p, ':', (size_t)(le - p));
@@ -161,7 +195,7 @@ void respond_replay(struct replay_response *m, const struct idem_response *store
 				v++;
 			while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
 				ve--;
-			struct http_hdr *f = &m->fields[k++];
+			struct http_hdr *f = &out[k++];
 			f->name = p;
 			f->nlen = (uint32_t)(colon - p);
 			f->value = v;
@@ -170,15 +204,42 @@ void respond_replay(struct replay_response *m, const struct idem_response *store
 		}
 		p = eol ? eol + 1 : end;
 	}
+	return k;
+}
+
+void respond_replay(struct replay_response *m, const struct idem_response *stored)
+{
+	int k = parse_lines(stored->headers, stored->headers_len, m->fields, HTTP_MAX_HEADERS);
+	bool grpc = false;
+	for (int i = 0; i < k; i++)
+		grpc = grpc || NAMED(&m->fields[i], "grpc-status");
+	m->ntrailers = stored->trailers_len
+	             ? parse_lines(stored->trailers, stored->trailers_len, m->trailers,
+	                           HTTP_MAX_HEADERS)
+	             : 0;
 	set_field(&m->fields[k++], "Idempotency-Replayed", "true", 4);
 	set_field(&m->fields[k++], "X-Retrygate-Attempts", "0", 1);
 	bool bodyless = stored->status == 204 || stored->status == 304;
+	/* Trailers-Only: the status was the whole answer, and it ended the stream (SPEC §10) */
+	bool trailers_only = grpc && stored->body_len == 0 && m->ntrailers == 0;
+	m->body_len = bodyless || trailers_only ? 0 : stored->body_len;
 	m->head = (struct resp_head){
 		.status = stored->status,
 		.hdrs = m->fields,
 		.nhdrs = k,
-		.content_length = bodyless ? -1 : (int64_t)stored->body_len,
+		/* trailers follow a body of no announced length, as they did when relayed */
+		.content_length = bodyless || trailers_only || m->ntrailers ? -1
+		                                                            : (int64_t)stored->body_len,
+		.end_stream = trailers_only,
 	};
+}
+
+void respond_replay_send(const struct responder *rsp, const struct replay_response *m,
+                         const char *body)
+{
+	respond_send(rsp, &m->head, body, m->body_len);
+	if (m->ntrailers)
+		rsp->trailers(rsp->arg, m->trailers, m->ntrailers);
 }
 
 void respond_request_id(struct resp_head *h, struct http_hdr *fields, int cap, const char *reqid)

@@ -23,8 +23,11 @@ const char *respond_status_text(int status);
 
 struct made_response {
 	struct resp_head head;
-	struct http_hdr fields[8];
+	struct http_hdr fields[10];     /* the most a made response has (gRPC: 7), and room for
+	                                 * respond_request_id's X-Request-Id */
 	char attempts[24];
+	char code[8];                   /* gRPC: the grpc-status */
+	char pushback[24];              /* gRPC: grpc-retry-pushback-ms */
 	char body[512];
 	size_t body_len;
 };
@@ -37,7 +40,10 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
 /* The same error to a gRPC request (SPEC §10): :status 200, content-type application/grpc,
  * Trailers-Only (head.end_stream), grpc-status from grpc_status_for_reason(REASON),
  * grpc-message REASON, X-Retrygate-Reason, X-Retrygate-Attempts, X-Retrygate-Retry-Refused
- * when REFUSED, grpc-retry-pushback-ms 1000 for overloaded. No body. */
+ * when REFUSED, grpc-retry-pushback-ms 1000 for overloaded. No body (body_len 0, no length
+ * field). UPSTREAM is not shown: a gRPC client reads only the status and the message.
+ * head.close is false: where §5 closes, the caller sets it (the HTTP/2 responder then resets
+ * a stream the client is still sending, after the response). */
 void respond_grpc_error(struct made_response *m, const char *reason, const char *upstream,
                         int attempts, const char *refused);
 
@@ -62,11 +68,24 @@ void respond_send(const struct responder *rsp, const struct resp_head *h, const 
 struct replay_response {
 	struct resp_head head;
 	struct http_hdr fields[HTTP_MAX_HEADERS + 3];
+	struct http_hdr trailers[HTTP_MAX_HEADERS];
+	int ntrailers;
+	size_t body_len;            /* the body bytes to send: 0 when the head says there is none */
 };
 
 /* A stored idempotent response (§6), with Idempotency-Replayed: true and
- * X-Retrygate-Attempts: 0; STORED stays referenced. */
+ * X-Retrygate-Attempts: 0 in its head, and its trailers (§10: gRPC's grpc-status) parsed into
+ * TRAILERS. A response with trailers goes out as it was relayed, without a Content-Length,
+ * the trailers after the body; one with neither body nor trailers whose head carries
+ * grpc-status is gRPC Trailers-Only (head.end_stream); a 204 or 304 has no body. STORED stays
+ * referenced. */
 void respond_replay(struct replay_response *m, const struct idem_response *stored);
+
+/* Sends M (after respond_replay, and respond_request_id on its head) through RSP: the head,
+ * M->body_len bytes of BODY (the stored body), then the trailers if any. end() is the
+ * caller's. */
+void respond_replay_send(const struct responder *rsp, const struct replay_response *m,
+                         const char *body);
 
 /* Every response to a request carries its X-Request-Id (the client's, else the one retrygate
  * made and sent upstream), so a caller that got a 502 can find its record (SPEC §12): any

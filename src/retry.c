@@ -94,7 +94,8 @@ int64_t retry_backoff(const struct cfg_retry *r, int n, uint64_t rand)
 	return (int64_t)(((unsigned __int128)rand * ((uint64_t)cap + 1)) >> 64);
 }
 
-/* Rule 1: the outcome is in retry.on (else no retry and no refusal), and retries are on. */
+/* Rule 1: the outcome is in retry.on (else no retry and no refusal), and retries are on. A
+ * gRPC outcome is its grpc-status (SPEC §10): the :status 200 it came with is not judged. */
 static enum refusal rule_listed(const struct cfg_retry *r, const struct retry_facts *f)
 {
 	bool listed = false;
@@ -102,7 +103,9 @@ static enum refusal rule_listed(const struct cfg_retry *r, const struct retry_fa
 	case OUT_CONNECT_FAILURE: listed = r->on_flags & RETRY_ON_CONNECT_FAILURE; break;
 	case OUT_RESET:           listed = r->on_flags & RETRY_ON_RESET; break;
 	case OUT_TIMEOUT:         listed = r->on_flags & RETRY_ON_TIMEOUT; break;
-	case OUT_STATUS:          listed = cfg_retry_on_status(r, f->status); break;
+	case OUT_STATUS:
+		listed = f->grpc ? cfg_retry_on_grpc(r, f->grpc_status) : cfg_retry_on_status(r, f->status);
+		break;
 	case OUT_NONE:            break;
 	}
 	if (!listed)
@@ -147,10 +150,14 @@ static enum refusal rule_body(const struct retry_facts *f)
 
 /* Rule 6 for a wait of WAIT_US from now: the start is never before the endpoint's hold. The
  * hint and the hold are judged against retry_after.max by how far ahead they lie, the start
- * against the deadline less deadline.min. On RR_NONE sets *start_us. */
+ * against the deadline less deadline.min. A grpc-retry-pushback-ms that is negative or
+ * malformed is the server saying "do not retry" (SPEC §10): retry-after, whatever the
+ * deadline. On RR_NONE sets *start_us. */
 static enum refusal rule_wait(const struct cfg_retry *r, const struct cfg_deadline *d,
                               const struct retry_facts *f, int64_t wait_us, int64_t *start_us)
 {
+	if (f->pushback_refuse)
+		return RR_RETRY_AFTER;
 	int64_t start = sat_add(f->now_us, wait_us);
 	if (f->hold_until_us > start)
 		start = f->hold_until_us;
@@ -192,9 +199,10 @@ enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *
 		return why;
 	/* The wait before retry n = attempts is the Retry-After hint when there is a positive
 	 * one (it replaces the backoff), else the jittered backoff: "Retry-After: 0 or a past
-	 * date means no wait beyond the backoff", so a hint of 0 does not skip the jitter. */
-	int64_t wait = f->retry_after_us > 0 ? f->retry_after_us
-	                                     : retry_backoff(r, f->attempts, f->rand);
+	 * date means no wait beyond the backoff", so a hint of 0 does not skip the jitter. A
+	 * gRPC pushback "replaces the backoff" whatever its value (SPEC §10, gRFC A6): 0 is now. */
+	bool replaces = f->retry_after_us > 0 || (f->grpc && f->retry_after_us == 0);
+	int64_t wait = replaces ? f->retry_after_us : retry_backoff(r, f->attempts, f->rand);
 	int64_t start;
 	why = rule_wait(r, d, f, wait, &start);
 	if (why == RR_NONE)

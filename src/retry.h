@@ -69,7 +69,8 @@ struct retry_facts {
 	bool grpc;                  /* OUT_STATUS is a gRPC outcome: grpc_status names it (§10) */
 	int grpc_status;            /* with grpc: the grpc-status (rule 1 reads retry.on's codes) */
 	bool pushback_refuse;       /* a negative or malformed grpc-retry-pushback-ms: rule 6
-	                             * refuses (retry-after), no hold */
+	                             * refuses (retry-after), no hold. A valid pushback comes as
+	                             * retry_after_us, exactly like a Retry-After (with honor) */
 	bool has_key;               /* non-empty idempotency header */
 	bool body_replayable;       /* no body, or fully buffered and <= retry.max_body */
 	int64_t now_us;

@@ -19,33 +19,50 @@ void saved_clear(struct saved_response *s)
 		evbuffer_free(s->body);
 	free(s->hdrs);
 	free(s->strings);
+	free(s->trailers);
+	free(s->tstrings);
 	memset(s, 0, sizeof(*s));
+}
+
+/* Deep copies of N fields FROM into *OUT (array) and *MEM (their strings, NUL after each). */
+void saved_copy_fields(const struct http_hdr *from, int n, struct http_hdr **out, char **mem,
+                        size_t extra)
+{
+	size_t total = extra;
+	for (int i = 0; i < n; i++)
+		total += from[i].nlen + from[i].vlen + 2;
+	char *p = *mem = xmalloc(total + 1);
+	struct http_hdr *o = *out = xcalloc((size_t)n + 1, sizeof(*o));
+	p += extra;
+	for (int i = 0; i < n; i++) {
+		o[i] = from[i];
+		memcpy(p, from[i].name, from[i].nlen);
+		o[i].name = p;
+		p += from[i].nlen + 1;
+		memcpy(p, from[i].value, from[i].vlen);
+		o[i].value = p;
+		p += from[i].vlen + 1;
+	}
 }
 
 void saved_keep(struct saved_response *s, const struct http_head *h, struct attempt *a)
 {
 	saved_clear(s);
-	size_t total = h->reason_len + 1;
-	for (int i = 0; i < h->nhdrs; i++)
-		total += h->hdrs[i].nlen + h->hdrs[i].vlen + 2;
-	s->strings = xmalloc(total);
-	s->hdrs = xcalloc((size_t)h->nhdrs + 1, sizeof(*s->hdrs));
-	char *p = s->strings;
+	saved_copy_fields(h->hdrs, h->nhdrs, &s->hdrs, &s->strings, h->reason_len + 1);
 	s->h = *h;
-	memcpy(p, h->reason, h->reason_len);
-	s->h.reason = p;
-	p += h->reason_len + 1;
-	for (int i = 0; i < h->nhdrs; i++) {
-		s->hdrs[i] = h->hdrs[i];
-		memcpy(p, h->hdrs[i].name, h->hdrs[i].nlen);
-		s->hdrs[i].name = p;
-		p += h->hdrs[i].nlen + 1;
-		memcpy(p, h->hdrs[i].value, h->hdrs[i].vlen);
-		s->hdrs[i].value = p;
-		p += h->hdrs[i].vlen + 1;
-	}
+	memcpy(s->strings, h->reason, h->reason_len);
+	s->strings[h->reason_len] = 0;
+	s->h.reason = s->strings;
 	s->h.hdrs = s->hdrs;
 	s->body = evbuffer_new();
 	s->valid = true;
 	s->a = a;
+}
+
+void saved_keep_trailers(struct saved_response *s, const struct http_hdr *t, int n)
+{
+	free(s->trailers);
+	free(s->tstrings);
+	saved_copy_fields(t, n, &s->trailers, &s->tstrings, 0);
+	s->ntrailers = n;
 }

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "grpc.h"
 #include "retry.h"
 
 #define MAX_WORKERS 64
@@ -56,6 +57,13 @@ enum { NBUCKETS = 0 DURATION_BUCKETS(X_COUNT) };
 	V(FAULT_CONNECT_FAILURE, "connect-failure") V(FAULT_ABORT, "abort") V(FAULT_DELAY, "delay") \
 	V(FAULT_LOST_RESPONSE, "lost-response")
 
+#define GRPC_VALUES(V)      /* grpc-status codes (grpc.h): SPEC §10's names */ \
+	V(0, "ok") V(1, "cancelled") V(2, "unknown") V(3, "invalid-argument") \
+	V(4, "deadline-exceeded") V(5, "not-found") V(6, "already-exists") \
+	V(7, "permission-denied") V(8, "resource-exhausted") V(9, "failed-precondition") \
+	V(10, "aborted") V(11, "out-of-range") V(12, "unimplemented") V(13, "internal") \
+	V(14, "unavailable") V(15, "data-loss") V(16, "unauthenticated")
+
 #define X_VALUE_ENUM(id, value) id,
 enum { H2ERR_VALUES(X_VALUE_ENUM) NH2ERR };
 enum { REJECTED_VALUES(X_VALUE_ENUM) NREJ };
@@ -74,6 +82,8 @@ _Static_assert(LABELS_LEN(REFUSED_VALUES) == RR_NREASONS &&
                LABELS_COUNT(REFUSED_VALUES) == RR_NREASONS - RR_DISABLED,
                "REFUSED_VALUES must list every refusal reason of enum refusal");
 _Static_assert(LABELS_LEN(FAULT_VALUES) == FAULT_NKINDS, "FAULT_VALUES must list every fault kind");
+_Static_assert(LABELS_LEN(GRPC_VALUES) == GRPC_NCODES && LABELS_COUNT(GRPC_VALUES) == GRPC_NCODES,
+               "GRPC_VALUES must list every grpc-status code, as grpc_status_name() spells it");
 _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
                LABELS_COUNT(OUTCOME_VALUES) == OUT_STATUS - OUT_CONNECT_FAILURE,
                "OUTCOME_VALUES must list every outcome without a response");
@@ -103,7 +113,10 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(idem, "retrygate_idempotency_total", \
 	  "Idempotency enforcement results.", "result", IDEM_VALUES) \
 	X(faults_injected, "retrygate_upstream_faults_injected_total", \
-	  "Attempts given a fault by the faults rules (SPEC §11), by kind.", "kind", FAULT_VALUES)
+	  "Attempts given a fault by the faults rules (SPEC §11), by kind.", "kind", FAULT_VALUES) \
+	X(grpc_responses, "retrygate_upstream_grpc_responses_total", \
+	  "gRPC attempts by the final grpc-status of their Trailers-Only response or trailers " \
+	  "(SPEC §10).", "status", GRPC_VALUES)
 
 /* per-upstream histograms: field (JSON keys FIELD_count, FIELD_sum_seconds), metric, help;
  * buckets DURATION_BUCKETS */

@@ -69,19 +69,30 @@ enum idem_result rec_judge(enum rec_state st, const unsigned char stored_fp[32],
 /*
  * A record as bytes, big-endian:
  *   "RGI1" state(1) fp(32)                                  CLAIMED, KEPT: REC_HEAD_LEN bytes
- *   ... status(2) headers_len(4) body_len(4) headers body   DONE
- * Nothing else: a value that is not exactly this is corrupt.
+ *   "RGI1" 'D' fp status(2) headers_len(4) body_len(4) headers body
+ *                                                           DONE without trailers
+ *   "RGI2" 'D' fp status(2) headers_len(4) body_len(4) trailers_len(4) headers body trailers
+ *                                                           DONE with trailers (len > 0)
+ * Nothing else: a value that is not exactly one of these is corrupt. A redis store is shared
+ * by every replica, so during a rolling deploy versions read each other's records: the
+ * version-2 form is written only for a response that has trailers (gRPC), so every other
+ * record stays readable by a version that knows only "RGI1", and this one reads all records
+ * that version wrote (as responses with no trailers). An "RGI2" record an older version meets
+ * is corrupt to it: it answers 503 (fail closed), never a second execution.
  */
 #define REC_HEAD_LEN    37
-#define REC_RESP_HEAD   10
+#define REC_RESP_HEAD   10      /* status, headers_len, body_len */
+#define REC_RESP_HEAD2  14      /* ... and trailers_len */
 
 struct rec {
 	enum rec_state state;
 	unsigned char fp[32];
-	struct idem_response resp;  /* DONE only; points into the decoded bytes */
+	struct idem_response resp;  /* DONE only; points into the decoded bytes (trailers NULL
+	                             * and 0 for a record without them) */
 };
 
-/* Bytes rec_encode will write, or 0 when RESP cannot be encoded (a length over 32 bits). */
+/* Bytes rec_encode will write, or 0 when RESP cannot be encoded (a length over 32 bits). The
+ * form follows RESP: "RGI2" when it has trailers, else "RGI1". */
 size_t rec_size(enum rec_state st, const struct idem_response *resp);
 void rec_encode(unsigned char *out, enum rec_state st, const unsigned char fp[32],
                 const struct idem_response *resp);

@@ -5,9 +5,10 @@
  * Invariants, all under `mu`:
  *  - a record is live while now < expires_us; a dead one is treated as absent by every
  *    operation and unlinked when an operation or a sweep meets it;
- *  - `bytes` is the sum of the records' sizes (entry + stored response) and stays <= `limit`:
- *    a claim that would pass it is refused (UNAVAILABLE), a response that would pass it is
- *    kept as KEPT instead (so never a second execution), both logged once per episode;
+ *  - `bytes` is the sum of the records' sizes (entry + stored response: head, body and
+ *    trailers) and stays <= `limit`: a claim that would pass it is refused (UNAVAILABLE), a
+ *    response that would pass it is kept as KEPT instead (so never a second execution), both
+ *    logged once per episode;
  *  - buckets are indexed by the scope's first bytes: a scope is a SHA-256 output
  *    (idem_scope), so they are uniform and nobody can aim keys at one bucket.
  * A stored response is immutable and reference-counted: a replay takes a reference under the
@@ -33,7 +34,7 @@
 
 struct mem_resp {
 	atomic_int refs;
-	struct idem_response r;     /* headers and body point just past this struct */
+	struct idem_response r;     /* headers, body and trailers point just past this struct */
 };
 
 struct mem_entry {
@@ -75,7 +76,7 @@ struct mem_op {
 
 static struct mem_resp *resp_new(const struct idem_response *r)
 {
-	struct mem_resp *m = xmalloc(sizeof *m + r->headers_len + r->body_len);
+	struct mem_resp *m = xmalloc(sizeof *m + r->headers_len + r->body_len + r->trailers_len);
 	char *p = (char *)(m + 1);
 	atomic_init(&m->refs, 1);
 	m->r.status = r->status;
@@ -88,6 +89,11 @@ static struct mem_resp *resp_new(const struct idem_response *r)
 		memcpy(p, r->body, r->body_len);
 	m->r.body = p;
 	m->r.body_len = r->body_len;
+	p += r->body_len;
+	if (r->trailers_len)
+		memcpy(p, r->trailers, r->trailers_len);
+	m->r.trailers = p;
+	m->r.trailers_len = r->trailers_len;
 	return m;
 }
 
@@ -105,7 +111,7 @@ static void resp_unref(struct mem_resp *m)
 
 static size_t resp_bytes(const struct idem_response *r)
 {
-	return sizeof(struct mem_resp) + r->headers_len + r->body_len;
+	return sizeof(struct mem_resp) + r->headers_len + r->body_len + r->trailers_len;
 }
 
 /* ------------------------------------------------------------------ the table (mu held) */

@@ -5,7 +5,9 @@
  * Each operation is one EVAL, so it is atomic on the server: a claim is SET NX PX and, when
  * the key exists, GET in the same script (no window in which the record could expire between
  * the two); complete/keep/release compare the current value with this request's claim record
- * before writing. Records are the byte encoding of store.h under "retrygate:idem:<scope hex>".
+ * before writing. Records are the byte encoding of store.h under "retrygate:idem:<scope hex>"
+ * (a response with trailers in its version-2 form; every other record in the form older
+ * versions read, as replicas of two versions share the server during a rolling deploy).
  *
  * A claim carries the moment its requester gives up, on the server's clock: the script
  * refuses to claim once Redis TIME is past it. A stalled server (SIGSTOP, a long fork) runs

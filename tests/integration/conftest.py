@@ -34,6 +34,7 @@ for p in (HERE, HERE.parent / "tools"):
 
 from harness import (REPO_ROOT, Blackhole, Refusing, Retrygate, RetrygateError,  # noqa: E402
                      Upstream, free_port, make_config, port_open, wait_for)
+from h2upstream import H2Upstream  # noqa: E402
 
 DEFAULT_TIMEOUT = float(os.environ.get("RETRYGATE_TEST_TIMEOUT", "120"))
 _RETRYGATE_KWARGS = ("binary", "env", "args", "wait_ready", "ready_timeout", "start")
@@ -116,6 +117,20 @@ def upstream_factory():
     leaked = [u.name for u in made if not u.close()]
     if leaked:
         pytest.fail("upstream threads did not stop: %s" % ", ".join(leaked), pytrace=False)
+
+
+@pytest.fixture
+def h2up():
+    """make(**kwargs) -> H2Upstream (see tests/tools/h2upstream.py); closed at teardown."""
+    made = []
+
+    def make(**kw):
+        up = H2Upstream(**kw)
+        made.append(up)
+        return up
+    yield make
+    for up in made:
+        up.close()
 
 
 @pytest.fixture

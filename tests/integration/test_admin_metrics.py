@@ -38,6 +38,12 @@ SPEC_METRICS = {
     "retrygate_upstream_request_duration_seconds": ("histogram", None, None),
     "retrygate_idempotency_total": ("counter", "result", {"stored", "replayed", "conflict",
                                                           "mismatch"}),
+    # SPEC §10: every grpc-status by name, at 0 until a gRPC attempt ends with it
+    "retrygate_upstream_grpc_responses_total": ("counter", "status", {
+        "ok", "cancelled", "unknown", "invalid-argument", "deadline-exceeded", "not-found",
+        "already-exists", "permission-denied", "resource-exhausted", "failed-precondition",
+        "aborted", "out-of-range", "unimplemented", "internal", "unavailable", "data-loss",
+        "unauthenticated"}),
 }
 NO_UPSTREAM_LABEL = {"retrygate_downstream_connections_active",
                      "retrygate_downstream_requests_total"}

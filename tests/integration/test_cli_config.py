@@ -220,6 +220,52 @@ def test_check_warns_about_unsafe_settings(tmp_path):
     assert u.stdout.rstrip().split("\n")[-1] == "%s: ok" % u.path
 
 
+def test_check_grpc_retry_on_and_idempotent_paths(tmp_path):
+    """SPEC §10: retry.on takes the gRPC code names; --check lists them and the
+    idempotent_paths of each upstream, and warns when an h2 upstream replays every call."""
+    cfg = make_config(upstreams={
+        "shop": {"endpoints": ["127.0.0.1:9001"], "protocol": "h2",
+                 "retry": {"on": ["reset", "unavailable", "resource-exhausted"],
+                           "idempotent_paths": ["/shop.Catalog/", "/shop.Search/"]}},
+        "cart": {"endpoints": ["127.0.0.1:9002"], "protocol": "h2",
+                 "retry": {"non_idempotent": "always"}},
+    })
+    cp = check_config(cfg, workdir=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    shop = _section(cp.stdout, "shop")
+    assert "on reset, resource-exhausted, unavailable;" in shop, shop
+    assert "/shop.Catalog/, /shop.Search/" in shop, shop
+    assert "/shop.Catalog/" not in _section(cp.stdout, "cart")
+    # the warning names the upstream and where non_idempotent was written
+    text = open(cp.path).read().split("\n")
+    line = next(i + 1 for i, ln in enumerate(text) if "non_idempotent" in ln)
+    warn = [ln for ln in cp.stdout.splitlines()
+            if ln.startswith("warning: upstreams.cart.retry.non_idempotent: %s:%d:" % (cp.path, line))]
+    assert warn and "h2" in warn[0] and "gRPC" in warn[0], cp.stdout
+    assert not any("upstreams.shop" in ln for ln in cp.stdout.splitlines()
+                   if ln.startswith("warning:")), cp.stdout
+
+
+@pytest.mark.parametrize("retry,where,msg", [
+    ({"on": ["unavailable", "ok"]}, "retry.on", 'gRPC status "ok" is a success'),
+    ({"on": ["unavailible"]}, "retry.on", 'did you mean "unavailable"?'),
+    ({"on": ["UNAVAILABLE"]}, "retry.on", 'unknown condition "UNAVAILABLE"'),
+    ({"idempotent_paths": ["shop.Catalog/"]}, "retry.idempotent_paths",
+     'bad path prefix "shop.Catalog/"'),
+    ({"idempotent_paths": "/shop.Catalog/"}, "retry.idempotent_paths", "expected"),
+    ({"idempotent_path": ["/a/"]}, "retry.idempotent_path", "did you mean idempotent_paths?"),
+])
+def test_check_rejects_bad_grpc_retry_keys(tmp_path, retry, where, msg):
+    cfg = make_config(upstreams={"api": {"endpoints": ["127.0.0.1:9001"], "retry": retry}})
+    cp = check_config(cfg, workdir=tmp_path)
+    assert cp.returncode == 1, cp.stdout
+    errs = _errors(cp.stderr)
+    assert len(errs) == 1, cp.stderr
+    f, line, col, m = errs[0]
+    assert f == cp.path and line > 0 and col > 0
+    assert m.startswith("upstreams.api.%s: " % where) and msg in m, m
+
+
 def test_check_does_not_bind_or_serve(tmp_path):
     port, admin = free_port(), free_port()
     cfg = make_config(upstreams={"api": "127.0.0.1:9001"}, port=port, admin_port=admin)
@@ -453,7 +499,8 @@ def test_defaults_are_the_documented_ones(rg_factory, upstream):
     assert r["enabled"] is True and r["max_attempts"] == 3
     assert _as_ms(r["per_try_timeout"]) == 1000
     assert [str(x) for x in r["on"]] == ["connect-failure", "reset", "timeout", "502", "503",
-                                         "504"]
+                                         "504", "unavailable"]
+    assert r["idempotent_paths"] == []
     assert _as_ms(r["backoff"]["base"]) == 25 and _as_ms(r["backoff"]["max"]) == 250
     assert r["retry_after"]["honor"] is True and _as_ms(r["retry_after"]["max"]) == 10000
     assert r["budget"] == {"ratio": 0.2, "min_per_second": 10, "max_tokens": 100}

@@ -1,7 +1,9 @@
 """`make demo` in its fast mode: run tests/tools/demo.py --quick and hold it to its claims.
 
 The demo runs the same load against a flaky dependency (tests/tools/flaky.py) through retrygate
-twice, as a naive retry policy and as retrygate's default policy, and prints PASS/FAIL lines.
+twice, as a naive retry policy and as retrygate's default policy, then the replica phase, then
+the gRPC round (tests/tools/demo_grpc.py: grpcio client and dependency, SPEC §10), and prints
+PASS/FAIL lines.
 Here we check its exit status, the PASS lines, the numbers behind them (from --json), and that
 it leaves no process behind, also when interrupted with Ctrl-C.
 """
@@ -78,7 +80,7 @@ def test_demo_quick_passes(demo):
     assert demo["proc"].returncode == 0, _explain(demo)
     assert "FAIL" not in demo["out"], _explain(demo)
     assert "demo: PASS" in demo["out"], _explain(demo)
-    assert demo["seconds"] < 40, "quick mode took %.1fs" % demo["seconds"]
+    assert demo["seconds"] < 50, "quick mode took %.1fs" % demo["seconds"]
 
 
 @pytest.mark.timeout(150)
@@ -101,6 +103,12 @@ def test_demo_prints_the_table_and_the_metrics(demo):
     "PASS retrygate: deadlines kept",
     "PASS naive: amplification during the outage",
     "PASS naive: duplicate side effects > 0",
+    "PASS gRPC retrygate: amplification during the outage",
+    "PASS gRPC retrygate: zero duplicate side effects",
+    "PASS gRPC retrygate: it retried",
+    "PASS gRPC retrygate: /metrics grpc_responses_total",
+    "PASS gRPC naive: amplification during the outage",
+    "PASS gRPC naive: duplicate side effects > 0",
 ])
 def test_demo_acceptance_line(demo, line):
     assert line in demo["out"], _explain(demo)
@@ -120,6 +128,34 @@ def test_demo_replica_phase(demo):
     assert g["success"] >= 0.98
     assert g["dead_attempts"] < n["dead_attempts"]
     assert g["amplification"] < n["amplification"]
+
+
+@pytest.mark.timeout(150)
+def test_demo_grpc_round(demo):
+    """SPEC §10 in the demo: the naive policy re-sends every UNAVAILABLE (about 1 + f + f^2
+    attempts per call at failure rate f, and unkeyed writes executed twice); retrygate stays
+    within its budget bound, re-sends no unkeyed write, and counts the gRPC statuses."""
+    out = demo["out"]
+    for row in ("gRPC round", "gRPC calls sent", "amplification during the overload (pushback)",
+                "duplicate side effects (unkeyed writes run twice)", "unkeyed writes re-sent",
+                "grpc_responses_total ok / unavailable"):
+        assert row in out, "missing %r\n%s" % (row, _explain(demo))
+    d = demo["json"]["grpc"]
+    n, g = d["naive"], d["retrygate"]
+    assert n["calls"] == g["calls"] == g["planned"] > 0
+    b = g["budget"]
+    retries = g["outage_attempts"] - g["outage_first_attempts"]
+    assert retries <= (b["max_tokens"] + b["ratio"] * g["outage_token_earners"]
+                       + b["min_per_second"] * g["outage_seconds"]) + 1e-9
+    assert g["amp_outage"] < n["amp_outage"] and n["amp_outage"] >= 2.0
+    assert g["duplicates"] == 0 and g["nokey_resent"] == 0
+    assert n["duplicates_by_kind"]["write-nokey"] > 0 and n["duplicates_by_kind"]["write-key"] == 0
+    assert g["metrics"]["grpc_responses"].get("unavailable", 0) == \
+        g["dep_by_code"].get("unavailable", 0) > 0
+    assert g["metrics"]["attempts_total"] == g["dep_attempts"]
+    assert g["metrics"]["refused"].get("non-idempotent", 0) > 0
+    # pushback obeyed: the overload is not amplified the way the naive policy amplifies it
+    assert g["amp_overload"] < n["amp_overload"]
 
 
 @pytest.mark.timeout(150)
@@ -160,28 +196,34 @@ def test_demo_leaves_nothing_running(demo):
     assert set(pids) == {"flaky-naive", "retrygate-naive", "flaky-retrygate",
                          "retrygate-retrygate", "replica-a-naive", "replica-b-naive",
                          "retrygate-replica-naive", "replica-a-retrygate", "replica-b-retrygate",
-                         "retrygate-replica-retrygate"}, pids
+                         "retrygate-replica-retrygate", "grpcserver-naive",
+                         "retrygate-grpc-naive", "grpcserver-retrygate",
+                         "retrygate-grpc-retrygate"}, pids
     assert not [n for n, p in pids.items() if alive(p)]
-    for name in ("naive.yaml", "retrygate.yaml"):
+    for name in ("naive.yaml", "retrygate.yaml", "grpc-naive.yaml", "grpc-retrygate.yaml"):
         assert (demo["tmp"] / "demo" / name).exists()
 
 
 @pytest.mark.timeout(60)
-def test_demo_ctrl_c_stops_everything(tmp_path):
+@pytest.mark.parametrize("round_,proxy,dependency", [
+    ("all", "retrygate-naive", "flaky-naive"),
+    ("grpc", "retrygate-grpc-naive", "grpcserver-naive")])
+def test_demo_ctrl_c_stops_everything(tmp_path, round_, proxy, dependency):
     if not os.access(binary(), os.X_OK):
         pytest.skip("%s not built" % binary())
     workdir = tmp_path / "demo"
     env = dict(os.environ, RETRYGATE_BIN=str(binary()))
-    p = subprocess.Popen([PYTHON, str(DEMO), "--quick", "--workdir", str(workdir)], env=env,
+    p = subprocess.Popen([PYTHON, str(DEMO), "--quick", "--workdir", str(workdir),
+                          "--round", round_], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 20
-        while time.monotonic() < end and "retrygate-naive" not in pids_of(workdir):
+        while time.monotonic() < end and proxy not in pids_of(workdir):
             assert p.poll() is None, p.communicate()
             time.sleep(0.05)
         time.sleep(1.0)                           # mid-load
         pids = pids_of(workdir)
-        assert "flaky-naive" in pids and "retrygate-naive" in pids, pids
+        assert dependency in pids and proxy in pids, pids
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=15)
         assert p.returncode == 130, (p.returncode, out, err)

@@ -135,9 +135,12 @@ def test_rapid_reset_goaway(upstream, rg_factory):
     upstream.set_default(stall())
     rg = rg_factory(upstreams={"api": {"endpoints": [upstream]}})
     c = H2Raw(rg.port)
-    for i in range(150):
-        sid = c.get("/rr%d" % i)
-        c.rst(sid)
+    try:
+        for i in range(150):
+            sid = c.get("/rr%d" % i)
+            c.rst(sid)
+    except OSError:
+        pass    # the GOAWAY and close may come before the last of them is written
     g = c.goaway(timeout=5)
     assert g is not None and g[0] == ENHANCE_YOUR_CALM
     assert c.wait_closed(5)

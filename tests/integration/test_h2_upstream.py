@@ -14,21 +14,8 @@ import time
 import pytest
 
 from harness import FAST_RETRY, InThread, parse_response, wait_for
-from h2upstream import (CANCEL, INTERNAL_ERROR, NO_ERROR, REFUSED_STREAM, H2Upstream, echo,
+from h2upstream import (CANCEL, INTERNAL_ERROR, NO_ERROR, REFUSED_STREAM, echo,
                         goaway, kill, respond, rst, stall)
-
-
-@pytest.fixture
-def h2up():
-    made = []
-
-    def make(**kw):
-        up = H2Upstream(**kw)
-        made.append(up)
-        return up
-    yield make
-    for up in made:
-        up.close()
 
 
 def api(up, retry=None, **more):

@@ -2,7 +2,7 @@
 with hpack, nothing validated on the way out (so malformed requests can be sent), and a reader
 that decodes what the server answers (SETTINGS acked, response headers decoded).
 
-    c = H2Raw(port)                         # preface + SETTINGS sent
+    c = H2Raw(port)                         # preface + SETTINGS sent (nodelay=True: TCP_NODELAY)
     sid = c.request([(":method", "GET"), (":path", "/"), ...], body=b"", end=True)
     ev = c.response(sid)                    # H2Response: status, headers, body, reset, code
     c.goaway()                              # wait for GOAWAY: (error_code, last_stream_id) or None
@@ -42,8 +42,15 @@ class H2Response:
 
 class H2Raw:
     def __init__(self, port, host="127.0.0.1", settings=None, timeout=10, auto_window=True,
-                 preface=True):
+                 preface=True, nodelay=False):
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        if nodelay:
+            # each frame its own segment, at once: a frame the reader sends on its own
+            # (WINDOW_UPDATE, an ACK) then does not hold the next request behind Nagle until
+            # the server's delayed ACK (40 ms a request), and the server reads frames one at
+            # a time. Off by default: a test that sends on while the server closes on it
+            # would more often see EPIPE
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.enc = hpack.Encoder()
         self.dec = hpack.Decoder()
         self.dec.max_allowed_table_size = 65536

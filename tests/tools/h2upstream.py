@@ -15,7 +15,8 @@ for actions marked ``early``. Every frame write holds the connection's lock.
     up.connections                  # connections accepted so far
     up.close()
 
-Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after) | echo() |
+Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after, hold) |
+echo() |
 rst(code, after_head=False, body=b"") | goaway(last_stream_id, code=0) | stall(seconds) |
 kill() (close the TCP connection) | a dict {"action": name, ...}.
 """
@@ -41,12 +42,14 @@ CANCEL = ErrorCodes.CANCEL
 
 
 def respond(status=200, headers=(), body=b"", trailers=None, delay=0.0, delay_body=0.0,
-            early=False, rst_after=None):
+            early=False, rst_after=None, hold=None, hold_timeout=30.0):
     """EARLY: answer at the request's HEADERS, before its body ended; RST_AFTER: then reset
-    the stream with that code (NO_ERROR: "send no more of the request body")."""
+    the stream with that code (NO_ERROR: "send no more of the request body"); HOLD: a
+    threading.Event, answer only once it is set (at most HOLD_TIMEOUT s), so a test can pile
+    up streams in flight and release them when it has looked."""
     return {"action": "respond", "status": status, "headers": list(headers), "body": body,
             "trailers": trailers, "delay": delay, "delay_body": delay_body, "early": early,
-            "rst_after": rst_after}
+            "rst_after": rst_after, "hold": hold, "hold_timeout": hold_timeout}
 
 
 def echo():
@@ -76,6 +79,7 @@ class H2Request:
         self.stream_id = stream_id
         self.headers = headers          # [(name, value)] as str, pseudo-headers first
         self.body = b""
+        self.trailers = None            # [(name, value)] when the request ended with trailers
         self.time = time.monotonic()
         self.complete = False
 
@@ -192,6 +196,12 @@ class _Conn:
                                                              ev.stream_id))
             if ev.stream_ended and req:
                 self.ended(req)
+        elif isinstance(ev, h2.events.TrailersReceived):
+            req = self.reqs.get(ev.stream_id)
+            if req:
+                req.trailers = [(n, v) for n, v in ev.headers]
+                if ev.stream_ended:
+                    self.ended(req)
         elif isinstance(ev, h2.events.StreamEnded):
             req = self.reqs.get(ev.stream_id)
             if req and not req.complete:
@@ -214,6 +224,12 @@ class _Conn:
         end = time.monotonic() + seconds
         while time.monotonic() < end and not self.dead and not self.up.closed:
             time.sleep(0.01)
+
+    def wait_event(self, event, timeout):
+        end = time.monotonic() + timeout
+        while not event.is_set() and time.monotonic() < end and not self.dead \
+                and not self.up.closed:
+            event.wait(0.01)
 
     def act(self, req, a):
         sid, kind = req.stream_id, a["action"]
@@ -241,6 +257,8 @@ class _Conn:
                 body, status, headers, trailers = a["body"], a["status"], a["headers"], a["trailers"]
                 if isinstance(body, str):
                     body = body.encode()
+                if a.get("hold") is not None:
+                    self.wait_event(a["hold"], a.get("hold_timeout", 30.0))
                 self.wait(a["delay"])
             hs = [(":status", str(status))] + list(headers)
             if trailers is None and not any(n == "content-length" for n, _ in headers):
@@ -329,6 +347,9 @@ class H2Upstream:
             except OSError:
                 return
             s.settimeout(0.2)
+            # HEADERS and DATA go out as separate writes: without this the DATA waits for
+            # the peer's delayed ACK (40 ms a response)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ctx:
                 try:
                     s.settimeout(5)

@@ -1,7 +1,9 @@
 /*
  * test_admit: what a request is before anything is sent, as a table: its route, its
  * deadline, the refusals that need no upstream (SPEC §5 404, 400 bad-deadline, 504, 413,
- * 400 idempotency-key-required) in the order a client sees them, and how its body travels.
+ * 400 idempotency-key-required, §10's 501 for gRPC to an HTTP/1 upstream) in the order a
+ * client sees them, how its body travels, which requests are gRPC and which paths are
+ * idempotent whatever the method.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +30,8 @@ static const char *yaml =
 	"    routes:\n"
 	"      - { host: \"pay\", upstream: pay }\n"
 	"      - { path_prefix: \"/api\", upstream: api }\n"
+	"      - { path_prefix: \"/shop.\", upstream: shop }\n"
+	"      - { path_prefix: \"/legacy.\", upstream: api }\n"
 	"upstreams:\n"
 	"  pay:\n"
 	"    endpoints: [\"127.0.0.1:2\"]\n"
@@ -35,7 +39,12 @@ static const char *yaml =
 	"    retry: { max_body: 1KiB }\n"
 	"    idempotency: { enabled: true, require_key: true, max_body: 4KiB }\n"
 	"  api:\n"
-	"    endpoints: [\"127.0.0.1:3\"]\n";
+	"    endpoints: [\"127.0.0.1:3\"]\n"
+	"    retry: { idempotent_paths: [/legacy.Search/] }\n"
+	"  shop:\n"
+	"    endpoints: [\"127.0.0.1:4\"]\n"
+	"    protocol: h2\n"
+	"    retry: { idempotent_paths: [/shop.Catalog/, /shop.Prices/Get] }\n";
 
 #define MS 1000LL
 
@@ -50,7 +59,12 @@ struct row {
 	bool nested, idem, key;
 	enum body_mode bmode;
 	enum method_class mclass;
+	bool h2;                    /* arrived over HTTP/2 (version 20) */
+	bool grpc, ipath;           /* admission.grpc, admission.idempotent_path */
 };
+
+#define GRPC_POST(path, extra) \
+	"POST " path " HTTP/1.1\r\nHost: other\r\ncontent-type: application/grpc\r\n" extra "\r\n"
 
 static const struct row rows[] = {
 	{ "no route: 404, the connection stays", "GET /x HTTP/1.1\r\nHost: other\r\n\r\n",
@@ -91,6 +105,61 @@ static const struct row rows[] = {
 	  0, NULL, false, "pay", -1, .nested = true },
 	{ "marked by a gRPC client's own retries", "GET / HTTP/1.1\r\nHost: pay\r\ngrpc-previous-rpc-attempts: 1\r\n\r\n",
 	  0, NULL, false, "pay", -1, .nested = true },
+
+	/* SPEC §10: gRPC is HTTP/2 with a gRPC content-type */
+	{ "a gRPC call over HTTP/2", GRPC_POST("/shop.Cart/Add", ""), 0, NULL, false, "shop", -1,
+	  .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "application/grpc+proto is gRPC",
+	  "POST /shop.Cart/Add HTTP/1.1\r\nHost: other\r\ncontent-type: application/grpc+proto\r\n\r\n",
+	  0, NULL, false, "shop", -1, .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "the content-type's case does not matter",
+	  "POST /shop.Cart/Add HTTP/1.1\r\nHost: other\r\nContent-Type: Application/GRPC;x=y\r\n\r\n",
+	  0, NULL, false, "shop", -1, .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "gRPC-Web is not gRPC",
+	  "POST /shop.Cart/Add HTTP/1.1\r\nHost: other\r\ncontent-type: application/grpc-web\r\n\r\n",
+	  0, NULL, false, "shop", -1, .h2 = true, .mclass = MC_OTHER },
+	{ "HTTP/2 without a content-type is not gRPC",
+	  "POST /shop.Cart/Add HTTP/1.1\r\nHost: other\r\n\r\n", 0, NULL, false, "shop", -1,
+	  .h2 = true, .mclass = MC_OTHER },
+	{ "a gRPC content-type over HTTP/1.1 is a plain POST", GRPC_POST("/legacy.Cart/Add", ""),
+	  0, NULL, false, "api", -1, .mclass = MC_OTHER },
+	{ "gRPC to an upstream without protocol h2: 501 not-implemented",
+	  GRPC_POST("/legacy.Cart/Add", ""), 501, "not-implemented", true, "api", -1, .h2 = true },
+	{ "the 501 comes before a bad deadline", GRPC_POST("/legacy.Cart/Add", "grpc-timeout: soon\r\n"),
+	  501, "not-implemented", true, "api", -1, .h2 = true },
+	{ "a gRPC call's grpc-timeout is its deadline", GRPC_POST("/shop.Cart/Add", "grpc-timeout: 2S\r\n"),
+	  0, NULL, false, "shop", 2000 * MS, .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "grpc-previous-rpc-attempts 0: a first try",
+	  GRPC_POST("/shop.Cart/Add", "grpc-previous-rpc-attempts: 0\r\n"), 0, NULL, false, "shop", -1,
+	  .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "grpc-previous-rpc-attempts 2: the client retries itself, one attempt here",
+	  GRPC_POST("/shop.Cart/Add", "grpc-previous-rpc-attempts: 2\r\n"), 0, NULL, false, "shop", -1,
+	  .h2 = true, .grpc = true, .nested = true, .mclass = MC_OTHER },
+	{ "an unreadable grpc-previous-rpc-attempts on a gRPC call is not 0: nested",
+	  GRPC_POST("/shop.Cart/Add", "grpc-previous-rpc-attempts: x\r\n"), 0, NULL, false, "shop", -1,
+	  .h2 = true, .grpc = true, .nested = true, .mclass = MC_OTHER },
+	{ "an empty grpc-previous-rpc-attempts on a gRPC call is not 0: nested",
+	  GRPC_POST("/shop.Cart/Add", "grpc-previous-rpc-attempts: \r\n"), 0, NULL, false, "shop", -1,
+	  .h2 = true, .grpc = true, .nested = true, .mclass = MC_OTHER },
+
+	/* retry.idempotent_paths: the path without its query, any method, HTTP too */
+	{ "a gRPC call under an idempotent path", GRPC_POST("/shop.Catalog/List", ""), 0, NULL,
+	  false, "shop", -1, .h2 = true, .grpc = true, .ipath = true, .mclass = MC_IDEMPOTENT },
+	{ "an exact idempotent path", GRPC_POST("/shop.Prices/Get", ""), 0, NULL, false, "shop", -1,
+	  .h2 = true, .grpc = true, .ipath = true, .mclass = MC_IDEMPOTENT },
+	{ "a path shorter than the prefix is not under it", GRPC_POST("/shop.Catalog", ""), 0, NULL,
+	  false, "shop", -1, .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "the prefix is case-sensitive", GRPC_POST("/shop.catalog/List", ""), 0, NULL, false,
+	  "shop", -1, .h2 = true, .grpc = true, .mclass = MC_OTHER },
+	{ "an HTTP POST under an idempotent path, its query ignored",
+	  "POST /legacy.Search/q?x=/y HTTP/1.1\r\nHost: other\r\n\r\n", 0, NULL, false, "api", -1,
+	  .ipath = true, .mclass = MC_IDEMPOTENT },
+	{ "the prefix in the query does not count",
+	  "POST /legacy.?p=/legacy.Search/ HTTP/1.1\r\nHost: other\r\n\r\n", 0, NULL, false,
+	  "api", -1, .mclass = MC_OTHER },
+	{ "another upstream's idempotent paths do not apply",
+	  "POST /api/legacy.Search/ HTTP/1.1\r\nHost: other\r\n\r\n", 0, NULL, false, "api", -1,
+	  .mclass = MC_OTHER },
 };
 
 static void test_rows(void **state)
@@ -106,7 +175,10 @@ static void test_rows(void **state)
 		evbuffer_add(in, r->request, strlen(r->request));
 		assert_int_equal(http_msg_feed(m, in, body, 0), HTTP_HEAD);
 		struct admission a;
-		admit_request(&c->listeners[0], http_msg_head(m), &a);
+		struct http_head h = *http_msg_head(m);
+		if (r->h2)
+			h.version = 20;
+		admit_request(&c->listeners[0], &h, &a);
 		const char *up = a.route ? a.route->upstream->name : NULL;
 		bool ok = a.status == r->status && a.close == r->close &&
 		          (r->reason ? a.reason && strcmp(a.reason, r->reason) == 0 : !a.reason) &&
@@ -114,12 +186,13 @@ static void test_rows(void **state)
 		          (r->budget_us < 0 || a.budget_us == r->budget_us) &&
 		          (r->status || (a.nested == r->nested && a.idem == r->idem &&
 		                         (a.key != NULL) == r->key && a.bmode == r->bmode &&
-		                         a.mclass == r->mclass));
+		                         a.mclass == r->mclass && a.grpc == r->grpc &&
+		                         a.idempotent_path == r->ipath));
 		if (!ok) {
 			printf("row %zu (%s): status %d reason %s close %d upstream %s budget %lld nested %d "
-			       "idem %d key %d bmode %d\n", i, r->why, a.status, a.reason ? a.reason : "-",
-			       a.close, up ? up : "-", (long long)a.budget_us, a.nested, a.idem, a.key != NULL,
-			       a.bmode);
+			       "idem %d key %d bmode %d mclass %d grpc %d ipath %d\n", i, r->why, a.status,
+			       a.reason ? a.reason : "-", a.close, up ? up : "-", (long long)a.budget_us,
+			       a.nested, a.idem, a.key != NULL, a.bmode, a.mclass, a.grpc, a.idempotent_path);
 			failed++;
 		}
 		http_msg_free(m);

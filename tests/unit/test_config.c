@@ -140,6 +140,13 @@ static void test_defaults(void **state)
 		assert_int_equal(cfg_retry_on_status(r, s), s == 502 || s == 503 || s == 504);
 	assert_false(cfg_retry_on_status(r, 399));
 	assert_false(cfg_retry_on_status(r, 600));
+	/* SPEC §10: the default also retries gRPC UNAVAILABLE, and no other code */
+	for (int g = 0; g < 17; g++)
+		assert_int_equal(cfg_retry_on_grpc(r, g), g == 14);
+	assert_false(cfg_retry_on_grpc(r, -1));
+	assert_false(cfg_retry_on_grpc(r, 17));
+	assert_int_equal(r->nidempotent_paths, 0);
+	assert_int_equal(r->non_idempotent_line, 0);
 	assert_int_equal(r->backoff_base_us, 25 * MS);
 	assert_int_equal(r->backoff_max_us, 250 * MS);
 	assert_true(r->retry_after_honor);
@@ -192,8 +199,9 @@ static void test_values(void **state)
 		"    endpoints: [\"[2001:db8::1]:443\", \"10.0.0.1:8443\"]\n"
 		"    tls: { sni: b.internal }\n"
 		"    retry:\n"
-		"      on: [503, reset, 503, 429, reset, 400, 599]\n"
+		"      on: [503, reset, 503, 429, reset, 400, 599, aborted, unauthenticated, aborted]\n"
 		"      non_idempotent: never\n"
+		"      idempotent_paths: [/shop.Catalog/, \"/v1/search\"]\n"
 		"      backoff: { base: 0, max: 0 }\n"
 		"      retry_after: { honor: false, max: 0s }\n"
 		"    concurrency: { max_in_flight: 8, max_retries_in_flight: 100 }\n"
@@ -225,7 +233,14 @@ static void test_values(void **state)
 	for (int s = 400; s <= 599; s++)
 		assert_int_equal(cfg_retry_on_status(&b->retry, s),
 		                 s == 400 || s == 429 || s == 503 || s == 599);
+	/* gRPC names replace the default's unavailable too */
+	for (int g = 0; g < 17; g++)
+		assert_int_equal(cfg_retry_on_grpc(&b->retry, g), g == 10 || g == 16);
+	assert_int_equal(b->retry.nidempotent_paths, 2);
+	assert_string_equal(b->retry.idempotent_paths[0], "/shop.Catalog/");
+	assert_string_equal(b->retry.idempotent_paths[1], "/v1/search");
 	assert_int_equal(b->retry.non_idempotent, NI_NEVER);
+	assert_int_equal(b->retry.non_idempotent_line, 21);
 	assert_false(b->retry.retry_after_honor);
 	assert_true(b->tls);
 	assert_true(b->tls_verify);
@@ -610,7 +625,9 @@ static void test_report(void **state)
 	char *r = report_of(c);
 
 	assert_contains(r, "upstream a: 1 endpoint (127.0.0.1:9001)");
-	assert_contains(r, "up to 3 per request, on connect-failure, reset, timeout, 502, 503, 504");
+	assert_contains(r, "up to 3 per request, on connect-failure, reset, timeout, 502, 503, 504, "
+	                   "unavailable;");
+	assert_lacks(r, "idempotent     ");
 	assert_contains(r, "retries <= 100 + 0.2 x requests + 10/s: a burst of 100 retries (max_tokens), "
 	                   "never above 3x per request (max_attempts)\n");
 	/* 1 + ratio + min_per_second / rate: the time term dominates at low traffic */
@@ -676,6 +693,33 @@ static void test_report(void **state)
 	free(r);
 	config_unref(c);
 
+	/* SPEC §10: an h2 upstream replaying every gRPC call is named with the key's line; the
+	 * idempotent paths are listed per upstream */
+	c = load_ok("listeners: [{ listen: \"127.0.0.1:1\", routes: [{ upstream: g }, "
+	            "{ path_prefix: /h, upstream: h }] }]\n"
+	            "upstreams:\n"
+	            "  g:\n"
+	            "    endpoints: [\"a:1\"]\n"
+	            "    protocol: h2\n"
+	            "    retry:\n"
+	            "      on: [unavailable, resource-exhausted]\n"
+	            "      idempotent_paths: [/shop.Catalog/, /shop.Search/]\n"
+	            "      non_idempotent: always\n"
+	            "  h:\n"
+	            "    endpoints: [\"b:1\"]\n"
+	            "    retry: { non_idempotent: always }\n");
+	r = report_of(c);
+	assert_contains(r, "up to 3 per request, on resource-exhausted, unavailable;");
+	assert_contains(r, "  idempotent     any method under /shop.Catalog/, /shop.Search/ "
+	                   "(retry.idempotent_paths)\n");
+	assert_contains(r, "warning: upstreams.g.retry.non_idempotent: t.yaml:9: always with "
+	                   "protocol: h2 re-sends every gRPC call");
+	/* an HTTP/1 upstream gets the general warning only */
+	assert_contains(r, "warning: upstreams.h.retry.non_idempotent: always re-sends");
+	assert_lacks(r, "upstreams.h.retry.non_idempotent: t.yaml");
+	free(r);
+	config_unref(c);
+
 	/* a catch-all route shadows later ones */
 	c = load_ok("listeners: [{ listen: \"127.0.0.1:1\", routes: [{ upstream: a },\n"
 	            "  { host: x.example.com, path_prefix: /api, upstream: a },\n"
@@ -710,7 +754,9 @@ static void test_json(void **state)
 	assert_contains(j, "\"max\": \"2h\"");
 	assert_contains(j, "\"min\": \"1500ms\"");
 	assert_contains(j, "\"max_header_bytes\": 32768");
-	assert_contains(j, "\"on\": [\"connect-failure\", \"reset\", \"timeout\", 502, 503, 504]");
+	assert_contains(j, "\"on\": [\"connect-failure\", \"reset\", \"timeout\", 502, 503, 504, "
+	                   "\"unavailable\"]");
+	assert_contains(j, "\"idempotent_paths\": []");
 	assert_contains(j, "\"tls\": null");
 	assert_contains(j, "\"ratio\": 0.2,");
 	free(j);

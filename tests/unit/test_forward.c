@@ -1,6 +1,6 @@
 /*
  * test_forward: the upstream request head as a table (SPEC §3 deadline rewriting, §4 markers,
- * §8 hop-by-hop removal, X-Forwarded-*, X-Request-Id, Host, framing). Each row is a raw
+ * §8 hop-by-hop removal, X-Forwarded-*, X-Request-Id, Host, framing, §10 gRPC markers). Each row is a raw
  * client request, parsed by the real parser, the attempt's facts, and the exact head sent.
  */
 #include <setjmp.h>
@@ -56,7 +56,7 @@ static const struct row rows[] = {
 	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Timeout-Ms: 4000\r\ngrpc-timeout: 4S\r\n"
 	  "x-envoy-upstream-rq-timeout-ms: 0\r\n\r\n", .wait_ms = 250, .expect =
 	  "GET / HTTP/1.1\r\nHost: svc\r\nX-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Proto: http\r\n"
-	  "X-Request-Id: rid\r\nX-Timeout-Ms: 250\r\ngrpc-timeout: 250000u\r\n"
+	  "X-Request-Id: rid\r\nX-Timeout-Ms: 250\r\ngrpc-timeout: 250m\r\n"
 	  "x-envoy-upstream-rq-timeout-ms: 250\r\nX-Retrygate-Attempt: 1\r\n\r\n" },
 	{ "host_rewrite replaces the client's Host",
 	  "GET / HTTP/1.1\r\nHost: outside.example\r\n\r\n", .host_rewrite = "inside", .expect =
@@ -181,10 +181,18 @@ struct h2row {
 	bool up_tls, streamed;
 	int64_t body_len;
 	const char *expect;
+	bool grpc, nested;
+	int attempt;                /* 0: 1 */
+	int64_t wait_us;            /* 0: 950 ms */
 };
 
 #define H2_TAIL "x-forwarded-for: 10.0.0.9\nx-forwarded-proto: http\nx-request-id: rid\n" \
                 "x-timeout-ms: 950\nx-retrygate-attempt: 1\n"
+#define H2_ID "x-forwarded-for: 10.0.0.9\nx-forwarded-proto: http\nx-request-id: rid\n"
+#define GRPC_REQ(extra) \
+	"POST /shop.Cart/Add HTTP/1.1\r\nHost: svc\r\ncontent-type: application/grpc\r\n" extra "\r\n"
+#define GRPC_HEAD ":method: POST\n:scheme: http\n:authority: svc\n:path: /shop.Cart/Add\n" \
+                  "content-type: application/grpc\n"
 
 static const struct h2row h2rows[] = {
 	{ "pseudo-headers first, :authority from Host, no host field, names lowercased",
@@ -217,6 +225,37 @@ static const struct h2row h2rows[] = {
 	{ "no Host (HTTP/1.0): the endpoint is the :authority",
 	  "GET / HTTP/1.0\r\n\r\n",
 	  .expect = ":method: GET\n:scheme: http\n:authority: 127.0.0.1:9001\n:path: /\n" H2_TAIL },
+
+	/* SPEC §10: a gRPC call's markers */
+	{ "gRPC: te: trailers and grpc-timeout in milliseconds though the client sent neither",
+	  GRPC_REQ(""), .grpc = true, .expect = GRPC_HEAD H2_ID
+	  "x-timeout-ms: 950\ngrpc-timeout: 950m\nx-retrygate-attempt: 1\nte: trailers\n" },
+	{ "gRPC: the client's grpc-timeout is replaced and its TE gives exactly one te",
+	  GRPC_REQ("TE: trailers\r\ngrpc-timeout: 5S\r\n"), .grpc = true, .wait_us = 250000,
+	  .expect = GRPC_HEAD H2_ID
+	  "x-timeout-ms: 250\ngrpc-timeout: 250m\nx-retrygate-attempt: 1\nte: trailers\n" },
+	{ "gRPC: a sub-millisecond time left is not \"0m\" (expired)", GRPC_REQ(""), .grpc = true,
+	  .wait_us = 700, .expect = GRPC_HEAD H2_ID
+	  "x-timeout-ms: 0\ngrpc-timeout: 700u\nx-retrygate-attempt: 1\nte: trailers\n" },
+	{ "gRPC attempt 3: grpc-previous-rpc-attempts 2 beside our marker, the client's dropped",
+	  GRPC_REQ("grpc-previous-rpc-attempts: 0\r\n"), .grpc = true, .attempt = 3,
+	  .expect = GRPC_HEAD H2_ID "x-timeout-ms: 950\ngrpc-timeout: 950m\n"
+	  "x-retrygate-attempt: 3\ngrpc-previous-rpc-attempts: 2\nte: trailers\n" },
+	{ "gRPC attempt 2 counts one previous attempt", GRPC_REQ(""), .grpc = true, .attempt = 2,
+	  .expect = GRPC_HEAD H2_ID "x-timeout-ms: 950\ngrpc-timeout: 950m\n"
+	  "x-retrygate-attempt: 2\ngrpc-previous-rpc-attempts: 1\nte: trailers\n" },
+	{ "a nested gRPC call keeps its client's markers and gets none of ours (the deadline yes)",
+	  GRPC_REQ("grpc-previous-rpc-attempts: 2\r\n"), .grpc = true, .nested = true,
+	  .expect = GRPC_HEAD "grpc-previous-rpc-attempts: 2\n" H2_ID
+	  "x-timeout-ms: 950\ngrpc-timeout: 950m\nte: trailers\n" },
+	{ "gRPC with a buffered message: its length after te", GRPC_REQ("Content-Length: 5\r\n"),
+	  .grpc = true, .body_len = 5, .expect = GRPC_HEAD H2_ID
+	  "x-timeout-ms: 950\ngrpc-timeout: 950m\nx-retrygate-attempt: 1\nte: trailers\n"
+	  "content-length: 5\n" },
+	{ "not gRPC: a client's grpc-timeout is rewritten in its finest unit, no te added",
+	  "POST /p HTTP/1.1\r\nHost: svc\r\ngrpc-timeout: 4S\r\n\r\n",
+	  .expect = ":method: POST\n:scheme: http\n:authority: svc\n:path: /p\n" H2_ID
+	  "x-timeout-ms: 950\ngrpc-timeout: 950m\nx-retrygate-attempt: 1\n" },
 };
 
 static void test_h2_rows(void **state)
@@ -232,7 +271,9 @@ static void test_h2_rows(void **state)
 		struct forward_req f = {
 			.req = h, .host_rewrite = r->host_rewrite, .endpoint = "127.0.0.1:9001",
 			.peer_ip = "10.0.0.9", .reqid = "rid", .dl_present = present,
-			.wait_us = 950000, .attempt = 1, .streamed = r->streamed, .body_len = r->body_len,
+			.wait_us = r->wait_us ? r->wait_us : 950000, .attempt = r->attempt ? r->attempt : 1,
+			.streamed = r->streamed, .body_len = r->body_len, .grpc = r->grpc,
+			.nested = r->nested,
 		};
 		forward_h2_headers(&f, r->up_tls, &nv);   /* reused across rows, as a caller may */
 		for (size_t j = 0; j < nv.n; j++) {

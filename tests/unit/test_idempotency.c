@@ -1,12 +1,15 @@
 /*
  * test_idempotency: the SPEC §6 store. Naming (scope and fingerprint: every input counts, no
- * two encodings collide), the record codec (round trip, every corruption refused), the
- * end-of-exchange rule, then one table of scenarios — claim, in progress, mismatch (also while
- * in progress), replay byte-identical, keep-claimed until ttl, lapse after lock_timeout —
- * run against the memory store and, when redis-server is on PATH, against a real redis
- * started on a free port. Then what only one backend has: the memory store's cap, sweep and
- * threads hammering one table; redis' AUTH, SELECT, names, corrupt values, and failing closed
- * in bounded time when the server dies or hangs.
+ * two encodings collide), the record codec (round trip with and without trailers, every
+ * corruption refused, a record in the format before trailers still read), the
+ * end-of-exchange rule over HTTP statuses and gRPC codes (§10), the job that records a
+ * response (head, body, trailers) and settles its claim, then one table of scenarios — claim,
+ * in progress, mismatch (also while in progress), replay byte-identical (trailers too),
+ * keep-claimed until ttl, lapse after lock_timeout — run against the memory store and, when
+ * redis-server is on PATH, against a real redis started on a free port. Then what only one
+ * backend has: the memory store's cap (trailers counted), sweep and threads hammering one
+ * table; redis' AUTH, SELECT, names, old and corrupt values, and failing closed in bounded
+ * time when the server dies or hangs.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,8 +37,14 @@
 #include <hiredis/hiredis.h>
 
 #include "clock.h"
+#include "http.h"
+#include "idem_job.h"
 #include "idempotency.h"
+#include "loop.h"
+#include "respond.h"
+#include "responder.h"
 #include "store.h"
+#include "util.h"
 
 #define MS 1000LL
 #define S  1000000LL
@@ -56,8 +65,8 @@ struct got {
 	int calls;
 	enum idem_result r;
 	int status;
-	char *headers, *body;
-	size_t headers_len, body_len;
+	char *headers, *body, *trailers;
+	size_t headers_len, body_len, trailers_len;
 };
 
 static char *dup_bytes(const char *p, size_t n)
@@ -74,6 +83,7 @@ static void got_clear(struct got *g)
 {
 	free(g->headers);
 	free(g->body);
+	free(g->trailers);
 	memset(g, 0, sizeof *g);
 }
 
@@ -89,6 +99,8 @@ static void got_cb(void *arg, enum idem_result r, const struct idem_response *st
 		g->headers_len = stored->headers_len;
 		g->body = dup_bytes(stored->body, stored->body_len);
 		g->body_len = stored->body_len;
+		g->trailers = dup_bytes(stored->trailers, stored->trailers_len);
+		g->trailers_len = stored->trailers_len;
 	}
 }
 
@@ -161,10 +173,22 @@ static void make_key(struct idem_key *k, const char *name, int req)
 
 static const char bin_body[] = { 'a', '\0', 'b', '\r', '\n', (char)0xff, '\0' };
 
+/* a gRPC message: uncompressed, 3 bytes */
+static const char grpc_msg[] = { 0, 0, 0, 0, 3, 'a', '\0', 'c' };
+#define GRPC_HEAD "content-type: application/grpc\r\n"
+#define GRPC_TRAILERS "grpc-status: 0\r\ngrpc-message: fine\r\n"
+
 static const struct idem_response responses[] = {
-	{ 201, "Content-Type: application/json\r\nX-Id: 1\r\n", 40, "{\"id\":1}", 8 },
-	{ 200, "X-Bin: yes\r\n", 12, bin_body, sizeof bin_body },
-	{ 204, "", 0, "", 0 },
+	{ 201, "Content-Type: application/json\r\nX-Id: 1\r\n", 40, "{\"id\":1}", 8, NULL, 0 },
+	{ 200, "X-Bin: yes\r\n", 12, bin_body, sizeof bin_body, NULL, 0 },
+	{ 204, "", 0, "", 0, NULL, 0 },
+	/* gRPC (SPEC §10): head, one message, trailers */
+	{ 200, GRPC_HEAD, sizeof GRPC_HEAD - 1, grpc_msg, sizeof grpc_msg,
+	  GRPC_TRAILERS, sizeof GRPC_TRAILERS - 1 },
+	/* gRPC Trailers-Only: the status in the head, nothing after it */
+	{ 200, GRPC_HEAD "grpc-status: 5\r\n", sizeof GRPC_HEAD - 1 + 16, "", 0, NULL, 0 },
+	/* trailers after an empty body (headers, then trailers: linkerd2#7701's shape) */
+	{ 200, GRPC_HEAD, sizeof GRPC_HEAD - 1, "", 0, "grpc-status: 6\r\n", 16 },
 };
 
 static void assert_response(const struct got *g, const struct idem_response *want)
@@ -176,6 +200,9 @@ static void assert_response(const struct got *g, const struct idem_response *wan
 	assert_int_equal(g->body_len, want->body_len);
 	if (want->body_len)
 		assert_memory_equal(g->body, want->body, want->body_len);
+	assert_int_equal(g->trailers_len, want->trailers_len);
+	if (want->trailers_len)
+		assert_memory_equal(g->trailers, want->trailers, want->trailers_len);
 }
 
 /* ------------------------------------------------------------------ naming */
@@ -328,19 +355,25 @@ static void test_record_codec(void **state)
 		assert_false(rec_decode(buf, REC_HEAD_LEN + 1, &r));  /* trailing byte */
 		assert_false(rec_decode(buf, REC_HEAD_LEN - 1, &r));  /* truncated */
 	}
-	/* DONE: every response round-trips byte for byte */
+	/* DONE: every response round-trips byte for byte, trailers too; the version-2 form
+	 * only when there are trailers */
 	for (size_t i = 0; i < sizeof responses / sizeof *responses; i++) {
-		size_t n = rec_size(REC_DONE, &responses[i]);
-		assert_int_equal(n, REC_HEAD_LEN + REC_RESP_HEAD + responses[i].headers_len +
-		                    responses[i].body_len);
-		rec_encode(buf, REC_DONE, fp, &responses[i]);
+		const struct idem_response *want = &responses[i];
+		size_t n = rec_size(REC_DONE, want);
+		assert_int_equal(n, REC_HEAD_LEN + (want->trailers_len ? REC_RESP_HEAD2 : REC_RESP_HEAD) +
+		                    want->headers_len + want->body_len + want->trailers_len);
+		rec_encode(buf, REC_DONE, fp, want);
+		assert_memory_equal(buf, want->trailers_len ? "RGI2" : "RGI1", 4);
 		assert_true(rec_decode(buf, n, &r));
 		assert_int_equal(r.state, REC_DONE);
-		assert_int_equal(r.resp.status, responses[i].status);
-		assert_int_equal(r.resp.headers_len, responses[i].headers_len);
-		assert_memory_equal(r.resp.headers, responses[i].headers, responses[i].headers_len);
-		assert_int_equal(r.resp.body_len, responses[i].body_len);
-		assert_memory_equal(r.resp.body, responses[i].body, responses[i].body_len);
+		assert_int_equal(r.resp.status, want->status);
+		assert_int_equal(r.resp.headers_len, want->headers_len);
+		assert_memory_equal(r.resp.headers, want->headers, want->headers_len);
+		assert_int_equal(r.resp.body_len, want->body_len);
+		assert_memory_equal(r.resp.body, want->body, want->body_len);
+		assert_int_equal(r.resp.trailers_len, want->trailers_len);
+		if (want->trailers_len)
+			assert_memory_equal(r.resp.trailers, want->trailers, want->trailers_len);
 		/* every truncation and an extra byte are refused */
 		for (size_t cut = 0; cut < n; cut++)
 			assert_false(rec_decode(buf, cut, &r));
@@ -351,7 +384,7 @@ static void test_record_codec(void **state)
 	size_t n = rec_size(REC_DONE, &responses[0]);
 	struct { const char *what; size_t at; unsigned char val; } bad[] = {
 		{ "magic", 0, 'X' },
-		{ "version", 3, '2' },
+		{ "version", 3, '3' },
 		{ "state", 4, 'Z' },
 		{ "status high byte", REC_HEAD_LEN, 0x09 },           /* 0x09xx > 599 */
 		{ "status 0", REC_HEAD_LEN + 1, 0 },                  /* 201 -> 0x0000 with the next */
@@ -367,9 +400,78 @@ static void test_record_codec(void **state)
 		if (rec_decode(buf, n, &r))
 			fail_msg("corrupt %s accepted", bad[i].what);
 	}
+	/* the same for the version-2 form's own fields */
+	const struct idem_response *tr = &responses[3];
+	n = rec_size(REC_DONE, tr);
+	size_t tl_at = REC_HEAD_LEN + 10;
+	struct { const char *what; size_t at; unsigned char val; } bad2[] = {
+		{ "version 1 with trailers", 3, '1' },
+		{ "trailers length + 1", tl_at + 3, (unsigned char)(tr->trailers_len + 1) },
+		{ "trailers length - 1", tl_at + 3, (unsigned char)(tr->trailers_len - 1) },
+		{ "trailers length high byte", tl_at, 0x01 },
+	};
+	for (size_t i = 0; i < sizeof bad2 / sizeof *bad2; i++) {
+		rec_encode(buf, REC_DONE, fp, tr);
+		buf[bad2[i].at] = bad2[i].val;
+		if (rec_decode(buf, n, &r))
+			fail_msg("corrupt %s accepted", bad2[i].what);
+	}
+	/* a version-2 record with no trailers would be a second spelling of a version-1 one,
+	 * and the version-2 form is for DONE only */
+	rec_encode(buf, REC_DONE, fp, &responses[0]);
+	n = rec_size(REC_DONE, &responses[0]);
+	unsigned char v2[256];
+	memcpy(v2, buf, REC_HEAD_LEN + REC_RESP_HEAD);
+	v2[3] = '2';
+	memset(v2 + REC_HEAD_LEN + REC_RESP_HEAD, 0, 4);
+	memcpy(v2 + REC_HEAD_LEN + REC_RESP_HEAD2, buf + REC_HEAD_LEN + REC_RESP_HEAD,
+	       n - REC_HEAD_LEN - REC_RESP_HEAD);
+	assert_false(rec_decode(v2, n + 4, &r));
+	rec_encode(buf, REC_KEPT, fp, NULL);
+	buf[3] = '2';
+	assert_false(rec_decode(buf, REC_HEAD_LEN, &r));
 	/* a response too large for the 32-bit lengths cannot be encoded */
-	struct idem_response huge = { 200, "", 0, "", (size_t)UINT32_MAX + 1 };
+	struct idem_response huge = { 200, "", 0, "", (size_t)UINT32_MAX + 1, NULL, 0 };
 	assert_int_equal(rec_size(REC_DONE, &huge), 0);
+	struct idem_response huge_tr = { 200, "", 0, "", 0, "", (size_t)UINT32_MAX + 1 };
+	assert_int_equal(rec_size(REC_DONE, &huge_tr), 0);
+}
+
+/* A DONE record exactly as the version before trailers wrote it (spelled out byte by byte,
+ * not made by rec_encode): a rolling deploy shares one redis, so it must still decode, as a
+ * response with no trailers; and a response without trailers is written in exactly that
+ * form, so the older version reads what this one writes. */
+static const unsigned char old_record[] = {
+	'R', 'G', 'I', '1', 'D',
+	1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+	17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
+	0x00, 0xc9,                 /* 201 */
+	0x00, 0x00, 0x00, 0x0a,     /* headers: 10 bytes */
+	0x00, 0x00, 0x00, 0x02,     /* body: 2 bytes */
+	'X', '-', 'A', ':', ' ', 'b', 'c', 'd', '\r', '\n',
+	'o', 'k',
+};
+
+static void test_record_old_format(void **state)
+{
+	struct rec r;
+	unsigned char again[sizeof old_record];
+
+	assert_true(rec_decode(old_record, sizeof old_record, &r));
+	assert_int_equal(r.state, REC_DONE);
+	for (int i = 0; i < 32; i++)
+		assert_int_equal(r.fp[i], i + 1);
+	assert_int_equal(r.resp.status, 201);
+	assert_int_equal(r.resp.headers_len, 10);
+	assert_memory_equal(r.resp.headers, "X-A: bcd\r\n", 10);
+	assert_int_equal(r.resp.body_len, 2);
+	assert_memory_equal(r.resp.body, "ok", 2);
+	assert_null(r.resp.trailers);
+	assert_int_equal(r.resp.trailers_len, 0);
+	/* written back, it is the same bytes */
+	assert_int_equal(rec_size(REC_DONE, &r.resp), sizeof old_record);
+	rec_encode(again, REC_DONE, r.fp, &r.resp);
+	assert_memory_equal(again, old_record, sizeof old_record);
 }
 
 static void test_judge_and_names(void **state)
@@ -394,27 +496,54 @@ static void test_disposition(void **state)
 {
 	static const struct {
 		const char *what;
-		int status;
+		int status, grpc;
 		bool reached;
-		int64_t body_len, max_response;
+		int64_t stored_len, max_response;
 		enum idem_after want;
 	} rows[] = {
-		{ "2xx stored", 200, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "4xx stored", 404, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "499 stored", 499, true, 0, 1024, IDEM_AFTER_STORE },
-		{ "empty body stored", 204, true, 0, 0, IDEM_AFTER_STORE },
-		{ "body exactly max_response", 200, true, 1024, 1024, IDEM_AFTER_STORE },
-		{ "body over max_response", 200, true, 1025, 1024, IDEM_AFTER_KEEP },
-		{ "body not buffered", 200, true, -1, 1024, IDEM_AFTER_KEEP },
-		{ "500 unknown", 500, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "503 unknown", 503, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "reset or timeout unknown", 0, true, -1, 1024, IDEM_AFTER_EXPIRE },
-		{ "connect-failure only: released", 0, false, -1, 1024, IDEM_AFTER_RELEASE },
-		{ "never sent: released", 0, false, 0, 1024, IDEM_AFTER_RELEASE },
+		/* HTTP (grpc -1): as before gRPC came */
+		{ "2xx stored", 200, -1, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "4xx stored", 404, -1, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "499 stored", 499, -1, true, 0, 1024, IDEM_AFTER_STORE },
+		{ "empty body stored", 204, -1, true, 0, 0, IDEM_AFTER_STORE },
+		{ "body exactly max_response", 200, -1, true, 1024, 1024, IDEM_AFTER_STORE },
+		{ "body over max_response", 200, -1, true, 1025, 1024, IDEM_AFTER_KEEP },
+		{ "body not buffered", 200, -1, true, -1, 1024, IDEM_AFTER_KEEP },
+		{ "500 unknown", 500, -1, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "503 unknown", 503, -1, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "reset or timeout unknown", 0, -1, true, -1, 1024, IDEM_AFTER_EXPIRE },
+		{ "connect-failure only: released", 0, -1, false, -1, 1024, IDEM_AFTER_RELEASE },
+		{ "never sent: released", 0, -1, false, 0, 1024, IDEM_AFTER_RELEASE },
+		/* gRPC under :status 200: the code decides (SPEC §10) */
+		{ "grpc ok", 200, 0, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc cancelled", 200, 1, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc unknown", 200, 2, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc invalid-argument", 200, 3, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc deadline-exceeded", 200, 4, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc not-found", 200, 5, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc already-exists", 200, 6, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc permission-denied", 200, 7, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc resource-exhausted", 200, 8, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc failed-precondition", 200, 9, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc aborted", 200, 10, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc out-of-range", 200, 11, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc unimplemented", 200, 12, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc internal", 200, 13, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc unavailable", 200, 14, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc data-loss", 200, 15, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc unauthenticated", 200, 16, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc code above 16", 200, 17, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc unknown, even not reached", 200, 14, false, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc ok over max_response", 200, 0, true, 1025, 1024, IDEM_AFTER_KEEP },
+		{ "grpc ok not buffered", 200, 0, true, -1, 1024, IDEM_AFTER_KEEP },
+		{ "grpc unavailable over max_response", 200, 14, true, 1025, 1024, IDEM_AFTER_EXPIRE },
+		/* another :status is an HTTP outcome, whatever grpc-status says */
+		{ "grpc call, HTTP 404", 404, 14, true, 10, 1024, IDEM_AFTER_STORE },
+		{ "grpc call, HTTP 503", 503, 0, true, 10, 1024, IDEM_AFTER_EXPIRE },
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
-		enum idem_after got = idem_disposition(rows[i].status, rows[i].reached,
-		                                       rows[i].body_len, rows[i].max_response);
+		enum idem_after got = idem_disposition(rows[i].status, rows[i].grpc, rows[i].reached,
+		                                       rows[i].stored_len, rows[i].max_response);
 		if (got != rows[i].want)
 			fail_msg("disposition \"%s\": got %d, want %d", rows[i].what, got, rows[i].want);
 	}
@@ -465,6 +594,18 @@ static const struct scenario scenarios[] = {
 		{ CLAIM, 1, 0, LONG_MS, IDEM_CLAIMED, 0 },
 		{ COMPLETE, 1, 0, LONG_MS, 0, 2 },
 		{ CLAIM, 1, 0, LONG_MS, IDEM_REPLAY, 2 },
+		{ .op = END } } },
+	{ "gRPC responses replay with their trailers", {
+		{ CLAIM, 0, 0, LONG_MS, IDEM_CLAIMED, 0 },
+		{ COMPLETE, 0, 0, LONG_MS, 0, 3 },
+		{ CLAIM, 0, 0, LONG_MS, IDEM_REPLAY, 3 },
+		{ CLAIM, 0, 1, LONG_MS, IDEM_MISMATCH, 0 },
+		{ CLAIM, 1, 0, LONG_MS, IDEM_CLAIMED, 0 },
+		{ COMPLETE, 1, 0, LONG_MS, 0, 4 },              /* Trailers-Only */
+		{ CLAIM, 1, 0, LONG_MS, IDEM_REPLAY, 4 },
+		{ CLAIM, 2, 0, LONG_MS, IDEM_CLAIMED, 0 },
+		{ COMPLETE, 2, 0, LONG_MS, 0, 5 },              /* trailers, no body */
+		{ CLAIM, 2, 0, LONG_MS, IDEM_REPLAY, 5 },
 		{ .op = END } } },
 	{ "keep-claimed answers in progress until ttl", {
 		{ CLAIM, 0, 0, SHORT_MS, IDEM_CLAIMED, 0 },
@@ -586,7 +727,7 @@ static void run_large(struct event_base *base, struct idem_store *s)
 	assert_non_null(body);
 	for (size_t i = 0; i < n; i++)
 		body[i] = (char)(i * 131 + (i >> 9));
-	struct idem_response big = { 200, "Content-Type: application/octet-stream\r\n", 40, body, n };
+	struct idem_response big = { 200, "Content-Type: application/octet-stream\r\n", 40, body, n, NULL, 0 };
 	make_key(&k, "large", 0);
 	assert_int_equal(claim_wait(base, s, &k, LONG_MS * MS, &g), IDEM_CLAIMED);
 	idem_complete(s, &k, &big, LONG_MS * MS);
@@ -594,6 +735,282 @@ static void run_large(struct event_base *base, struct idem_store *s)
 	assert_response(&g, &big);
 	got_clear(&g);
 	free(body);
+}
+
+/* ------------------------------------------------------------------ the job: record and settle */
+
+/* What one request's response looked like going out, and what its settlement must do. */
+struct job_row {
+	const char *what;
+	int status, grpc;               /* as the exchange passes them to settle */
+	bool reached, complete;
+	const char *body;               /* NUL-free */
+	bool trailers;                  /* the gRPC trailer block below, relayed after the body */
+	bool head_status;               /* grpc-status in the head (Trailers-Only) */
+	enum idem_after want;
+};
+
+#define JOB_MAX_RESPONSE 64
+#define BODY40 "0123456789012345678901234567890123456789"
+
+static const struct job_row job_rows[] = {
+	{ "HTTP 201", 201, -1, true, true, "{\"id\":1}", false, false, IDEM_AFTER_STORE },
+	{ "HTTP 404", 404, -1, true, true, "no", false, false, IDEM_AFTER_STORE },
+	{ "HTTP 503", 503, -1, true, true, "busy", false, false, IDEM_AFTER_EXPIRE },
+	{ "HTTP cut short", 200, -1, true, false, "par", false, false, IDEM_AFTER_KEEP },
+	{ "HTTP body at 40 of 64", 201, -1, true, true, BODY40, false, false, IDEM_AFTER_STORE },
+	{ "reset", 0, -1, true, false, "", false, false, IDEM_AFTER_EXPIRE },
+	{ "connect-failure", 0, -1, false, false, "", false, false, IDEM_AFTER_RELEASE },
+	{ "gRPC ok + trailers", 200, 0, true, true, "\1msg", true, false, IDEM_AFTER_STORE },
+	{ "gRPC not-found, Trailers-Only", 200, 5, true, true, "", false, true, IDEM_AFTER_STORE },
+	{ "gRPC unavailable, Trailers-Only", 200, 14, true, true, "", false, true,
+	  IDEM_AFTER_EXPIRE },
+	{ "gRPC internal after a message", 200, 13, true, true, "\1msg", true, false,
+	  IDEM_AFTER_EXPIRE },
+	{ "gRPC deadline-exceeded", 200, 4, true, true, "", true, false, IDEM_AFTER_EXPIRE },
+	{ "gRPC ok, body + trailers over 64", 200, 0, true, true, BODY40, true, false,
+	  IDEM_AFTER_KEEP },
+	{ "gRPC call answered HTTP 503", 503, -1, true, true, "", false, false,
+	  IDEM_AFTER_EXPIRE },
+};
+
+/* The trailers as the upstream sent them: what is not a trailer is not stored. */
+static const struct http_hdr job_trailers[] = {
+	{ "grpc-status", "0", 11, 1, false },
+	{ ":status", "200", 7, 3, false },
+	{ "grpc-message", "fine", 12, 4, false },
+	{ "connection", "close", 10, 5, false },
+	{ "x-hop", "1", 5, 1, true },
+};
+#define JOB_TRAILERS_STORED "grpc-status: 0\r\ngrpc-message: fine\r\n"
+
+struct job_env {
+	struct loop loop;
+	struct cfg_idempotency ic;
+	char *methods[1];
+};
+
+static void job_env_init(struct job_env *e)
+{
+	memset(e, 0, sizeof *e);
+	e->loop.base = event_base_new();
+	e->methods[0] = (char *)"POST";
+	e->ic = memory_cfg();
+	e->ic.enabled = true;
+	e->ic.header = (char *)"Idempotency-Key";
+	e->ic.methods = e->methods;
+	e->ic.nmethods = 1;
+	e->ic.ttl_us = LONG_MS * MS;
+	e->ic.lock_timeout_us = SHORT_MS * MS;
+	e->ic.max_response = JOB_MAX_RESPONSE;
+}
+
+/* Row I's request, claimed through a job; the answer in G. */
+static struct idem_job *job_claim(struct job_env *e, int i, struct got *g)
+{
+	char key[32];
+	snprintf(key, sizeof key, "job-row-%d", i);
+	struct http_hdr h[] = {
+		{ "Idempotency-Key", key, 15, (uint32_t)strlen(key), false },
+		{ "Content-Type", "application/grpc", 12, 16, false },
+	};
+	struct http_head req;
+	memset(&req, 0, sizeof req);
+	strcpy(req.method, "POST");
+	req.path = "/shop.Orders/Place";
+	req.path_len = strlen(req.path);
+	req.hdrs = h;
+	req.nhdrs = 2;
+	struct evbuffer *body = evbuffer_new();
+	evbuffer_add(body, "order", 5);
+	const char *err = NULL;
+	got_clear(g);
+	struct idem_job *j = idem_job_claim(&e->loop, &e->ic, "shop", &req, body, got_cb, g, &err);
+	evbuffer_free(body);
+	assert_non_null(j);
+	wait_done(e->loop.base, g);
+	return j;
+}
+
+/* What row R's repeat gets: the response it stored, exactly as relayed. */
+static void assert_job_replay(const struct got *g, const struct job_row *r)
+{
+	assert_int_equal(g->r, IDEM_REPLAY);
+	assert_int_equal(g->status, r->status);
+	const char *head = r->head_status ? "content-type: application/grpc\r\ngrpc-status: 5\r\n"
+	                                  : "content-type: application/grpc\r\n";
+	assert_int_equal(g->headers_len, strlen(head));
+	assert_memory_equal(g->headers, head, strlen(head));
+	assert_int_equal(g->body_len, strlen(r->body));
+	assert_memory_equal(g->body, r->body, strlen(r->body));
+	const char *tr = r->trailers ? JOB_TRAILERS_STORED : "";
+	assert_int_equal(g->trailers_len, strlen(tr));
+	assert_memory_equal(g->trailers, tr, strlen(tr));
+}
+
+/* Every row: claim, record head, body and trailers, settle; then a repeat of the same
+ * request right away and again after lock_timeout tells what the claim became: STORE
+ * replays, KEEP stays in progress past lock_timeout, EXPIRE is in progress until it and
+ * claimable after, RELEASE is claimable at once. */
+static void test_job_settle(void **state)
+{
+	struct job_env e;
+	struct got g = { 0 };
+	size_t nrows = sizeof job_rows / sizeof *job_rows;
+
+	job_env_init(&e);
+	for (size_t i = 0; i < nrows; i++) {
+		const struct job_row *r = &job_rows[i];
+		struct idem_job *j = job_claim(&e, (int)i, &g);
+		assert_int_equal(g.r, IDEM_CLAIMED);
+		assert_true(idem_job_owns(j));
+		if (r->status > 0) {
+			struct http_hdr f[] = {
+				{ "content-type", "application/grpc", 12, 16, false },
+				{ "grpc-status", "5", 11, 1, false },
+				{ "X-Retrygate-Attempts", "1", 20, 1, false },     /* ours: not stored */
+			};
+			struct http_hdr fields[2] = { f[0], r->head_status ? f[1] : f[2] };
+			struct resp_head h = { .status = r->status, .hdrs = fields, .nhdrs = 2,
+			                       .content_length = -1, .end_stream = r->head_status };
+			idem_job_record_head(j, &h);
+			struct evbuffer *b = evbuffer_new();
+			evbuffer_add(b, r->body, strlen(r->body));
+			idem_job_record_body(j, b);
+			assert_int_equal(evbuffer_get_length(b), strlen(r->body));   /* untouched */
+			evbuffer_free(b);
+			if (r->trailers)
+				idem_job_record_trailers(j, job_trailers,
+				                         (int)(sizeof job_trailers / sizeof *job_trailers));
+		}
+		bool stored = idem_job_settle(j, r->status, r->grpc, r->reached, r->complete);
+		if (stored != (r->want == IDEM_AFTER_STORE))
+			fail_msg("job \"%s\": settle said stored=%d", r->what, stored);
+		assert_false(idem_job_owns(j));
+		/* settled once: a second settle does nothing */
+		assert_false(idem_job_settle(j, 200, 0, true, true));
+		idem_job_free(j);
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1)
+			run_for(e.loop.base, PAST_MS);
+		for (size_t i = 0; i < nrows; i++) {
+			const struct job_row *r = &job_rows[i];
+			struct idem_job *j = job_claim(&e, (int)i, &g);
+			enum idem_result want =
+				r->want == IDEM_AFTER_STORE ? IDEM_REPLAY :
+				r->want == IDEM_AFTER_RELEASE ? IDEM_CLAIMED :
+				r->want == IDEM_AFTER_KEEP ? IDEM_IN_PROGRESS :
+				pass == 0 ? IDEM_IN_PROGRESS : IDEM_CLAIMED;
+			if (g.r != want)
+				fail_msg("job \"%s\", %s lock_timeout: got %s, want %s", r->what,
+				         pass ? "after" : "before", idem_result_name(g.r),
+				         idem_result_name(want));
+			if (g.r == IDEM_REPLAY)
+				assert_job_replay(&g, r);
+			/* a repeat that claimed leaves it unsettled: it lapses at lock_timeout */
+			idem_job_free(j);
+		}
+	}
+	got_clear(&g);
+	idem_store_release_all();
+	event_base_free(e.loop.base);
+}
+
+/* ------------------------------------------------------------------ the replay */
+
+/* A responder that writes down what it was given, in order. */
+struct rec_rsp {
+	char log[256];
+	size_t loglen;
+	bool end_stream;
+	int64_t content_length;
+	char body[64];
+	size_t body_len;
+	char trailers[128];
+};
+
+static void rr_note(struct rec_rsp *r, const char *what)
+{
+	r->loglen += (size_t)snprintf(r->log + r->loglen, sizeof r->log - r->loglen, "%s%s",
+	                              r->loglen ? "," : "", what);
+}
+
+static void rr_head(void *arg, const struct resp_head *h)
+{
+	struct rec_rsp *r = arg;
+	rr_note(r, "head");
+	r->end_stream = h->end_stream;
+	r->content_length = h->content_length;
+}
+
+static void rr_body(void *arg, struct evbuffer *data)
+{
+	struct rec_rsp *r = arg;
+	rr_note(r, "body");
+	size_t n = evbuffer_get_length(data);
+	assert_true(r->body_len + n <= sizeof r->body);
+	evbuffer_remove(data, r->body + r->body_len, n);
+	r->body_len += n;
+}
+
+static void rr_trailers(void *arg, const struct http_hdr *t, int n)
+{
+	struct rec_rsp *r = arg;
+	size_t k = 0;
+	rr_note(r, "trailers");
+	for (int i = 0; i < n; i++)
+		k += (size_t)snprintf(r->trailers + k, sizeof r->trailers - k, "%.*s=%.*s;",
+		                      (int)t[i].nlen, t[i].name, (int)t[i].vlen, t[i].value);
+}
+
+/* A stored response goes back out as it was relayed (SPEC §6, §10): replay marker in the
+ * first header block, the body, the trailers after it; Trailers-Only stays Trailers-Only. */
+static void test_replay(void **state)
+{
+	static const struct {
+		const char *what;
+		int resp;                   /* index in responses[] */
+		const char *seq;            /* the responder calls */
+		bool end_stream;
+		int64_t content_length;
+		const char *trailers;
+	} rows[] = {
+		{ "HTTP with a body", 0, "head,body", false, 8, "" },
+		{ "HTTP 204", 2, "head", false, -1, "" },
+		{ "gRPC message and trailers", 3, "head,body,trailers", false, -1,
+		  "grpc-status=0;grpc-message=fine;" },
+		{ "gRPC Trailers-Only", 4, "head", true, -1, "" },
+		{ "gRPC headers then trailers", 5, "head,trailers", false, -1, "grpc-status=6;" },
+	};
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+		const struct idem_response *st = &responses[rows[i].resp];
+		struct replay_response m;
+		respond_replay(&m, st);
+		/* the stored fields, then the replay's own two */
+		int n = m.head.nhdrs;
+		assert_true(n >= 2);
+		assert_true(str_ieq(m.fields[n - 2].name, m.fields[n - 2].nlen,
+		                    "Idempotency-Replayed", 20));
+		assert_memory_equal(m.fields[n - 2].value, "true", 4);
+		assert_true(str_ieq(m.fields[n - 1].name, m.fields[n - 1].nlen,
+		                    "X-Retrygate-Attempts", 20));
+		respond_request_id(&m.head, m.fields, (int)(sizeof m.fields / sizeof *m.fields),
+		                   "req-1");
+		struct rec_rsp r;
+		memset(&r, 0, sizeof r);
+		struct responder rsp = { .head = rr_head, .body = rr_body, .trailers = rr_trailers,
+		                         .arg = &r };
+		respond_replay_send(&rsp, &m, st->body);
+		if (strcmp(r.log, rows[i].seq) != 0)
+			fail_msg("replay \"%s\": calls %s, want %s", rows[i].what, r.log, rows[i].seq);
+		assert_int_equal(r.end_stream, rows[i].end_stream);
+		assert_int_equal(r.content_length, rows[i].content_length);
+		size_t blen = rows[i].resp == 2 ? 0 : st->body_len;
+		assert_int_equal(r.body_len, blen);
+		assert_memory_equal(r.body, st->body, blen);
+		assert_string_equal(r.trailers, rows[i].trailers);
+	}
 }
 
 /* ------------------------------------------------------------------ memory store */
@@ -714,6 +1131,50 @@ static void test_memory_limit(void **state)
 	event_base_free(base);
 }
 
+/* Trailers count against the cap like the body: two records that differ only in their
+ * trailers differ in size by exactly the trailer bytes, and a response that fits without its
+ * trailers but not with them is kept claimed, not stored. */
+static void test_memory_limit_trailers(void **state)
+{
+	struct cfg_idempotency c = memory_cfg();
+	struct event_base *base = event_base_new();
+	struct idem_store *s = idem_store_get(&c, base, NULL, NULL);
+	struct idem_key k[3];
+	struct got g = { 0 };
+	size_t records, b0, b1, b2;
+	const struct idem_response *with = &responses[3];
+	struct idem_response without = *with;
+	without.trailers = NULL;
+	without.trailers_len = 0;
+
+	make_key(&k[0], "limit-tr-0", 0);
+	make_key(&k[1], "limit-tr-1", 0);
+	make_key(&k[2], "limit-tr-2", 0);
+	idem_memory_stats(&records, &b0);
+	assert_int_equal(claim_wait(base, s, &k[0], LONG_MS * MS, &g), IDEM_CLAIMED);
+	idem_complete(s, &k[0], &without, LONG_MS * MS);
+	idem_memory_stats(&records, &b1);
+	assert_int_equal(claim_wait(base, s, &k[1], LONG_MS * MS, &g), IDEM_CLAIMED);
+	idem_complete(s, &k[1], with, LONG_MS * MS);
+	idem_memory_stats(&records, &b2);
+	assert_int_equal(records, 2);
+	assert_int_equal(b2 - b1, (b1 - b0) + with->trailers_len);
+	assert_int_equal(claim_wait(base, s, &k[1], LONG_MS * MS, &g), IDEM_REPLAY);
+	assert_response(&g, with);
+	/* room for one more record of the trailer-less size, not one byte more */
+	idem_memory_set_limit(b2 + (b1 - b0));
+	assert_int_equal(claim_wait(base, s, &k[2], LONG_MS * MS, &g), IDEM_CLAIMED);
+	idem_complete(s, &k[2], with, LONG_MS * MS);
+	assert_int_equal(claim_wait(base, s, &k[2], LONG_MS * MS, &g), IDEM_IN_PROGRESS);
+	got_clear(&g);
+	idem_memory_set_limit(0);
+	idem_store_release_all();
+	idem_memory_stats(&records, &b0);
+	assert_int_equal(records, 0);
+	assert_int_equal(b0, 0);
+	event_base_free(base);
+}
+
 static void test_memory_sweep(void **state)
 {
 	struct cfg_idempotency c = memory_cfg();
@@ -792,7 +1253,7 @@ static void *hammer_thread(void *arg)
 			switch (g.r) {
 			case IDEM_CLAIMED: {
 				atomic_fetch_add(&h->claimed[i], 1);
-				struct idem_response resp = { 200, "", 0, body, (size_t)blen };
+				struct idem_response resp = { 200, "", 0, body, (size_t)blen, NULL, 0 };
 				idem_complete(s, &k, &resp, LONG_MS * MS);
 				break;
 			}
@@ -1116,6 +1577,63 @@ static void test_redis_layout_and_db(void **state)
 	redis_stop(&rp);
 }
 
+static void redis_key_name(char out[128], const struct idem_key *k)
+{
+	int n = snprintf(out, 128, "retrygate:idem:");
+	for (int i = 0; i < 32; i++)
+		n += snprintf(out + n, 128 - (size_t)n, "%02x", k->scope[i]);
+}
+
+/* Rolling deploy: one redis, two versions. A record the version before trailers wrote (the
+ * literal old_record) replays as a response without trailers; this version writes a response
+ * without trailers in exactly that form, and one with trailers in the version-2 form. */
+static void test_redis_old_record(void **state)
+{
+	struct redis_proc rp;
+	char url[256], name[128];
+	NEED_REDIS(&rp, NULL);
+	struct cfg_idempotency c = redis_cfg(url, sizeof url, "127.0.0.1", rp.port, 0, NULL, NULL);
+	struct event_base *base = event_base_new();
+	struct idem_store *s = idem_store_get(&c, base, NULL, NULL);
+	struct idem_key k;
+	struct got g = { 0 };
+	redisContext *rc = sync_client(rp.port);
+	assert_non_null(rc);
+
+	make_scope(&k, "old-record");
+	memcpy(k.fp, old_record + 5, 32);
+	redis_key_name(name, &k);
+	freeReplyObject(redisCommand(rc, "SET %s %b PX 60000", name, old_record,
+	                             sizeof old_record));
+	assert_int_equal(claim_wait(base, s, &k, LONG_MS * MS, &g), IDEM_REPLAY);
+	const struct idem_response want = { 201, "X-A: bcd\r\n", 10, "ok", 2, NULL, 0 };
+	assert_response(&g, &want);
+
+	/* what this version writes */
+	for (int i = 0; i < 2; i++) {
+		const struct idem_response *resp = i == 0 ? &want : &responses[3];
+		make_key(&k, i == 0 ? "written-1" : "written-2", 0);
+		redis_key_name(name, &k);
+		assert_int_equal(claim_wait(base, s, &k, LONG_MS * MS, &g), IDEM_CLAIMED);
+		idem_complete(s, &k, resp, 60 * S);
+		assert_int_equal(claim_wait(base, s, &k, LONG_MS * MS, &g), IDEM_REPLAY);
+		assert_response(&g, resp);
+		redisReply *r = redisCommand(rc, "GET %s", name);
+		assert_int_equal(r->type, REDIS_REPLY_STRING);
+		assert_int_equal((size_t)r->len, rec_size(REC_DONE, resp));
+		assert_memory_equal(r->str, i == 0 ? "RGI1" : "RGI2", 4);
+		if (i == 0)
+			assert_memory_equal(r->str + REC_HEAD_LEN, old_record + REC_HEAD_LEN,
+			                    sizeof old_record - REC_HEAD_LEN);
+		freeReplyObject(r);
+	}
+	redisFree(rc);
+	got_clear(&g);
+	idem_store_release_all();
+	event_base_free(base);
+	redis_stop(&rp);
+}
+
 static void test_redis_auth(void **state)
 {
 	static const char *const extra[] = { "--requirepass", "s3cret", NULL };
@@ -1354,17 +1872,22 @@ int main(void)
 		cmocka_unit_test(test_fingerprint),
 		cmocka_unit_test(test_scope),
 		cmocka_unit_test(test_record_codec),
+		cmocka_unit_test(test_record_old_format),
 		cmocka_unit_test(test_judge_and_names),
 		cmocka_unit_test(test_disposition),
+		cmocka_unit_test(test_job_settle),
+		cmocka_unit_test(test_replay),
 		cmocka_unit_test(test_memory_scenarios),
 		cmocka_unit_test(test_memory_shared_across_bases),
 		cmocka_unit_test(test_memory_cancel),
 		cmocka_unit_test(test_memory_limit),
+		cmocka_unit_test(test_memory_limit_trailers),
 		cmocka_unit_test(test_memory_sweep),
 		cmocka_unit_test(test_memory_threads),
 		cmocka_unit_test_teardown(test_redis_unreachable, kill_servers),
 		cmocka_unit_test_teardown(test_redis_scenarios, kill_servers),
 		cmocka_unit_test_teardown(test_redis_layout_and_db, kill_servers),
+		cmocka_unit_test_teardown(test_redis_old_record, kill_servers),
 		cmocka_unit_test_teardown(test_redis_auth, kill_servers),
 		cmocka_unit_test_teardown(test_redis_host_name, kill_servers),
 		cmocka_unit_test_teardown(test_redis_cancel, kill_servers),

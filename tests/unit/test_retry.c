@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "grpc.h"
 #include "retry.h"
 
 #define MS 1000LL
@@ -42,6 +43,7 @@ static struct cfg_retry base_retry(void)
 	r.budget_max_tokens = 100;
 	r.non_idempotent = NI_REQUIRE_KEY;
 	r.max_body = 64 * 1024;
+	r.on_grpc = 1u << GRPC_UNAVAILABLE;     /* SPEC §10 */
 	return r;
 }
 
@@ -74,6 +76,10 @@ struct row {
 	double tokens;
 	int in_flight;              /* retries holding a slot */
 	int cap;                    /* max_retries_in_flight */
+	bool grpc;                  /* a gRPC outcome: grpc_status names it */
+	int grpc_status;
+	uint32_t grpc_on;           /* 0: retry.on's gRPC codes are the default (unavailable) */
+	bool pushback_refuse;       /* a negative or malformed grpc-retry-pushback-ms */
 	enum refusal want;
 	int64_t want_start_in;      /* checked when want is RR_NONE */
 };
@@ -202,6 +208,79 @@ static const struct row rows[] = {
 	{ .why = "an idempotent path still needs a replayable body", .method = "POST",
 	  .idempotent_path = true, .body_big = true, .want = RR_BODY_TOO_LARGE },
 
+	/* SPEC §10: a gRPC outcome is its grpc-status; every call is a POST */
+	{ .why = "gRPC unavailable on an idempotent path: retry", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .idempotent_path = true,
+	  .want = RR_NONE, .want_start_in = 0 },
+	{ .why = "gRPC internal is not listed by default", .grpc = true,
+	  .grpc_status = GRPC_INTERNAL, .method = "POST", .idempotent_path = true,
+	  .want = RR_NOT_LISTED },
+	{ .why = "gRPC ok is never listed", .grpc = true, .grpc_status = 0, .method = "POST",
+	  .grpc_on = 0xffffffffu, .idempotent_path = true, .want = RR_NOT_LISTED },
+	{ .why = "a gRPC code listed by name: retry", .grpc = true, .grpc_status = 8,
+	  .grpc_on = 1u << 8, .method = "POST", .has_key = true, .want = RR_NONE },
+	{ .why = "only the listed codes: unavailable dropped from retry.on", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .grpc_on = 1u << 8, .method = "POST", .has_key = true,
+	  .want = RR_NOT_LISTED },
+	{ .why = "the HTTP status beside a gRPC outcome is not judged", .grpc = true,
+	  .status = 503, .grpc_status = GRPC_INTERNAL, .method = "POST", .has_key = true,
+	  .want = RR_NOT_LISTED },
+	{ .why = "a grpc-status without a gRPC outcome is not judged", .status = 200,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true,
+	  .want = RR_NOT_LISTED },
+	{ .why = "gRPC unavailable without key or idempotent path: non-idempotent", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .want = RR_NON_IDEMPOTENT },
+	{ .why = "gRPC unavailable with idempotency-key: retry", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .want = RR_NONE },
+	{ .why = "gRPC unavailable under always: retry", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .ni = NI_ALWAYS, .want = RR_NONE },
+	{ .why = "gRPC on an idempotent path under never: retry", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .ni = NI_NEVER,
+	  .idempotent_path = true, .want = RR_NONE },
+	{ .why = "a gRPC call after connect-failure: retry whatever the method",
+	  .outcome = OUT_CONNECT_FAILURE, .method = "POST", .want = RR_NONE },
+	{ .why = "a gRPC call after reset without key: non-idempotent", .outcome = OUT_RESET,
+	  .method = "POST", .want = RR_NON_IDEMPOTENT },
+	{ .why = "a gRPC call marked by its client's retries: nested", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .nested = true,
+	  .want = RR_NESTED },
+	{ .why = "gRPC unavailable disabled: disabled", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .runtime_off = true,
+	  .want = RR_DISABLED },
+	{ .why = "gRPC with attempts used up: max-attempts", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .attempts = 3,
+	  .want = RR_MAX_ATTEMPTS },
+	{ .why = "gRPC whose messages outgrew max_body: body-too-large", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .body_big = true,
+	  .want = RR_BODY_TOO_LARGE },
+	{ .why = "pushback replaces the backoff like Retry-After", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .has_ra = true,
+	  .ra_us = 300 * MS, .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 300 * MS },
+	{ .why = "pushback 0 replaces the backoff too: at once", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .has_ra = true,
+	  .ra_us = 0, .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 0 },
+	{ .why = "pushback beyond retry_after.max: retry-after", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .has_ra = true,
+	  .ra_us = 11 * S, .deadline_in_us = 20 * S, .want = RR_RETRY_AFTER },
+	{ .why = "pushback that does not fit the deadline: deadline", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true, .has_ra = true,
+	  .ra_us = 6 * S, .want = RR_DEADLINE },
+	{ .why = "a negative or malformed pushback: retry-after", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true,
+	  .pushback_refuse = true, .want = RR_RETRY_AFTER },
+	{ .why = "a refusing pushback beats the deadline", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true,
+	  .pushback_refuse = true, .deadline_in_us = 4 * MS, .want = RR_RETRY_AFTER },
+	{ .why = "non-idempotent beats a refusing pushback", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .pushback_refuse = true,
+	  .want = RR_NON_IDEMPOTENT },
+	{ .why = "a refusing pushback on an unlisted code: not listed", .grpc = true,
+	  .grpc_status = GRPC_INTERNAL, .method = "POST", .has_key = true,
+	  .pushback_refuse = true, .want = RR_NOT_LISTED },
+	{ .why = "a refusing pushback beats an empty budget", .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true,
+	  .pushback_refuse = true, .gates = true, .tokens = 0, .cap = 32, .want = RR_RETRY_AFTER },
+
 	/* rule 7: a token, then a slot, judged over a snapshot */
 	{ .why = "tokens and a slot: retry", .gates = true, .tokens = 5, .in_flight = 3, .cap = 32,
 	  .rand = RAND_TOP, .want = RR_NONE, .want_start_in = 25 * MS },
@@ -243,11 +322,16 @@ static enum refusal run_row(const struct row *t, int64_t *start)
 		r.max_attempts = t->max_attempts;
 	r.on_flags &= ~t->on_clear;
 	r.non_idempotent = t->ni;
+	if (t->grpc_on)
+		r.on_grpc = t->grpc_on;
 
 	struct retry_facts f;
 	memset(&f, 0, sizeof(f));
 	f.outcome = t->explicit_outcome_none ? OUT_NONE : t->outcome ? t->outcome : OUT_STATUS;
-	f.status = f.outcome == OUT_STATUS ? (t->status ? t->status : 503) : 0;
+	f.status = f.outcome == OUT_STATUS ? (t->status ? t->status : t->grpc ? 200 : 503) : 0;
+	f.grpc = t->grpc;
+	f.grpc_status = t->grpc_status;
+	f.pushback_refuse = t->pushback_refuse;
 	f.runtime_enabled = !t->runtime_off;
 	f.nested = t->nested;
 	f.attempts = t->attempts ? t->attempts : 1;
@@ -307,6 +391,60 @@ static void test_roomy_gates_change_nothing(void **state)
 		assert_int_equal(got, want);
 		if (got == RR_NONE)
 			assert_int_equal(start_gated, start);
+	}
+}
+
+/* SPEC §10: a gRPC outcome whose code is listed is judged by rules 2-7 exactly as a listed
+ * HTTP status; one whose code is not listed is not listed, whatever else holds. */
+static void test_grpc_outcome_judged_like_status(void **state)
+{
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct row t = rows[i];
+		if (t.grpc || t.outcome || t.explicit_outcome_none || t.grpc_status || t.pushback_refuse)
+			continue;
+		int st = t.status ? t.status : 503;
+		if (st < 502 || st > 504)
+			continue;
+		int64_t start = -1, start_grpc = -2;
+		enum refusal want = run_row(&t, &start);
+		t.grpc = true;
+		t.grpc_status = GRPC_UNAVAILABLE;
+		t.status = 200;
+		enum refusal got = run_row(&t, &start_grpc);
+		if (got != want)
+			print_error("%s: %s as gRPC unavailable, %s as %d\n", t.why, refusal_name(got),
+			            refusal_name(want), st);
+		assert_int_equal(got, want);
+		/* the start is the same, except that a pushback of 0 replaces the backoff where a
+		 * Retry-After of 0 does not */
+		if (got == RR_NONE && !(t.has_ra && t.ra_us == 0))
+			assert_int_equal(start_grpc, start);
+		for (int code = 0; code < GRPC_NCODES; code++) {
+			if (code == GRPC_UNAVAILABLE)
+				continue;
+			t.grpc_status = code;
+			assert_int_equal(run_row(&t, &start_grpc), RR_NOT_LISTED);
+		}
+	}
+}
+
+/* A refusing pushback changes nothing that rules 1-5 refuse, and turns every other answer
+ * into retry-after (no wait, hold or gate can outvote "do not retry"). */
+static void test_pushback_refuse_property(void **state)
+{
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		struct row t = rows[i];
+		int64_t start = -1;
+		enum refusal before = run_row(&t, &start);
+		t.pushback_refuse = true;
+		enum refusal got = run_row(&t, &start);
+		bool early = before == RR_NOT_LISTED || before == RR_DISABLED || before == RR_NESTED ||
+		             before == RR_MAX_ATTEMPTS || before == RR_NON_IDEMPOTENT ||
+		             before == RR_BODY_TOO_LARGE;
+		if (got != (early ? before : RR_RETRY_AFTER))
+			print_error("%s: %s with a refusing pushback, %s without\n", t.why,
+			            refusal_name(got), refusal_name(before));
+		assert_int_equal(got, early ? before : RR_RETRY_AFTER);
 	}
 }
 
@@ -634,6 +772,8 @@ int main(void)
 		cmocka_unit_test(test_roomy_gates_change_nothing),
 		cmocka_unit_test(test_table_covers_every_reason),
 		cmocka_unit_test(test_gate_taken),
+		cmocka_unit_test(test_grpc_outcome_judged_like_status),
+		cmocka_unit_test(test_pushback_refuse_property),
 		cmocka_unit_test(test_may_replay_table),
 		cmocka_unit_test(test_may_replay_agrees_with_decide),
 		cmocka_unit_test(test_recheck_hold_table),

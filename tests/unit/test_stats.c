@@ -32,9 +32,19 @@ static void test_outcome_values_spelled_as_retry_names(void **state)
 #undef X_CHECK
 }
 
+static void test_grpc_values_spelled_as_grpc_names(void **state)
+{
+	int n = 0;
+#define X_CHECK(i, v) assert_string_equal(v, grpc_status_name(i)); n++;
+	GRPC_VALUES(X_CHECK)
+#undef X_CHECK
+	assert_int_equal(n, GRPC_NCODES);
+}
+
 static void test_value_lists_size_the_arrays(void **state)
 {
 	struct ustats u;
+	assert_int_equal(sizeof(u.grpc_responses) / sizeof(u.grpc_responses[0]), GRPC_NCODES);
 	assert_int_equal(sizeof(u.refused) / sizeof(u.refused[0]), RR_NREASONS);
 	assert_int_equal(sizeof(u.outcomes) / sizeof(u.outcomes[0]), OUT_STATUS);
 	assert_int_equal(sizeof(u.responses) / sizeof(u.responses[0]), 6);
@@ -95,6 +105,8 @@ static void setup_figures(void)
 		STAT_ADD(per_worker[0][w].refused[RR_BUDGET], 2);
 		STAT_ADD(per_worker[0][w].responses[5], 1);
 		STAT_INC(per_worker[1][w].idem[IS_REPLAYED]);
+		STAT_ADD(per_worker[0][w].grpc_responses[GRPC_UNAVAILABLE], 3);
+		STAT_INC(per_worker[1][w].grpc_responses[GRPC_OK]);
 		stats_observe_duration(&per_worker[0][w], 3000);
 		STAT_INC(g_gstats[w].requests[2]);
 		STAT_INC(g_gstats[w].conns_active);
@@ -121,6 +133,15 @@ static void test_prometheus_every_family_once(void **state)
 	assert_non_null(strstr(t, "retrygate_upstream_retries_refused_total{upstream=\"api\",reason=\"budget\"} 4\n"));
 	assert_non_null(strstr(t, "retrygate_upstream_responses_total{upstream=\"api\",code=\"5xx\"} 2\n"));
 	assert_non_null(strstr(t, "retrygate_idempotency_total{upstream=\"db\",result=\"replayed\"} 2\n"));
+	/* SPEC §10: every grpc-status by name, per upstream, summed over workers */
+	assert_int_equal(count(t, "retrygate_upstream_grpc_responses_total{upstream=\"api\""),
+	                 GRPC_NCODES);
+	assert_non_null(strstr(t, "# HELP retrygate_upstream_grpc_responses_total gRPC attempts"));
+	assert_non_null(strstr(t, "# TYPE retrygate_upstream_grpc_responses_total counter\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_grpc_responses_total{upstream=\"api\",status=\"unavailable\"} 6\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_grpc_responses_total{upstream=\"api\",status=\"ok\"} 0\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_grpc_responses_total{upstream=\"db\",status=\"ok\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_grpc_responses_total{upstream=\"db\",status=\"unauthenticated\"} 0\n"));
 	assert_non_null(strstr(t, "retrygate_upstream_in_flight{upstream=\"db\"} 4\n"));
 	/* SPEC §13: one series per endpoint address */
 	assert_non_null(strstr(t, "# TYPE retrygate_endpoint_up gauge\n"
@@ -215,6 +236,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_refusal_values_spelled_as_retry_names),
 		cmocka_unit_test(test_outcome_values_spelled_as_retry_names),
+		cmocka_unit_test(test_grpc_values_spelled_as_grpc_names),
 		cmocka_unit_test(test_value_lists_size_the_arrays),
 		cmocka_unit_test(test_prometheus_every_family_once),
 		cmocka_unit_test(test_json_same_figures),

@@ -1,0 +1,121 @@
+/*
+ * test_accesslog: the JSON line of a request as written to a real file: each try with its
+ * endpoint and status or outcome, SPEC §10's grpc-status per try (only where one was seen, so
+ * HTTP lines are as before), and the whole line valid JSON-shaped.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "accesslog.h"
+#include "grpc.h"
+#include "http.h"
+
+/* Writes R through a fresh log file and returns its one line (caller frees). */
+static char *line_of(const struct access_rec *r)
+{
+	char path[] = "/tmp/rg-test-accesslog-XXXXXX";
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	close(fd);
+	assert_int_equal(accesslog_open(path), 0);
+	accesslog_write(r);
+	accesslog_close();
+	FILE *f = fopen(path, "r");
+	assert_non_null(f);
+	char *buf = calloc(1, 8192);
+	size_t n = fread(buf, 1, 8191, f);
+	fclose(f);
+	unlink(path);
+	assert_true(n > 0 && buf[n - 1] == '\n');
+	assert_null(memchr(buf, '\n', n - 1));      /* one line */
+	return buf;
+}
+
+static void assert_contains(const char *hay, const char *needle)
+{
+	if (!strstr(hay, needle))
+		fail_msg("missing %s in:\n%s", needle, hay);
+}
+
+static struct access_rec base(struct http_head *h)
+{
+	memset(h, 0, sizeof *h);
+	snprintf(h->method, sizeof h->method, "POST");
+	h->path = "/shop.Cart/Add";
+	h->path_len = strlen(h->path);
+	struct access_rec r;
+	access_begin(&r, 7, "127.0.0.1", h, "rid");
+	return r;
+}
+
+static void test_grpc_status_per_try(void **state)
+{
+	(void)state;
+	struct http_head h;
+	struct access_rec r = base(&h);
+	access_add_attempt(&r, "10.0.0.1:50051");
+	access_set_status(&r, 200);
+	access_set_grpc_status(&r, GRPC_UNAVAILABLE);
+	access_add_attempt(&r, "10.0.0.2:50051");
+	access_set_outcome(&r, "reset");
+	access_add_attempt(&r, "10.0.0.1:50051");
+	access_set_status(&r, 200);
+	access_set_grpc_status(&r, GRPC_OK);
+	r.attempts = 3;
+	r.status = 200;
+	char *l = line_of(&r);
+	assert_contains(l, "\"tries\":[{\"endpoint\":\"10.0.0.1:50051\",\"status\":200,"
+	                   "\"grpc_status\":14,\"grpc_status_name\":\"unavailable\"},"
+	                   "{\"endpoint\":\"10.0.0.2:50051\",\"outcome\":\"reset\"},"
+	                   "{\"endpoint\":\"10.0.0.1:50051\",\"status\":200,\"grpc_status\":0,"
+	                   "\"grpc_status_name\":\"ok\"}]");
+	free(l);
+}
+
+static void test_http_try_unchanged(void **state)
+{
+	(void)state;
+	struct http_head h;
+	struct access_rec r = base(&h);
+	access_add_attempt(&r, "10.0.0.1:80");
+	access_set_status(&r, 503);
+	access_set_grpc_status(&r, 17);     /* outside 0..16: ignored */
+	access_set_grpc_status(&r, -1);
+	r.attempts = 1;
+	r.status = 503;
+	char *l = line_of(&r);
+	assert_contains(l, "\"tries\":[{\"endpoint\":\"10.0.0.1:80\",\"status\":503}]");
+	assert_null(strstr(l, "grpc"));
+	free(l);
+}
+
+static void test_grpc_status_before_any_attempt_is_ignored(void **state)
+{
+	(void)state;
+	struct http_head h;
+	struct access_rec r = base(&h);
+	access_set_grpc_status(&r, GRPC_INTERNAL);
+	r.status = 200;
+	char *l = line_of(&r);
+	assert_contains(l, "\"tries\":[]");
+	assert_null(strstr(l, "grpc_status"));
+	free(l);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_grpc_status_per_try),
+		cmocka_unit_test(test_http_try_unchanged),
+		cmocka_unit_test(test_grpc_status_before_any_attempt_is_ignored),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
