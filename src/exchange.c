@@ -11,7 +11,7 @@
  * request is forward_h1_head() or, to an HTTP/2 upstream, forward_h2_headers(), every response
  * it makes is respond.c's, the client's wire format is the responder's, the idempotency claim
  * is an idem_job; how the exchange ends and what reaches the client is exchange_reply.c,
- * SPEC §11 faults are exchange_fault.c.
+ * SPEC §11 faults are exchange_fault.c, SPEC §10 (a gRPC call's outcome) exchange_grpc.c.
  *
  * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
  * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the
@@ -37,7 +37,6 @@
 #include "exchange_impl.h"
 #include "faults.h"
 #include "forward.h"
-#include "grpc.h"
 #include "http.h"
 #include "idem_job.h"
 #include "log.h"
@@ -84,7 +83,7 @@ static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool r
 
 /* SPEC §13: the attempt's outcome (STATUS with OUT_STATUS; HINTED: it carried a Retry-After,
  * which sets a hold instead), for the passive health of its endpoint. */
-static void report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted)
+void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
 	int neps = upstream_endpoints(ex->ub, eps);
@@ -96,23 +95,12 @@ static void report_health_as(struct exchange *ex, enum outcome out, int status, 
 		     ex->up->health.consecutive_failures);
 }
 
-static void report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
+void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
 {
 	size_t n;
 	bool hinted = h && (h->status == 429 || h->status == 503) &&
 	              http_head_get(h, "Retry-After", &n);
-	report_health_as(ex, out, h ? h->status : 0, hinted);
-}
-
-/* A gRPC status for passive health: the server-side failures count as a 5xx would (as Envoy
- * maps them: UNAVAILABLE 503, INTERNAL/UNKNOWN/DATA_LOSS 500, DEADLINE_EXCEEDED 504), and a
- * pushback is a Retry-After. Everything else is the service answering. */
-static void report_health_grpc(struct exchange *ex, int code)
-{
-	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
-	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
-	report_health_as(ex, OUT_STATUS, failed ? 503 : 200,
-	                 failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor);
+	ex_report_health_as(ex, out, h ? h->status : 0, hinted);
 }
 
 /* ------------------------------------------------------------------ attempts */
@@ -306,98 +294,6 @@ int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int6
 	return delay;
 }
 
-/* SPEC §10: with retry_after.honor, a non-negative grpc-retry-pushback-ms puts a hold on the
- * endpoint that answered, whether or not a retry follows. Returns it in µs, or -1 for none. */
-static int64_t grpc_pushback_hold(struct exchange *ex, int64_t now)
-{
-	if (!ex->up->retry.retry_after_honor || ex->pushback_us < 0)
-		return -1;
-	if (ex->pushback_us > 0)
-		upstream_hold(ex->att_ep, now + ex->pushback_us);
-	return ex->pushback_us;
-}
-
-/* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:
- * counted and logged per attempt. Returns the code, or -1 when there is none. */
-static int grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
-{
-	int code = -1;
-	int64_t pb = -1;
-	for (int i = 0; i < n; i++) {
-		if (str_ieq(f[i].name, f[i].nlen, "grpc-status", 11)) {
-			code = grpc_status_parse(f[i].value, f[i].vlen);
-		} else if (str_ieq(f[i].name, f[i].nlen, "grpc-retry-pushback-ms", 22)) {
-			int64_t us;
-			pb = grpc_pushback_parse(f[i].value, f[i].vlen, &us) ? us : -2;
-		}
-	}
-	if (code < 0)
-		return -1;
-	ex->att_grpc = code;
-	ex->pushback_us = pb;
-	STAT_INC(ex->us->grpc_responses[code]);
-	access_set_grpc_status(&ex->log, code);
-	if (ex->state == X_ATTEMPT)
-		report_health_grpc(ex, code);   /* a committed call reported when it committed */
-	return code;
-}
-
-/* The gRPC attempt A's outcome is its grpc-status (ex->att_grpc): from Trailers-Only head H,
- * or from trailers T[N] that followed held head H with no DATA. Retry, or relay it whole. */
-static void grpc_decide(struct exchange *ex, struct attempt *a, const struct http_head *h,
-                        const struct http_hdr *t, int n)
-{
-	if (cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)) {
-		ex->dec_trailers = t;
-		ex->dec_ntrailers = n;
-		ex_decide(ex, OUT_STATUS, h, false);
-		ex->dec_trailers = NULL;
-		ex->dec_ntrailers = 0;
-		return;
-	}
-	grpc_pushback_hold(ex, clock_now_us());     /* not retried, but it may set a hold */
-	ex_relay_from(ex, a, h, RR_NONE);
-	if (n > 0)
-		ex_relay_trailers(ex, t, n);
-}
-
-/* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. */
-static void grpc_hold(struct exchange *ex, const struct http_head *h)
-{
-	saved_keep(&ex->held, h, NULL);
-	ex->grpc_wait = true;
-	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
-	 * timer stopped when the head came) */
-	int64_t now = clock_now_us();
-	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
-	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
-		struct timeval tv = clock_tv(left > 0 ? left : 0);
-		evtimer_add(&ex->hold_ev, &tv);
-	}
-}
-
-static void grpc_unhold(struct exchange *ex)
-{
-	ex->grpc_wait = false;
-	evtimer_del(&ex->hold_ev);
-	saved_clear(&ex->held);
-}
-
-/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
- * (retried only where a timeout may be, rule 4). */
-static void grpc_hold_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct exchange *ex = arg;
-	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (!ex->grpc_wait || !ex->att || ex->state != X_ATTEMPT)
-		return;
-	grpc_unhold(ex);
-	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
-	report_health(ex, OUT_TIMEOUT, NULL);
-	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
-	ex_decide(ex, OUT_TIMEOUT, NULL, false);
-}
-
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
@@ -437,7 +333,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		f.grpc = true;
 		f.grpc_status = ex->att_grpc;
 		f.pushback_refuse = rc->retry_after_honor && ex->pushback_us == -2;
-		int64_t pb = grpc_pushback_hold(ex, now);
+		int64_t pb = ex_grpc_pushback_hold(ex, now);
 		if (pb >= 0)
 			f.retry_after_us = pb;
 	}
@@ -527,23 +423,13 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
 	if (!ex->grpc || h->status != 200)
-		report_health(ex, OUT_STATUS, h);  /* a gRPC 200 reports once its outcome is known */
+		ex_report_health(ex, OUT_STATUS, h);  /* a gRPC 200 reports once its outcome is known */
 	access_set_status(&ex->log, h->status);
 	ex->last_out = OUT_STATUS;      /* the last attempt answered (a reset before is history) */
 	ex->last_att_status = h->status;
 	ex->reached = true;
-	if (ex->grpc && h->status == 200) {
-		/* SPEC §10: Trailers-Only names its outcome at once; any other head waits */
-		if (!h->end_stream) {
-			grpc_hold(ex, h);
-			return;
-		}
-		if (grpc_outcome(ex, h->hdrs, h->nhdrs) >= 0) {
-			grpc_decide(ex, a, h, NULL, 0);
-			return;
-		}
-		report_health(ex, OUT_STATUS, h);      /* no status: an HTTP outcome after all */
-	}
+	if (ex->grpc && h->status == 200 && ex_grpc_head(ex, a, h))
+		return;
 	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
 		ex_decide(ex, OUT_STATUS, h, false);
 		return;
@@ -557,13 +443,8 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
 	if (ex->grpc_wait && a == ex->att && ex->state == X_ATTEMPT &&
-	    evbuffer_get_length(data) > 0) {
-		/* SPEC §10 (gRFC A6): the first response message commits the call: relayed, never
-		 * retried, whatever grpc-status its trailers carry */
-		report_health_as(ex, OUT_STATUS, 200, false);
-		ex_relay_from(ex, a, &ex->held.h, RR_NONE);
-		grpc_unhold(ex);
-	}
+	    evbuffer_get_length(data) > 0)
+		ex_grpc_commit(ex, a);
 	if (ex->state != X_DONE && a == ex->saved.a) {
 		size_t have = evbuffer_get_length(ex->saved.body);
 		size_t cap = (size_t)ex->up->retry.max_body;
@@ -594,15 +475,7 @@ static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t,
 	if (ex->state == X_DONE)
 		return;
 	if (ex->grpc_wait && a == ex->att) {
-		/* headers, then trailers with no DATA (linkerd2#7701): the outcome is their status */
-		if (grpc_outcome(ex, t, n) >= 0) {
-			grpc_decide(ex, a, &ex->held.h, t, n);
-		} else {
-			report_health_as(ex, OUT_STATUS, 200, false);
-			ex_relay_from(ex, a, &ex->held.h, RR_NONE);
-			ex_relay_trailers(ex, t, n);
-		}
-		grpc_unhold(ex);
+		ex_grpc_trailers(ex, a, t, n);
 		return;
 	}
 	if (a == ex->saved.a) {
@@ -611,7 +484,7 @@ static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t,
 	}
 	if (ex->state == X_RELAY && a == ex->relay) {
 		if (ex->grpc)
-			grpc_outcome(ex, t, n);     /* a committed call's final status, for the count */
+			ex_grpc_outcome(ex, t, n);  /* a committed call's final status, for the count */
 		ex_relay_trailers(ex, t, n);
 	}
 }
@@ -653,22 +526,12 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	}
 	if (a != ex->att)
 		return;
-	if (ex->grpc_wait) {
-		if (out == OUT_NONE) {
-			/* headers then an empty end: no message, no status; the client judges it */
-			ex_relay_from(ex, a, &ex->held.h, RR_NONE);
-			grpc_unhold(ex);
-			ex->relay = NULL;
-			attempt_free(a);
-			ex_relay_complete(ex);
-			return;
-		}
-		grpc_unhold(ex);        /* cut after its head: a reset, decided below */
-	}
+	if (ex->grpc_wait && ex_grpc_end(ex, a, out))
+		return;
 	if (out != OUT_CONNECT_FAILURE)
 		ex->reached = true;
 	STAT_INC(ex->us->outcomes[bad ? OUT_RESET : out]);
-	report_health(ex, bad ? OUT_RESET : out, NULL);
+	ex_report_health(ex, bad ? OUT_RESET : out, NULL);
 	access_set_outcome(&ex->log, bad ? "bad-response" : outcome_name(out));
 	slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d to %s: %s (%s)", ex->up->name, ex->attempts,
 	     attempt_peer(a), bad ? "bad-response" : outcome_name(out), detail ? detail : "");
@@ -701,7 +564,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 		access_set_outcome(&ex->log, outcome_name(o));
 		attempt_free(ex->att);
 		ex->att = NULL;
-		grpc_unhold(ex);
+		ex_grpc_unhold(ex);
 	} else if (ex->fault_pending) {
 		/* a fault's attempt: a delay cut is a timeout (SPEC §11), the rest sent nothing */
 		enum outcome o = ex->fault->kind == FAULT_DELAY ? OUT_TIMEOUT : OUT_CONNECT_FAILURE;
@@ -747,7 +610,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
 	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
 	evtimer_assign(&ex->fault_ev, loop->base, ex_fault_cb, ex);
-	evtimer_assign(&ex->hold_ev, loop->base, grpc_hold_cb, ex);
+	evtimer_assign(&ex->hold_ev, loop->base, ex_grpc_hold_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);

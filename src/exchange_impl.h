@@ -1,9 +1,10 @@
 /*
- * exchange_impl: what the three files of the exchange share, and nobody else: the object, its
+ * exchange_impl: what the four files of the exchange share, and nobody else: the object, its
  * states, and the functions one part calls in another. exchange.c is the state machine (intake,
  * attempts, the retry decision, backoff, deadline, the attempt's news); exchange_reply.c is how
  * it ends (what reaches the client, relayed or made here, the accounting and the log line);
- * exchange_fault.c applies SPEC §11 faults to its attempts. Only these three include this file.
+ * exchange_fault.c applies SPEC §11 faults to its attempts, exchange_grpc.c SPEC §10 to a gRPC
+ * call's. Only these four include this file.
  */
 #ifndef RG_EXCHANGE_IMPL_H
 #define RG_EXCHANGE_IMPL_H
@@ -136,6 +137,20 @@ void ex_deliver_last(struct exchange *ex);
 void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_head *h);
 void ex_relay_informational(struct exchange *ex, const struct http_head *h);
 void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n);
+
+/* exchange.c: passive health (SPEC §13) of the attempt's endpoint */
+void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted);
+void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h);
+
+/* exchange_grpc.c: SPEC §10 on a gRPC call's attempts */
+bool ex_grpc_head(struct exchange *ex, struct attempt *a, const struct http_head *h);
+void ex_grpc_commit(struct exchange *ex, struct attempt *a);
+void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_hdr *t, int n);
+bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out);
+int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n);
+int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now);
+void ex_grpc_unhold(struct exchange *ex);
+void ex_grpc_hold_cb(evutil_socket_t fd, short what, void *arg);
 
 /* exchange_fault.c */
 const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now);
