@@ -12,6 +12,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <nghttp2/nghttp2.h>
 
 #include "clock.h"
 #include "config.h"
@@ -33,7 +34,12 @@ struct probe {
 	int64_t timeout_us;
 	struct sockaddr_storage addr;
 	int addrlen;
-	char req[1024];
+	char req[1024];                 /* HTTP/1.1: the request; HTTP/2: path, then authority */
+	size_t pathlen;
+	bool h2;                        /* protocol: h2 upstream: the probe speaks HTTP/2 too */
+	nghttp2_session *ng;
+	int status;                     /* HTTP/2: the response's :status, 0 until it came */
+	bool ended;                     /* HTTP/2: the stream closed (a verdict is due) */
 	struct bufferevent *bev;
 	struct event *timer;
 	LIST_ENTRY(probe) link;         /* in p_active */
@@ -59,6 +65,8 @@ int probe_parse_status(const char *line, int len)
 static void probe_free(struct probe *p)
 {
 	LIST_REMOVE(p, link);
+	if (p->ng)
+		nghttp2_session_del(p->ng);
 	if (p->bev)
 		bufferevent_free(p->bev);
 	if (p->timer)
@@ -95,11 +103,91 @@ static void probe_end(struct probe *p, bool ok, const char *why)
 	probe_free(p);
 }
 
+/* ---------------------------------------------------------------- HTTP/2 probes */
+
+static int h2_header_cb(nghttp2_session *ng, const nghttp2_frame *f, const uint8_t *name,
+                        size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *arg)
+{
+	struct probe *p = arg;
+	if (f->hd.type == NGHTTP2_HEADERS && nlen == 7 && memcmp(name, ":status", 7) == 0 &&
+	    vlen == 3 && p->status == 0) {
+		int st = (value[0] - '0') * 100 + (value[1] - '0') * 10 + (value[2] - '0');
+		if (st >= 200 && st <= 999)
+			p->status = st;     /* a 1xx is not the answer */
+	}
+	return 0;
+}
+
+static int h2_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void *arg)
+{
+	((struct probe *)arg)->ended = true;
+	return 0;
+}
+
+/* Whatever nghttp2 has to send goes out (the preface, SETTINGS, the request, ACKs). */
+static bool h2_flush(struct probe *p)
+{
+	const uint8_t *data;
+	ssize_t n;
+	while ((n = nghttp2_session_mem_send(p->ng, &data)) > 0)
+		bufferevent_write(p->bev, data, (size_t)n);
+	return n == 0;
+}
+
+/* A GET of the path on a prior-knowledge HTTP/2 connection: the same question as the
+ * HTTP/1.1 probe, asked in the endpoint's protocol (an h2c server does not read HTTP/1). */
+static bool h2_start(struct probe *p)
+{
+	nghttp2_session_callbacks *cb;
+	if (nghttp2_session_callbacks_new(&cb) != 0)
+		return false;
+	nghttp2_session_callbacks_set_on_header_callback(cb, h2_header_cb);
+	nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_close_cb);
+	int rv = nghttp2_session_client_new(&p->ng, cb, p);
+	nghttp2_session_callbacks_del(cb);
+	if (rv != 0)
+		return false;
+	const char *auth = p->req + p->pathlen + 1;
+	nghttp2_nv nv[] = {
+		{ (uint8_t *)":method", (uint8_t *)"GET", 7, 3, NGHTTP2_NV_FLAG_NONE },
+		{ (uint8_t *)":scheme", (uint8_t *)"http", 7, 4, NGHTTP2_NV_FLAG_NONE },
+		{ (uint8_t *)":authority", (uint8_t *)auth, 10, strlen(auth), NGHTTP2_NV_FLAG_NONE },
+		{ (uint8_t *)":path", (uint8_t *)p->req, 5, p->pathlen, NGHTTP2_NV_FLAG_NONE },
+		{ (uint8_t *)"user-agent", (uint8_t *)"retrygate-probe", 10, 15, NGHTTP2_NV_FLAG_NONE },
+	};
+	return nghttp2_submit_settings(p->ng, NGHTTP2_FLAG_NONE, NULL, 0) == 0 &&
+	       nghttp2_submit_request(p->ng, NULL, nv, sizeof(nv) / sizeof(nv[0]), NULL, NULL) > 0 &&
+	       h2_flush(p);
+}
+
+static void h2_read(struct probe *p, struct evbuffer *in)
+{
+	size_t n = evbuffer_get_length(in);
+	ssize_t used = nghttp2_session_mem_recv(p->ng, evbuffer_pullup(in, -1), n);
+	evbuffer_drain(in, n);
+	if (used < 0) {
+		probe_end(p, false, "bad HTTP/2");
+		return;
+	}
+	char why[32];
+	snprintf(why, sizeof(why), "status %d", p->status);
+	if (p->status) {
+		probe_end(p, p->status <= 299, why);        /* the head is the answer */
+		return;
+	}
+	if (p->ended || !h2_flush(p))
+		probe_end(p, false, "stream closed without a status");
+}
+
 static void probe_read_cb(struct bufferevent *bev, void *arg)
 {
 	struct probe *p = arg;
 	MAGIC_CHECK(p, PROBE_MAGIC);
 	struct evbuffer *in = bufferevent_get_input(bev);
+	if (p->h2) {
+		h2_read(p, in);
+		return;
+	}
 	struct evbuffer_ptr eol = evbuffer_search_eol(in, NULL, NULL, EVBUFFER_EOL_CRLF);
 	if (eol.pos < 0) {
 		if (evbuffer_get_length(in) > MAX_HEAD)
@@ -145,7 +233,14 @@ static void probe_send(struct probe *p)
 	evtimer_add(p->timer, &tv);
 	bufferevent_setcb(p->bev, probe_read_cb, NULL, probe_event_cb, p);
 	bufferevent_enable(p->bev, EV_READ);
-	bufferevent_write(p->bev, p->req, strlen(p->req));
+	if (p->h2) {
+		if (!h2_start(p)) {
+			probe_end(p, false, "cannot start HTTP/2");
+			return;
+		}
+	} else {
+		bufferevent_write(p->bev, p->req, strlen(p->req));
+	}
 	if (bufferevent_socket_connect(p->bev, (struct sockaddr *)&p->addr, p->addrlen) < 0)
 		probe_end(p, false, "connect failed");
 }
@@ -173,9 +268,18 @@ static void due_cb(void *arg, const struct cfg_upstream *u, struct ep_state *ep)
 	p->timeout_us = h->active_timeout_us;
 	memcpy(&p->addr, &ep->addr, sizeof(p->addr));
 	p->addrlen = ep->addrlen;
-	snprintf(p->req, sizeof(p->req), "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: retrygate-probe"
-	         "\r\nConnection: close\r\n\r\n", h->active_path,
-	         *u->host_rewrite ? u->host_rewrite : ep->host);
+	const char *host = *u->host_rewrite ? u->host_rewrite : ep->host;
+	p->h2 = u->protocol == UP_H2;
+	if (p->h2) {
+		/* the path, a NUL, the authority */
+		int n = snprintf(p->req, sizeof(p->req), "%s%c%s", h->active_path, 0, host);
+		p->pathlen = strlen(h->active_path);
+		if (n < 0 || (size_t)n >= sizeof(p->req))
+			p->req[sizeof(p->req) - 1] = 0;
+	} else {
+		snprintf(p->req, sizeof(p->req), "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: "
+		         "retrygate-probe\r\nConnection: close\r\n\r\n", h->active_path, host);
+	}
 	ep->probing = true;
 	ep->probe_next_us = d->now + h->active_interval_us;
 	d->p[d->n++] = p;

@@ -421,3 +421,27 @@ def test_tls_endpoint_without_h2_is_a_connect_failure(h2up, rg_factory, certs):
     assert r.status == 502 and r.headers["X-Retrygate-Reason"] == "connect-failure", r
     assert attempts(r) == "2"      # a connect-failure is retried whatever the method
     assert up.requests == []
+
+
+# ------------------------------------------------------------------------------- active health
+
+def test_active_probes_speak_http2_to_an_h2_upstream(h2up, rg_factory):
+    """SPEC §13 probes to a `protocol: h2` upstream are HTTP/2 requests (an h2c server does not
+    read HTTP/1.1): a 503 marks the endpoint down, a 200 up again."""
+    a, b = h2up(), h2up()
+    a.set_default(respond(200, body=b"ok"))
+    b.set_default(respond(503, body=b"sick"))
+    rg = rg_factory(upstreams={"api": {
+        "endpoints": [a.endpoint, b.endpoint], "protocol": "h2", "host_rewrite": "svc.example",
+        "health": {"active": {"path": "/healthz", "interval": "100ms", "timeout": "500ms",
+                              "unhealthy_after": 2, "healthy_after": 2}}}})
+    wait_for(lambda: rg.metric("retrygate_endpoint_up", upstream="api", endpoint=b.endpoint) == 0,
+             timeout=5, what="b probed down")
+    assert rg.metric("retrygate_endpoint_up", upstream="api", endpoint=a.endpoint) == 1
+    q = [r for r in b.requests if r.header(":path") == "/healthz"]
+    assert len(q) >= 2, b.requests
+    assert q[0].header(":method") == "GET" and q[0].header(":authority") == "svc.example"
+    assert rg.metric("retrygate_upstream_attempts_total", upstream="api") == 0
+    b.set_default(respond(200, body=b"ok"))
+    wait_for(lambda: rg.metric("retrygate_endpoint_up", upstream="api", endpoint=b.endpoint) == 1,
+             timeout=5, what="b probed up")
