@@ -610,7 +610,6 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
 	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
 	evtimer_assign(&ex->fault_ev, loop->base, ex_fault_cb, ex);
-	evtimer_assign(&ex->hold_ev, loop->base, ex_grpc_hold_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
@@ -819,7 +818,6 @@ void exchange_free(struct exchange *ex)
 	evtimer_del(&ex->deadline_ev);
 	evtimer_del(&ex->backoff_ev);
 	evtimer_del(&ex->fault_ev);
-	evtimer_del(&ex->hold_ev);
 	loop_buf_put(ex->loop, ex->rb.buf);
 	free(ex->req_trailers);
 	free(ex->req_tmem);

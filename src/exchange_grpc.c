@@ -6,14 +6,18 @@
  * ex_decide(). grpc-retry-pushback-ms is the Retry-After of such an outcome. The per-try
  * timeout runs on while a head is held.
  */
+#include <stdlib.h>
+
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 
 #include "attempt.h"
 #include "clock.h"
 #include "config.h"
 #include "exchange_impl.h"
 #include "grpc.h"
+#include "loop.h"
 #include "stats.h"
 #include "upstream.h"
 #include "util.h"
@@ -87,7 +91,9 @@ static void grpc_decide(struct exchange *ex, struct attempt *a, const struct htt
 /* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. */
 static void grpc_hold(struct exchange *ex, const struct http_head *h)
 {
-	saved_keep(&ex->held, h, NULL);
+	ex->held = xcalloc(1, sizeof(*ex->held));
+	saved_keep(&ex->held->head, h, NULL);
+	evtimer_assign(&ex->held->ev, ex->loop->base, ex_grpc_hold_cb, ex);
 	ex->grpc_wait = true;
 	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
 	 * timer stopped when the head came) */
@@ -95,15 +101,19 @@ static void grpc_hold(struct exchange *ex, const struct http_head *h)
 	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
 	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
 		struct timeval tv = clock_tv(left > 0 ? left : 0);
-		evtimer_add(&ex->hold_ev, &tv);
+		evtimer_add(&ex->held->ev, &tv);
 	}
 }
 
 void ex_grpc_unhold(struct exchange *ex)
 {
 	ex->grpc_wait = false;
-	evtimer_del(&ex->hold_ev);
-	saved_clear(&ex->held);
+	if (!ex->held)
+		return;
+	evtimer_del(&ex->held->ev);
+	saved_clear(&ex->held->head);
+	free(ex->held);
+	ex->held = NULL;
 }
 
 /* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
@@ -141,7 +151,7 @@ bool ex_grpc_head(struct exchange *ex, struct attempt *a, const struct http_head
 void ex_grpc_commit(struct exchange *ex, struct attempt *a)
 {
 	ex_report_health_as(ex, OUT_STATUS, 200, false);
-	ex_relay_from(ex, a, &ex->held.h, RR_NONE);
+	ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
 	ex_grpc_unhold(ex);
 }
 
@@ -149,10 +159,10 @@ void ex_grpc_commit(struct exchange *ex, struct attempt *a)
 void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_hdr *t, int n)
 {
 	if (ex_grpc_outcome(ex, t, n) >= 0) {
-		grpc_decide(ex, a, &ex->held.h, t, n);
+		grpc_decide(ex, a, &ex->held->head.h, t, n);
 	} else {
 		ex_report_health_as(ex, OUT_STATUS, 200, false);
-		ex_relay_from(ex, a, &ex->held.h, RR_NONE);
+		ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
 		ex_relay_trailers(ex, t, n);
 	}
 	ex_grpc_unhold(ex);
@@ -166,7 +176,7 @@ bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out)
 		ex_grpc_unhold(ex);
 		return false;
 	}
-	ex_relay_from(ex, a, &ex->held.h, RR_NONE);
+	ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
 	ex_grpc_unhold(ex);
 	ex->relay = NULL;
 	attempt_free(a);

@@ -38,6 +38,13 @@ struct ustats;
 
 enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
 
+/* A gRPC head held while its outcome is unknown (exchange_grpc.c), with the per-try timer
+ * that still runs meanwhile. Apart from the exchange: HTTP requests never need it. */
+struct grpc_held {
+	struct saved_response head;     /* deep copy: the transport's goes away */
+	struct event ev;
+};
+
 struct exchange {
 	uint32_t magic;
 	enum xstate state;
@@ -100,8 +107,7 @@ struct exchange {
 	bool grpc;
 	bool idem_path;                 /* the path is one of retry.idempotent_paths (rule 4) */
 	bool grpc_wait;
-	struct saved_response held;     /* the held head (deep copy: the transport's goes away) */
-	struct event hold_ev;           /* the per-try timeout while it is held */
+	struct grpc_held *held;         /* that head, while held (gRPC calls only: allocated) */
 	int att_grpc;                   /* the current attempt's grpc-status; -1: none */
 	int64_t pushback_us;            /* its grpc-retry-pushback-ms: -1 none, -2 "do not retry" */
 	int client_grpc;                /* the grpc-status the client got; -1: none (yet) */

@@ -66,9 +66,7 @@ void ex_end(struct exchange *ex)
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
-	saved_clear(&ex->held);
-	ex->grpc_wait = false;
-	evtimer_del(&ex->hold_ev);
+	ex_grpc_unhold(ex);
 	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
 	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
 	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached, ex->resp_complete))
