@@ -949,6 +949,13 @@ static struct h2_conn *conn_pick(struct loop *l, struct ep_state *ep, struct poo
 
 /* ---------------------------------------------------------------- streams */
 
+/* Frames wait for the end of this loop turn, then leave together: a body, its end and the
+ * window updates of one turn in one flush (and one DATA frame with END_STREAM, not two). */
+static void conn_kick(struct h2_conn *c)
+{
+	event_active(&c->kick, EV_TIMEOUT, 0);
+}
+
 struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
                                  const struct h2_open *o, const struct h2_stream_cbs *cbs,
                                  void *arg)
@@ -1018,7 +1025,7 @@ void h2_stream_send_body(struct h2_stream *s, struct evbuffer *data)
 		s->data_deferred = false;
 		nghttp2_session_resume_data(s->c->ng, s->id);
 	}
-	conn_flush(s->c);
+	conn_kick(s->c);
 }
 
 void h2_stream_send_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
@@ -1037,7 +1044,7 @@ void h2_stream_body_end(struct h2_stream *s)
 		s->data_deferred = false;
 		nghttp2_session_resume_data(s->c->ng, s->id);
 	}
-	conn_flush(s->c);
+	conn_kick(s->c);
 }
 
 void h2_stream_consume(struct h2_stream *s, size_t n)
@@ -1045,7 +1052,7 @@ void h2_stream_consume(struct h2_stream *s, size_t n)
 	if (!s || s->state == H_CLOSED || n == 0)
 		return;
 	nghttp2_session_consume(s->c->ng, s->id, n);
-	conn_flush(s->c);
+	conn_kick(s->c);
 }
 
 /* ---------------------------------------------------------------- worker exit */
