@@ -22,6 +22,7 @@
 #include <event2/event_struct.h>
 
 #include "h2_conn.h"
+#include "h2_mem.h"
 #include "clock.h"
 #include "http.h"
 #include "loop.h"
@@ -134,33 +135,6 @@ static const nghttp2_nv *never_index(nghttp2_nv *local, const nghttp2_nv *nv, si
 			local[i].flags |= NGHTTP2_NV_FLAG_NO_INDEX;
 	}
 	return local;
-}
-
-/* nghttp2's allocations (a few per frame) from the loop's block lists (loop_blk_alloc): the
- * session lives and dies on one loop, and malloc + free cost several times a list pop. */
-static void *ng_malloc(size_t n, void *ud)
-{
-	return loop_blk_alloc(ud, n);
-}
-
-static void ng_free(void *p, void *ud)
-{
-	loop_blk_free(ud, p);
-}
-
-static void *ng_calloc(size_t k, size_t n, void *ud)
-{
-	if (n && k > SIZE_MAX / n)
-		return NULL;
-	void *p = loop_blk_alloc(ud, k * n);
-	if (p)
-		memset(p, 0, k * n);
-	return p;
-}
-
-static void *ng_realloc(void *p, size_t n, void *ud)
-{
-	return loop_blk_realloc(ud, p, n);
 }
 
 /* The one writer of a connection's state (DESIGN rule 2). */
@@ -875,7 +849,7 @@ static nghttp2_session *session_new(struct h2_conn *c)
 	 * unlimited): a burst on a new connection waits one round trip, queued, instead of being
 	 * refused by a server whose limit is low */
 	nghttp2_option_set_peer_max_concurrent_streams(opt, 1);
-	nghttp2_mem mem = { c->loop, ng_malloc, ng_free, ng_calloc, ng_realloc };
+	nghttp2_mem mem = h2_mem(c->loop);
 	if (nghttp2_session_client_new3(&ng, cb, c, opt, &mem) != 0)
 		ng = NULL;
 	nghttp2_option_del(opt);

@@ -30,6 +30,7 @@
 #include "exchange.h"
 #include "grpc.h"
 #include "h2_guard.h"
+#include "h2_mem.h"
 #include "h2_session.h"
 #include "h2_session_impl.h"
 #include "http.h"
@@ -727,33 +728,6 @@ static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void 
 	return 0;
 }
 
-/* nghttp2's allocations (a few per frame) from the loop's block lists (loop_blk_alloc): the
- * session lives and dies on one loop, and malloc + free cost several times a list pop. */
-static void *ng_malloc(size_t n, void *ud)
-{
-	return loop_blk_alloc(ud, n);
-}
-
-static void ng_free(void *p, void *ud)
-{
-	loop_blk_free(ud, p);
-}
-
-static void *ng_calloc(size_t k, size_t n, void *ud)
-{
-	if (n && k > SIZE_MAX / n)
-		return NULL;
-	void *p = loop_blk_alloc(ud, k * n);
-	if (p)
-		memset(p, 0, k * n);
-	return p;
-}
-
-static void *ng_realloc(void *p, size_t n, void *ud)
-{
-	return loop_blk_realloc(ud, p, n);
-}
-
 /* ------------------------------------------------------------------ connection */
 
 static void session_free_cb(void *p)
@@ -1024,7 +998,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	nghttp2_option_new(&opt);
 	nghttp2_option_set_no_auto_window_update(opt, 1);
 	nghttp2_option_set_no_closed_streams(opt, 1);
-	nghttp2_mem mem = { loop, ng_malloc, ng_free, ng_calloc, ng_realloc };
+	nghttp2_mem mem = h2_mem(loop);
 	nghttp2_session_server_new3(&s->ng, cbs, s, opt, &mem);
 	nghttp2_option_del(opt);
 	nghttp2_session_callbacks_del(cbs);
