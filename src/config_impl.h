@@ -190,7 +190,6 @@ struct store_url {
 	size_t user_len, pass_len;
 };
 
-/* "memory" | "redis://[user:password@]host[:port][/db]": true and *U filled when S is one. */
 /* config_values.c: checks of single values, named by the schema tables */
 const char *check_nonempty(char *s, char *buf, size_t cap);
 const char *check_visible(char *s, char *buf, size_t cap);
@@ -206,6 +205,7 @@ const char *check_probe_path(char *s, char *buf, size_t cap);
 const char *check_resolver(char *s, char *buf, size_t cap);
 const char *check_store(char *s, char *buf, size_t cap);
 bool listen_parse(const char *s, int *family, unsigned char addr[16], int *port);
+/* "memory" | "redis://[user:password@]host[:port][/db]": true and *U filled when S is one. */
 bool store_split(const char *s, struct store_url *u);
 /* A redis:// URL's parts, decoded (user and password percent-decoded, taken); false if none. */
 bool redis_url_decode(const char *url, char **host, int *port, int *db, char **user,

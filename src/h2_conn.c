@@ -137,25 +137,9 @@ static const nghttp2_nv *never_index(nghttp2_nv *local, const nghttp2_nv *nv, si
 	return local;
 }
 
-/* The one writer of a connection's state (DESIGN rule 2). */
-static void conn_set_state(struct h2_conn *c, enum cstate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (c->state == C_DEAD && st != C_DEAD)
-		magic_fail(__FILE__, __LINE__, "C_DEAD is terminal");
-#endif
-	c->state = st;
-}
-
-/* The one writer of a stream's state. */
-static void stream_set_state(struct h2_stream *s, enum hstate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (s->state == H_CLOSED && st != H_CLOSED)
-		magic_fail(__FILE__, __LINE__, "H_CLOSED is terminal");
-#endif
-	s->state = st;
-}
+/* The one writer of each object's state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(conn_set_state, h2_conn, cstate, C_DEAD)
+DEFINE_STATE_SETTER(stream_set_state, h2_stream, hstate, H_CLOSED)
 
 static struct h2_table *table(struct loop *l)
 {

@@ -47,14 +47,7 @@ static void flush(struct h2_session *s);
 static struct http_hdr *hdr_slot(struct h2_stream *st);
 
 /* The one writer of s's state (DESIGN rule 2). */
-static void set_state(struct h2_session *s, enum hstate st)
-{
-#ifdef RG_CHECK_MAGIC
-	if (s->state == H_CLOSED && st != H_CLOSED)
-		magic_fail(__FILE__, __LINE__, "H_CLOSED is terminal");
-#endif
-	s->state = st;
-}
+DEFINE_STATE_SETTER(set_state, h2_session, hstate, H_CLOSED)
 
 static const char *const defence_name[] = {
 #define X_NAME(id, value) [id] = value,
