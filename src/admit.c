@@ -47,9 +47,11 @@ static bool request_marked_retry(const struct http_head *r, bool grpc)
  * POST: gRPC needs trailers, which we only relay over HTTP/2. */
 static bool request_is_grpc(const struct http_head *r)
 {
+	if (r->version != 20)
+		return false;           /* no header scan for an HTTP/1 request */
 	size_t n = 0;
 	const char *ct = http_head_get(r, "content-type", &n);
-	return r->version == 20 && ct && grpc_content_type(ct, n);
+	return ct && grpc_content_type(ct, n);
 }
 
 /* The path without its query starts with one of retry.idempotent_paths (§4 rule 4) */

@@ -171,7 +171,6 @@ void ex_send_head(struct exchange *ex, const struct http_head *h, enum refusal r
 	struct relayed_head rh;
 	respond_relayed(&rh, h, ex->attempts, refused, ex->close_after, false);
 	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
-	rh.head.end_stream = h->end_stream;     /* Trailers-Only stays Trailers-Only (SPEC §10) */
 	if (h->end_stream && ex->grpc)
 		ex->client_grpc = ex->att_grpc;
 	idem_job_record_head(ex->idem, &rh.head);

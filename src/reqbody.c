@@ -10,6 +10,28 @@
 #define STREAM_HIGH (256 * 1024)    /* upstream output above this: stop reading the client */
 #define BUFFER_STEP (64 * 1024)     /* what a buffering body takes per read */
 
+/* Append a copy of SRC to DST, extent by extent (SRC untouched, not made contiguous). */
+static void copy_into(struct evbuffer *dst, struct evbuffer *src)
+{
+	struct evbuffer_iovec v[8];
+	struct evbuffer_ptr at;
+	evbuffer_ptr_set(src, &at, 0, EVBUFFER_PTR_SET);
+	size_t left = evbuffer_get_length(src);
+	while (left > 0) {
+		int n = evbuffer_peek(src, (ev_ssize_t)left, &at, v, 8);
+		if (n <= 0)
+			break;
+		size_t got = 0;
+		for (int i = 0; i < n && i < 8; i++) {
+			size_t len = v[i].iov_len < left - got ? v[i].iov_len : left - got;
+			evbuffer_add(dst, v[i].iov_base, len);
+			got += len;
+		}
+		left -= got;
+		evbuffer_ptr_set(src, &at, got, EVBUFFER_PTR_ADD);
+	}
+}
+
 void reqbody_init(struct reqbody *b, struct evbuffer *buf, bool present, enum body_mode mode)
 {
 	b->mode = present ? mode : BODY_NONE;
@@ -48,7 +70,7 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
 			}
 			evbuffer_drain(b->buf, evbuffer_get_length(b->buf));
 		} else {
-			evbuffer_add(b->buf, evbuffer_pullup(data, -1), n);     /* the replay copy */
+			copy_into(b->buf, data);        /* the replay copy */
 			if (!to) {
 				evbuffer_drain(data, n);
 				return RB_TAKEN;
@@ -73,10 +95,9 @@ void reqbody_stream_to(struct reqbody *b, struct attempt *to)
 {
 	if (b->mode == BODY_TEE) {
 		/* a replay: a copy of everything so far, the rest as it comes */
-		size_t n = evbuffer_get_length(b->buf);
-		if (n > 0) {
+		if (evbuffer_get_length(b->buf) > 0) {
 			struct evbuffer *copy = evbuffer_new();
-			evbuffer_add(copy, evbuffer_pullup(b->buf, -1), n);
+			copy_into(copy, b->buf);
 			attempt_send_body(to, copy);
 			evbuffer_free(copy);
 		}

@@ -164,6 +164,7 @@ void respond_relayed(struct relayed_head *r, const struct http_head *up, int att
 		.nhdrs = n,
 		.content_length = tunnel ? -1 : up->content_length,
 		.close = close,
+		.end_stream = up->end_stream,   /* Trailers-Only stays Trailers-Only (SPEC §10) */
 	};
 }
 
