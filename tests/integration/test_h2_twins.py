@@ -280,6 +280,20 @@ def test_reset_after_write_post_with_key_is_retried(pair):
     assert rg.metric("retrygate_upstream_outcomes_total", upstream="api", outcome="reset") == 1
 
 
+def test_post_on_an_idempotent_path_is_retried_without_key(pair):
+    """SPEC §10: retry.idempotent_paths applies to HTTP requests too: a listed path prefix is
+    idempotent whatever the method; a POST elsewhere is still refused."""
+    side, make = pair
+    side.push(side.reset())
+    rg, c = make(retry={"idempotent_paths": ["/catalog/"]})
+    r = c.call("POST", "/catalog/search", body=b"q")
+    assert r.status == 200 and r.attempts == "2" and r.refused is None, r
+    assert [q.body for q in side.wait_requests(2)] == [b"q", b"q"]
+    side.push(side.reset())             # for the POST outside the listed path
+    r = c.call("POST", "/orders", body=b"o")
+    assert r.status == 502 and r.refused == "non-idempotent" and r.attempts == "1", r
+
+
 def test_max_attempts_refusal(pair):
     side, make = pair
     side.set_default(side.status(503, b"busy"))
