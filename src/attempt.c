@@ -463,6 +463,8 @@ static void attempt_start_h2(struct attempt *a, const struct attempt_req *req)
 	struct h2_open o = {
 		.nv = req->nv,
 		.nvlen = req->nvlen,
+		.nv_bytes = req->nv_bytes,
+		.nv_bytes_len = req->nv_bytes_len,
 		.body = a->body,
 		.streaming = a->streaming,
 		.trailers = req->trailers,

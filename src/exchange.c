@@ -212,7 +212,8 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.grpc = ex->grpc,
 	};
 	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
-	struct forward_nv nv = { 0 };
+	struct forward_nv nv;       /* not zeroed: its inline storage is 2 KiB */
+	forward_nv_init(&nv);
 	bool h2 = ex->up->protocol == UP_H2;
 	if (h2)
 		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
@@ -236,6 +237,8 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.h2 = h2,
 		.nv = nv.nv,
 		.nvlen = nv.n,
+		.nv_bytes = nv.arena,
+		.nv_bytes_len = nv.used,
 		.trailers = ex->req_trailers,
 		.ntrailers = ex->nreq_trailers,
 	};

@@ -27,28 +27,75 @@ static bool named(const struct http_hdr *h, const char *name, size_t nlen)
 struct sink {
 	struct evbuffer *b;             /* HTTP/1.1 */
 	struct forward_nv *nv;          /* HTTP/2 */
+	bool lower;                     /* HTTP/2: the client's names are lowercase already (an
+	                                 * HTTP/2 client's: uppercase is malformed, SPEC §9) */
 };
 
-static void nv_add(struct forward_nv *o, const char *name, size_t nlen, const char *v1, size_t l1,
-                   const char *v2, size_t l2, const char *v3, size_t l3)
+/* A field name retrygate writes itself, in both spellings: lowercasing it per request would
+ * cost more than the rest of the field. */
+struct fname {
+	const char *h1, *h2;
+	size_t len;
+};
+#define FNAME(var, h1, h2) static const struct fname var = { h1, h2, sizeof(h1) - 1 }
+FNAME(F_XFF, "X-Forwarded-For", "x-forwarded-for");
+FNAME(F_XFP, "X-Forwarded-Proto", "x-forwarded-proto");
+FNAME(F_XRID, "X-Request-Id", "x-request-id");
+FNAME(F_XTMS, "X-Timeout-Ms", "x-timeout-ms");
+FNAME(F_XRA, "X-Retrygate-Attempt", "x-retrygate-attempt");
+FNAME(F_GPRA, "grpc-previous-rpc-attempts", "grpc-previous-rpc-attempts");
+FNAME(F_EXPECT, "Expect", "expect");
+FNAME(F_CL, "Content-Length", "content-length");
+FNAME(F_TE, "te", "te");
+
+/* Room for N more bytes and one more field; the first ones go in the struct's own storage. */
+static void nv_room(struct forward_nv *o, size_t need)
 {
-	size_t need = nlen + l1 + l2 + l3;
+	if (!o->arena) {
+		o->arena = o->inl;
+		o->acap = sizeof(o->inl);
+		o->nv = o->inl_nv;
+		o->cap = FORWARD_NV_INLINE;
+	}
 	if (o->used + need > o->acap) {
-		size_t cap = o->acap ? o->acap * 2 : 1024;
+		size_t cap = o->acap * 2;
 		while (cap < o->used + need)
 			cap *= 2;
-		o->arena = xrealloc(o->arena, cap);
+		char *a = xmalloc(cap);
+		memcpy(a, o->arena, o->used);
+		if (o->arena != o->inl)
+			free(o->arena);
+		o->arena = a;
 		o->acap = cap;
 	}
 	if (o->n == o->cap) {
-		o->cap = o->cap ? o->cap * 2 : 32;
-		o->nv = xrealloc(o->nv, o->cap * sizeof(*o->nv));
+		nghttp2_nv *v = xmalloc(o->cap * 2 * sizeof(*v));
+		memcpy(v, o->nv, o->n * sizeof(*v));
+		if (o->nv != o->inl_nv)
+			free(o->nv);
+		o->nv = v;
+		o->cap *= 2;
 	}
+}
+
+/* One field; LOWER: NAME is lowercase already. FLAGS: NGHTTP2_NV_FLAG_NO_INDEX for a value
+ * that differs in every request (x-request-id, the deadline fields): indexed, each would enter
+ * the connection's HPACK table, evict the fields that repeat, and make the encoder compare every
+ * same-name entry on each lookup. Sent as never-indexed literals (RFC 7541 §6.2.3) instead. */
+static void nv_add(struct forward_nv *o, const char *name, size_t nlen, bool lower, uint8_t flags,
+                   const char *v1, size_t l1, const char *v2, size_t l2, const char *v3, size_t l3)
+{
+	size_t need = nlen + l1 + l2 + l3;
+	nv_room(o, need);
 	/* offsets into the arena until forward_h2_headers() ends: it may still move */
 	nghttp2_nv *e = &o->nv[o->n++];
 	char *p = o->arena + o->used;
-	for (size_t i = 0; i < nlen; i++)
-		p[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
+	if (lower) {
+		memcpy(p, name, nlen);
+	} else {
+		for (size_t i = 0; i < nlen; i++)
+			p[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
+	}
 	e->name = (uint8_t *)(uintptr_t)o->used;
 	e->namelen = nlen;
 	p += nlen;
@@ -60,35 +107,39 @@ static void nv_add(struct forward_nv *o, const char *name, size_t nlen, const ch
 		memcpy(p + l1 + l2, v3, l3);
 	e->value = (uint8_t *)(uintptr_t)(o->used + nlen);
 	e->valuelen = l1 + l2 + l3;
-	e->flags = NGHTTP2_NV_FLAG_NONE;
+	e->flags = flags;
 	o->used += need;
 }
 
-static void put3(struct sink *k, const char *name, size_t nlen, const char *v1, size_t l1,
+/* A field of the client's */
+static void put_client(struct sink *k, const struct http_hdr *h, uint8_t flags)
+{
+	if (k->b)
+		h1_field(k->b, h->name, h->nlen, h->value, h->vlen);
+	else
+		nv_add(k->nv, h->name, h->nlen, k->lower, flags, h->value, h->vlen, NULL, 0, NULL, 0);
+}
+
+/* A field of retrygate's: NAME's spelling for the protocol */
+static void put3(struct sink *k, const struct fname *f, uint8_t flags, const char *v1, size_t l1,
                  const char *v2, size_t l2, const char *v3, size_t l3)
 {
 	if (k->b)
-		h1_field3(k->b, name, nlen, v1, l1, v2, l2, v3, l3);
+		h1_field3(k->b, f->h1, f->len, v1, l1, v2, l2, v3, l3);
 	else
-		nv_add(k->nv, name, nlen, v1, l1, v2, l2, v3, l3);
+		nv_add(k->nv, f->h2, f->len, true, flags, v1, l1, v2, l2, v3, l3);
 }
 
-static void put(struct sink *k, const char *name, size_t nlen, const char *v, size_t vlen)
+static void put(struct sink *k, const struct fname *f, uint8_t flags, const char *v, size_t vlen)
 {
-	if (k->b)
-		h1_field(k->b, name, nlen, v, vlen);
-	else
-		nv_add(k->nv, name, nlen, v, vlen, NULL, 0, NULL, 0);
+	put3(k, f, flags, v, vlen, NULL, 0, NULL, 0);
 }
 
-static void put_int(struct sink *k, const char *name, size_t nlen, int64_t v)
+static void put_int(struct sink *k, const struct fname *f, int64_t v)
 {
 	char d[24];
-	put(k, name, nlen, d, h1_fmt_int(d, v));
+	put(k, f, NGHTTP2_NV_FLAG_NONE, d, h1_fmt_int(d, v));
 }
-
-#define PUT_STR(k, lit, v, vlen) put((k), lit, sizeof(lit) - 1, (v), (vlen))
-#define PUT_INT(k, lit, v) put_int((k), lit, sizeof(lit) - 1, (v))
 
 /* The authority the upstream sees: host_rewrite, else the client's, else the endpoint */
 static void authority(const struct forward_req *f, const char **v, size_t *n)
@@ -107,28 +158,30 @@ static void authority(const struct forward_req *f, const char **v, size_t *n)
 }
 
 /* X-Forwarded-For / -Proto: earlier lines go on as they came, the last gets our hop */
-static void forwarded(struct sink *k, const char *name, size_t nlen, const struct http_hdr *last,
+static void forwarded(struct sink *k, const struct fname *name, const struct http_hdr *last,
                       const char *ours)
 {
 	if (last)
-		put3(k, name, nlen, last->value, last->vlen, ", ", 2, ours, strlen(ours));
+		put3(k, name, NGHTTP2_NV_FLAG_NONE, last->value, last->vlen, ", ", 2, ours, strlen(ours));
 	else
-		put(k, name, nlen, ours, strlen(ours));
+		put(k, name, NGHTTP2_NV_FLAG_NONE, ours, strlen(ours));
 }
 
 static void deadline_fields(const struct forward_req *f, struct sink *k)
 {
 	char v[DEADLINE_FMT_MAX];
 	int n = deadline_format(DL_X_TIMEOUT_MS, f->wait_us, v, sizeof(v));
-	PUT_STR(k, "X-Timeout-Ms", v, (size_t)(n > 0 ? n : 0));
+	put(k, &F_XTMS, NGHTTP2_NV_FLAG_NO_INDEX, v, (size_t)(n > 0 ? n : 0));
 	for (int i = 1; i < DL_NKINDS; i++) {
 		/* SPEC §10: a gRPC server enforces the deadline natively only if it is told in its
 		 * own header, so every attempt of a call carries one, sent or not by the client */
 		if (!f->dl_present[i] && !(f->grpc && i == DL_GRPC_TIMEOUT))
 			continue;
 		n = deadline_format((enum dl_kind)i, f->wait_us, v, sizeof(v));
-		put(k, deadline_header_name[i], strlen(deadline_header_name[i]), v,
-		    (size_t)(n > 0 ? n : 0));
+		/* the other kinds are spelled lowercase in the table */
+		struct fname nm = { deadline_header_name[i], deadline_header_name[i],
+		                    strlen(deadline_header_name[i]) };
+		put(k, &nm, NGHTTP2_NV_FLAG_NO_INDEX, v, (size_t)(n > 0 ? n : 0));
 	}
 }
 
@@ -138,14 +191,47 @@ static void framing(const struct forward_req *f, struct sink *k)
 	const struct http_head *r = f->req;
 	if (f->streamed) {
 		if (r->expect_continue)
-			PUT_STR(k, "Expect", "100-continue", 12);
+			put(k, &F_EXPECT, NGHTTP2_NV_FLAG_NONE, "100-continue", 12);
 		if (r->content_length >= 0)
-			PUT_INT(k, "Content-Length", r->content_length);
+			put_int(k, &F_CL, r->content_length);
 		else if (k->b)
-			PUT_STR(k, "Transfer-Encoding", "chunked", 7);
+			H1_FIELD_STR(k->b, "Transfer-Encoding", "chunked", 7);
 	} else if (f->body_len > 0 || r->content_length >= 0 || r->chunked) {
-		PUT_INT(k, "Content-Length", f->body_len);
+		put_int(k, &F_CL, f->body_len);
 	}
+}
+
+/* What fields() does with a field of the client's */
+enum ckind { CK_COPY, CK_SKIP, CK_XRA, CK_GPRA, CK_XFF, CK_XFP, CK_XRID, CK_DEADLINE };
+
+/* By length first: most fields are told apart without comparing a byte. */
+static enum ckind client_kind(const struct http_hdr *h)
+{
+	if (h->hop)
+		return CK_SKIP;
+	if (h->nlen > 0 && h->name[0] == ':')
+		return CK_SKIP;     /* an HTTP/2 client's pseudo-headers are ours to rebuild */
+	switch (h->nlen) {
+	case 4:
+		return NAMED(h, "Host") ? CK_SKIP : CK_COPY;
+	case 6:
+		return NAMED(h, "Expect") ? CK_SKIP : CK_COPY;
+	case 12:
+		if (NAMED(h, "X-Request-Id"))
+			return CK_XRID;
+		break;
+	case 15:
+		return NAMED(h, "X-Forwarded-For") ? CK_XFF : CK_COPY;
+	case 17:
+		return NAMED(h, "X-Forwarded-Proto") ? CK_XFP : CK_COPY;
+	case 19:
+		return NAMED(h, "X-Retrygate-Attempt") ? CK_XRA : CK_COPY;
+	case 26:
+		if (NAMED(h, "grpc-previous-rpc-attempts"))
+			return CK_GPRA;
+		break;
+	}
+	return deadline_header_kind(h->name, h->nlen) >= 0 ? CK_DEADLINE : CK_COPY;
 }
 
 /* Every field after the request line / pseudo-headers, in the order both protocols share */
@@ -156,41 +242,48 @@ static void fields(const struct forward_req *f, struct sink *k)
 	bool have_reqid = false;
 	for (int i = 0; i < r->nhdrs; i++) {
 		const struct http_hdr *h = &r->hdrs[i];
-		if (h->hop || NAMED(h, "Host") || NAMED(h, "Expect") ||
-		    deadline_header_kind(h->name, h->nlen) >= 0)
+		uint8_t flags = NGHTTP2_NV_FLAG_NONE;
+		switch (client_kind(h)) {
+		case CK_SKIP:
+		case CK_DEADLINE:       /* rewritten below */
 			continue;
-		if (h->nlen > 0 && h->name[0] == ':')
-			continue;   /* an HTTP/2 client's pseudo-headers are ours to rebuild */
-		if (!f->nested && NAMED(h, "X-Retrygate-Attempt"))
-			continue;
-		if (f->grpc && !f->nested && NAMED(h, "grpc-previous-rpc-attempts"))
-			continue;   /* ours below: this hop's count, not the client's */
-		if (NAMED(h, "X-Forwarded-For")) {
+		case CK_XRA:
+			if (!f->nested)
+				continue;
+			break;
+		case CK_GPRA:
+			if (f->grpc && !f->nested)
+				continue;   /* ours below: this hop's count, not the client's */
+			break;
+		case CK_XFF:
 			if (xff)
-				PUT_STR(k, "X-Forwarded-For", xff->value, xff->vlen);
+				put(k, &F_XFF, NGHTTP2_NV_FLAG_NONE, xff->value, xff->vlen);
 			xff = h;
 			continue;
-		}
-		if (NAMED(h, "X-Forwarded-Proto")) {
+		case CK_XFP:
 			if (xfp)
-				PUT_STR(k, "X-Forwarded-Proto", xfp->value, xfp->vlen);
+				put(k, &F_XFP, NGHTTP2_NV_FLAG_NONE, xfp->value, xfp->vlen);
 			xfp = h;
 			continue;
-		}
-		if (NAMED(h, "X-Request-Id"))
+		case CK_XRID:
 			have_reqid = true;
-		put(k, h->name, h->nlen, h->value, h->vlen);
+			flags = NGHTTP2_NV_FLAG_NO_INDEX;
+			break;
+		case CK_COPY:
+			break;
+		}
+		put_client(k, h, flags);
 	}
-	forwarded(k, "X-Forwarded-For", 15, xff, f->peer_ip);
-	forwarded(k, "X-Forwarded-Proto", 17, xfp, f->tls ? "https" : "http");
+	forwarded(k, &F_XFF, xff, f->peer_ip);
+	forwarded(k, &F_XFP, xfp, f->tls ? "https" : "http");
 	if (!have_reqid)
-		PUT_STR(k, "X-Request-Id", f->reqid, strlen(f->reqid));
+		put(k, &F_XRID, NGHTTP2_NV_FLAG_NO_INDEX, f->reqid, strlen(f->reqid));
 	deadline_fields(f, k);
 	if (!f->nested)
-		PUT_INT(k, "X-Retrygate-Attempt", f->attempt);
+		put_int(k, &F_XRA, f->attempt);
 	/* gRFC A6's own marker, so the server (and its metrics) see a retry as gRPC names it */
 	if (f->grpc && !f->nested && f->attempt > 1)
-		PUT_INT(k, "grpc-previous-rpc-attempts", f->attempt - 1);
+		put_int(k, &F_GPRA, f->attempt - 1);
 }
 
 void forward_h1_head(const struct forward_req *f, struct evbuffer *b)
@@ -205,13 +298,13 @@ void forward_h1_head(const struct forward_req *f, struct evbuffer *b)
 	const char *host;
 	size_t hlen;
 	authority(f, &host, &hlen);
-	PUT_STR(&k, "Host", host, hlen);
+	H1_FIELD_STR(b, "Host", host, hlen);
 	fields(f, &k);
 	if (r->upgrade) {
 		size_t n = 0;
 		const char *u = http_head_get(r, "Upgrade", &n);
 		evbuffer_add(b, "Connection: upgrade\r\n", 21);
-		PUT_STR(&k, "Upgrade", u ? u : "", u ? n : 0);
+		H1_FIELD_STR(b, "Upgrade", u ? u : "", u ? n : 0);
 	}
 	framing(f, &k);
 	evbuffer_add(b, "\r\n", 2);
@@ -237,20 +330,22 @@ static bool te_trailers(const struct http_head *r)
 void forward_h2_headers(const struct forward_req *f, bool up_tls, struct forward_nv *out)
 {
 	const struct http_head *r = f->req;
-	struct sink k = { .nv = out };
+	struct sink k = { .nv = out, .lower = r->version == 20 };
 	out->n = out->used = 0;
-	nv_add(out, ":method", 7, r->method, strlen(r->method), NULL, 0, NULL, 0);
-	nv_add(out, ":scheme", 7, up_tls ? "https" : "http", up_tls ? 5 : 4, NULL, 0, NULL, 0);
+	const uint8_t none = NGHTTP2_NV_FLAG_NONE;
+	nv_add(out, ":method", 7, true, none, r->method, strlen(r->method), NULL, 0, NULL, 0);
+	nv_add(out, ":scheme", 7, true, none, up_tls ? "https" : "http", up_tls ? 5 : 4, NULL, 0,
+	       NULL, 0);
 	const char *host;
 	size_t hlen;
 	authority(f, &host, &hlen);
-	nv_add(out, ":authority", 10, host, hlen, NULL, 0, NULL, 0);
-	nv_add(out, ":path", 5, r->path, r->path_len, NULL, 0, NULL, 0);
+	nv_add(out, ":authority", 10, true, none, host, hlen, NULL, 0, NULL, 0);
+	nv_add(out, ":path", 5, true, none, r->path, r->path_len, NULL, 0, NULL, 0);
 	fields(f, &k);
 	/* gRPC servers refuse a call without it (it says the client reads trailers); exactly
 	 * one, the client's own TE being hop-by-hop and dropped above */
 	if (f->grpc || te_trailers(r))
-		PUT_STR(&k, "te", "trailers", 8);
+		put(&k, &F_TE, none, "trailers", 8);
 	framing(f, &k);
 	for (size_t i = 0; i < out->n; i++) {
 		out->nv[i].name = (uint8_t *)out->arena + (uintptr_t)out->nv[i].name;
@@ -260,9 +355,13 @@ void forward_h2_headers(const struct forward_req *f, bool up_tls, struct forward
 
 void forward_nv_free(struct forward_nv *o)
 {
-	free(o->nv);
-	free(o->arena);
-	memset(o, 0, sizeof(*o));
+	if (o->nv != o->inl_nv)
+		free(o->nv);
+	if (o->arena != o->inl)
+		free(o->arena);
+	o->nv = NULL;
+	o->arena = NULL;
+	o->n = o->cap = o->used = o->acap = 0;
 }
 
 void forward_request_id(const struct http_head *req, char out[FORWARD_ID_MAX], uint64_t *rng)

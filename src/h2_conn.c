@@ -67,6 +67,12 @@ struct h2_stream {
 	char *tmem;
 	int status;
 	TAILQ_ENTRY(h2_stream) link;
+	/* A copy of the request's field bytes follows the struct: nghttp2 was told not to copy
+	 * them (NGHTTP2_NV_FLAG_NO_COPY_*), and reads them when it serializes the HEADERS, which
+	 * may be a flush later. A stream is freed only once its HEADERS left, was dropped
+	 * (on_frame_not_send), or was cancelled in the queue by our RST_STREAM (h2_stream_cancel:
+	 * nghttp2 then never serializes it) — or with the whole session. */
+	char fields[];
 };
 
 struct h2_conn {
@@ -116,26 +122,7 @@ struct h2_table {
 static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed);
 static void conn_flush(struct h2_conn *c);
 
-/* Fields whose value differs in every request (x-request-id, and x-timeout-ms: the time left
- * in microsecond-derived milliseconds). HPACK-indexed, each one enters the connection's dynamic
- * table, evicts the fields that repeat, and makes nghttp2's encoder compare every same-name
- * entry on each lookup (~100 memcmp per request). Sent as never-indexed literals instead
- * (RFC 7541 §6.2.3); the table keeps the stable fields. NV is copied into LOCAL to flag them
- * (nghttp2 copies the list anyway); a list longer than LOCAL goes as it is. */
-#define NV_LOCAL 64
-static const nghttp2_nv *never_index(nghttp2_nv *local, const nghttp2_nv *nv, size_t n)
-{
-	if (n > NV_LOCAL)
-		return nv;
-	memcpy(local, nv, n * sizeof(*nv));
-	for (size_t i = 0; i < n; i++) {
-		if ((local[i].namelen == 12 && memcmp(local[i].name, "x-request-id", 12) == 0) ||
-		    (local[i].namelen == 12 && memcmp(local[i].name, "x-timeout-ms", 12) == 0) ||
-		    (local[i].namelen == 12 && memcmp(local[i].name, "grpc-timeout", 12) == 0))
-			local[i].flags |= NGHTTP2_NV_FLAG_NO_INDEX;
-	}
-	return local;
-}
+#define NV_LOCAL 64                     /* a longer field list is copied by nghttp2 */
 
 /* The one writer of each object's state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(conn_set_state, h2_conn, cstate, C_DEAD)
@@ -921,7 +908,9 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	struct h2_conn *c = conn_pick(l, ep, pe, o);
 	if (!c || c->state == C_DEAD)
 		return NULL;    /* a new connection that failed at once: the caller reports it */
-	struct h2_stream *s = xcalloc(1, sizeof(*s));
+	size_t nb = o->nv_bytes ? o->nv_bytes_len : 0;
+	struct h2_stream *s = xmalloc(sizeof(*s) + nb);
+	memset(s, 0, sizeof(*s));
 	s->magic = H2S_MAGIC;
 	s->c = c;
 	s->cbs = *cbs;
@@ -934,8 +923,26 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	nghttp2_data_provider dp = { .source.ptr = s, .read_callback = body_read_cb };
 	bool has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0) ||
 	                s->ntnv > 0;
+	/* the list itself is copied by nghttp2 whatever the flags: it is built on the stack */
 	nghttp2_nv local[NV_LOCAL];
-	const nghttp2_nv *nv = never_index(local, o->nv, o->nvlen);
+	const nghttp2_nv *nv = o->nv;
+	if (nb > 0 && o->nvlen <= NV_LOCAL) {
+		memcpy(s->fields, o->nv_bytes, nb);
+		const uint8_t *lo = (const uint8_t *)o->nv_bytes, *hi = lo + nb;
+		for (size_t i = 0; i < o->nvlen; i++) {
+			const nghttp2_nv *e = &o->nv[i];
+			local[i] = *e;
+			if (e->name >= lo && e->name + e->namelen <= hi) {
+				local[i].name = (uint8_t *)s->fields + (e->name - lo);
+				local[i].flags |= NGHTTP2_NV_FLAG_NO_COPY_NAME;
+			}
+			if (e->value >= lo && e->value + e->valuelen <= hi) {
+				local[i].value = (uint8_t *)s->fields + (e->value - lo);
+				local[i].flags |= NGHTTP2_NV_FLAG_NO_COPY_VALUE;
+			}
+		}
+		nv = local;
+	}
 	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, NULL);
 	if (id < 0) {
 		if (s->pending)

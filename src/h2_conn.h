@@ -44,8 +44,12 @@ struct h2_stream_cbs {
 };
 
 struct h2_open {
-	const nghttp2_nv *nv;           /* copied by nghttp2 */
+	const nghttp2_nv *nv;           /* lowercase names; copied */
 	size_t nvlen;
+	const char *nv_bytes;           /* the bytes NV's names and values lie in: the stream
+	                                 * keeps one copy until its HEADERS left (NULL: nghttp2
+	                                 * copies each field) */
+	size_t nv_bytes_len;
 	struct evbuffer *body;          /* complete body (referenced, not drained) or NULL */
 	bool streaming;                 /* more body through h2_stream_send_body() */
 	const struct http_hdr *trailers;    /* request trailers (copied), or NULL: SPEC §9 relays

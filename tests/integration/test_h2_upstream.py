@@ -255,6 +255,32 @@ def test_never_sent_streams_behind_the_limit_are_connect_failures(h2up, rg_facto
                      outcome="connect-failure") == 2
 
 
+def test_a_queued_stream_cancelled_before_it_left_is_never_sent(h2up, rg_factory):
+    # retrygate hands nghttp2 the request's field bytes without a copy, to be read when the
+    # HEADERS is serialized: a stream cancelled while it waits in the queue (its client went
+    # away) must never be serialized, and the streams queued behind it go out whole
+    up = h2up(max_streams=1, settings_delay=0.5)
+    up.set_default(respond(200, body=b"ok", delay=0.3))
+    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "5s"}))
+    first = InThread(rg.request, "GET", "/q1")
+    up.wait_connections(1)
+    time.sleep(0.05)
+    with rg.raw_conn() as c:
+        c.send(b"GET /gone HTTP/1.1\r\nHost: x\r\nX-Gone: yes\r\n\r\n")
+        time.sleep(0.1)             # queued behind /q1; then its client closes
+    third = InThread(rg.request, "GET", "/q3", headers={"X-Third": "3" * 300})
+    assert first(timeout=15).status == 200
+    r3 = third(timeout=15)
+    assert r3.status == 200 and r3.body == b"ok", r3
+    paths = [q.header(":path") for q in up.requests]
+    assert "/gone" not in paths and sorted(paths) == ["/q1", "/q3"], paths
+    q3 = [q for q in up.requests if q.header(":path") == "/q3"][0]
+    assert q3.header("x-third") == "3" * 300
+    assert q3.header("x-retrygate-attempt") == "1" and len(q3.header("x-request-id")) == 32
+    assert q3.header(":authority") and q3.header("x-timeout-ms").isdigit()
+    rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api")
+
+
 # ------------------------------------------------------------------------------- connections
 
 def test_concurrent_requests_share_one_connection(h2up, rg_factory):

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -261,7 +262,8 @@ static const struct h2row h2rows[] = {
 static void test_h2_rows(void **state)
 {
 	int failed = 0;
-	struct forward_nv nv = { 0 };
+	struct forward_nv nv;
+	forward_nv_init(&nv);
 	for (size_t i = 0; i < sizeof(h2rows) / sizeof(h2rows[0]); i++) {
 		const struct h2row *r = &h2rows[i];
 		struct parsed pr;
@@ -290,9 +292,79 @@ static void test_h2_rows(void **state)
 	assert_int_equal(failed, 0);
 }
 
+/* The fields whose value is new in every request go as never-indexed HPACK literals; the
+ * others may be indexed. */
+static void test_h2_never_indexed(void **state)
+{
+	struct parsed pr;
+	const struct http_head *h = parse(&pr, GRPC_REQ("X-Request-Id: theirs\r\nX-Other: 1\r\n"));
+	struct forward_nv nv;
+	forward_nv_init(&nv);
+	struct forward_req f = {
+		.req = h, .endpoint = "127.0.0.1:9001", .peer_ip = "10.0.0.9", .reqid = "rid",
+		.dl_present = pr.present, .wait_us = 950000, .attempt = 1, .grpc = true,
+	};
+	forward_h2_headers(&f, false, &nv);
+	int never = 0;
+	for (size_t j = 0; j < nv.n; j++) {
+		const char *n = (const char *)nv.nv[j].name;
+		size_t len = nv.nv[j].namelen;
+		bool volatile_field = (len == 12 && (memcmp(n, "x-request-id", 12) == 0 ||
+		                                     memcmp(n, "x-timeout-ms", 12) == 0 ||
+		                                     memcmp(n, "grpc-timeout", 12) == 0));
+		assert_int_equal(nv.nv[j].flags,
+		                 volatile_field ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE);
+		never += volatile_field;
+	}
+	assert_int_equal(never, 3);
+	forward_nv_free(&nv);
+	parsed_free(&pr);
+}
+
+/* A field list beyond the struct's own storage moves to the heap, every field intact. */
+static void test_h2_large_list(void **state)
+{
+	struct evbuffer *req = evbuffer_new();
+	evbuffer_add_printf(req, "GET / HTTP/1.1\r\nHost: svc\r\n");
+	char big[300];
+	memset(big, 'v', sizeof(big) - 1);
+	big[sizeof(big) - 1] = 0;
+	for (int i = 0; i < 60; i++)
+		evbuffer_add_printf(req, "X-Field-%d: %s\r\n", i, big);
+	evbuffer_add_printf(req, "\r\n");
+	char *text = strndup((const char *)evbuffer_pullup(req, -1), evbuffer_get_length(req));
+	struct parsed pr;
+	const struct http_head *h = parse(&pr, text);
+	struct forward_nv nv;
+	forward_nv_init(&nv);
+	struct forward_req f = {
+		.req = h, .endpoint = "127.0.0.1:9001", .peer_ip = "10.0.0.9", .reqid = "rid",
+		.dl_present = pr.present, .wait_us = 950000, .attempt = 1,
+	};
+	for (int round = 0; round < 2; round++) {   /* and reused once grown */
+		forward_h2_headers(&f, false, &nv);
+		assert_int_equal(nv.n, 4 + 60 + 5);
+		for (int i = 0; i < 60; i++) {
+			char name[32];
+			int nl = snprintf(name, sizeof(name), "x-field-%d", i);
+			const nghttp2_nv *e = &nv.nv[4 + i];
+			assert_int_equal(e->namelen, nl);
+			assert_memory_equal(e->name, name, (size_t)nl);
+			assert_int_equal(e->valuelen, sizeof(big) - 1);
+			assert_memory_equal(e->value, big, sizeof(big) - 1);
+		}
+	}
+	forward_nv_free(&nv);
+	parsed_free(&pr);
+	free(text);
+	evbuffer_free(req);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_h2_never_indexed),
+		cmocka_unit_test(test_h2_large_list),
 		cmocka_unit_test(test_h2_rows),
 		cmocka_unit_test(test_rows),
 	};
