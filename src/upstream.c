@@ -503,9 +503,9 @@ int upstream_endpoints(const struct upstream_binding *b, struct ep_state **eps)
 	for (int e = 0; e < b->cfg->nendpoints && e < MAX_ENDPOINTS; e++)
 		mask |= atomic_load_explicit(&b->names[e]->addrs, memory_order_acquire);
 	int n = 0;
-	for (int i = 0; i < MAX_ENDPOINTS; i++)
-		if ((mask >> i) & 1)
-			eps[n++] = atomic_load_explicit(&b->st->eps[i], memory_order_acquire);
+	for (; mask; mask &= mask - 1)      /* the set bits only: asked twice per request */
+		eps[n++] = atomic_load_explicit(&b->st->eps[__builtin_ctzll(mask)],
+		                                memory_order_acquire);
 	return n;
 }
 
