@@ -22,8 +22,8 @@
 #   BENCH_KEEP=1             keep build/bench/run.* (configs, logs, raw wrk output) after success
 #   RETRYGATE_BIN            the binary to measure [build/retrygate]
 #   BENCH_H2_ROWS ["h2 h2h2 grpc"]  the HTTP/2 rows ("" = none)
-#   BENCH_H2_ROUNDS [3; 2 in quick mode]  interleaved rounds of the HTTP/2 rows
-#   BENCH_H2_SECONDS [4, or BENCH_SECONDS if less]  length of one h2load measurement
+#   BENCH_H2_ROUNDS [5; 2 in quick mode]  interleaved rounds of the HTTP/2 rows
+#   BENCH_H2_SECONDS [3, or BENCH_SECONDS if less]  length of one h2load measurement
 #   BENCH_H2_CONNS [4]  BENCH_H2_STREAMS [16]  h2load -c and -m (h2load always runs one thread)
 set -euo pipefail
 
@@ -48,9 +48,9 @@ PROXY_CPU=${BENCH_PROXY_CPU:-0}
 LOAD_CPU=${BENCH_LOAD_CPU:-1}
 BODY=${BENCH_BODY:-13}
 H2_ROWS=${BENCH_H2_ROWS-"h2 h2h2 grpc"}
-H2_ROUNDS=${BENCH_H2_ROUNDS:-3}
+H2_ROUNDS=${BENCH_H2_ROUNDS:-5}
 [ "${BENCH_QUICK:-0}" = 1 ] && H2_ROUNDS=${BENCH_H2_ROUNDS:-2}
-H2_SECS=${BENCH_H2_SECONDS:-$((SECS > 4 ? 4 : SECS))}
+H2_SECS=${BENCH_H2_SECONDS:-$((SECS > 3 ? 3 : SECS))}
 H2_C=${BENCH_H2_CONNS:-4}
 H2_M=${BENCH_H2_STREAMS:-16}
 
