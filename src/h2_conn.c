@@ -94,6 +94,9 @@ struct h2_conn {
 	uint32_t peer_max;
 	int32_t goaway_last;            /* valid in C_GOAWAY when goaway_seen */
 	bool goaway_seen;
+	/* the last x-timeout-ms and grpc-timeout values sent (see repeats_last) */
+	char last_tmo[2][16];
+	uint8_t last_tmo_len[2];
 	int busy;
 	bool want_flush;
 	int64_t connect_timeout_us;
@@ -123,6 +126,31 @@ static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed);
 static void conn_flush(struct h2_conn *c);
 
 #define NV_LOCAL 64                     /* a longer field list is copied by nghttp2 */
+
+/* The time-left fields come flagged never-indexed: their values may differ in every request,
+ * and entering the connection's HPACK table each one would evict the fields that repeat. Yet
+ * without a deadline from the client they repeat too (the per-try timeout, less the same few
+ * microseconds): a value equal to the previous one on this connection goes indexable — it is
+ * then entered once and sent as one byte from the table after that. */
+static bool repeats_last(struct h2_conn *c, const nghttp2_nv *e)
+{
+	int k;
+	if (e->namelen != 12)
+		return false;
+	if (memcmp(e->name, "x-timeout-ms", 12) == 0)
+		k = 0;
+	else if (memcmp(e->name, "grpc-timeout", 12) == 0)
+		k = 1;
+	else
+		return false;
+	bool same = e->valuelen == c->last_tmo_len[k] &&
+	            memcmp(e->value, c->last_tmo[k], e->valuelen) == 0;
+	if (!same && e->valuelen <= sizeof(c->last_tmo[k])) {
+		memcpy(c->last_tmo[k], e->value, e->valuelen);
+		c->last_tmo_len[k] = (uint8_t)e->valuelen;
+	}
+	return same;
+}
 
 /* The one writer of each object's state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(conn_set_state, h2_conn, cstate, C_DEAD)
@@ -932,6 +960,8 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 		for (size_t i = 0; i < o->nvlen; i++) {
 			const nghttp2_nv *e = &o->nv[i];
 			local[i] = *e;
+			if ((e->flags & NGHTTP2_NV_FLAG_NO_INDEX) && repeats_last(c, e))
+				local[i].flags &= (uint8_t)~NGHTTP2_NV_FLAG_NO_INDEX;
 			if (e->name >= lo && e->name + e->namelen <= hi) {
 				local[i].name = (uint8_t *)s->fields + (e->name - lo);
 				local[i].flags |= NGHTTP2_NV_FLAG_NO_COPY_NAME;

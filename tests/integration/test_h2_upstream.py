@@ -281,6 +281,34 @@ def test_a_queued_stream_cancelled_before_it_left_is_never_sent(h2up, rg_factory
     rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api")
 
 
+def test_per_request_values_go_never_indexed_unless_they_repeat(h2up, rg_factory):
+    # x-request-id differs in every request: a never-indexed HPACK literal, so it does not
+    # flush the connection's table. The time left goes the same way while it changes (a
+    # client's own deadline shrinking), and indexable once it repeats (the per-try timeout
+    # with no deadline from the client), when the table can send it as one byte.
+    up = h2up()
+    up.set_default(echo())
+    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "3s"}))
+    for i in range(6):
+        assert rg.request("GET", "/same%d" % i).status == 200
+    for i, ms in enumerate((900, 800, 700)):       # below the per-try timeout: they count
+        assert rg.request("GET", "/own%d" % i, headers={"X-Timeout-Ms": str(ms)}).status == 200
+    reqs = up.requests
+    assert up.connections == 1 and len(reqs) == 9
+    assert all("x-request-id" in q.never_indexed for q in reqs)
+    assert all("x-forwarded-for" not in q.never_indexed for q in reqs)
+    prev, repeats = None, 0
+    for q in reqs:
+        v = q.header("x-timeout-ms")
+        assert ("x-timeout-ms" in q.never_indexed) == (v != prev), (v, prev, q.never_indexed)
+        repeats += v == prev
+        prev = v
+    assert repeats >= 3, [q.header("x-timeout-ms") for q in reqs]
+    own = [q.header("x-timeout-ms") for q in reqs[6:]]
+    assert len(set(own)) == 3 and all(int(v) < 1000 for v in own), own
+    assert all("x-timeout-ms" in q.never_indexed for q in reqs[6:])
+
+
 # ------------------------------------------------------------------------------- connections
 
 def test_concurrent_requests_share_one_connection(h2up, rg_factory):

@@ -82,6 +82,7 @@ class H2Request:
         self.trailers = None            # [(name, value)] when the request ended with trailers
         self.time = time.monotonic()
         self.complete = False
+        self.never_indexed = set()      # names that came as never-indexed literals
 
     def header(self, name):
         for n, v in self.headers:
@@ -180,6 +181,9 @@ class _Conn:
     def event(self, ev):
         if isinstance(ev, h2.events.RequestReceived):
             req = H2Request(self.id, ev.stream_id, [(n, v) for n, v in ev.headers])
+            # HPACK never-indexed literals (RFC 7541 §6.2.3), as the sender flagged them
+            req.never_indexed = {n for n, v in (h for h in ev.headers
+                                                if not getattr(h, "indexable", True))}
             self.reqs[ev.stream_id] = req
             action = self.up.next_action()
             req.action = action
