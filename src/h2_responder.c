@@ -15,6 +15,7 @@
 #include "clock.h"
 #include "exchange.h"
 #include "h2_session_impl.h"
+#include "loop.h"
 #include "respond.h"
 #include "stream.h"
 #include "util.h"
@@ -59,25 +60,35 @@ static size_t fmt_length(char *buf, int64_t v)
 	return n;
 }
 
-static void nv_reserve(struct h2_session *s, size_t n, size_t names)
+static void nv_reserve(struct h2_session *s, size_t n, size_t bytes)
 {
 	if (n > s->nvcap) {
 		s->nvcap = n + 16;
 		s->nv = xrealloc(s->nv, s->nvcap * sizeof(*s->nv));
 	}
-	if (names > s->namescap) {
-		s->namescap = names + 256;
+	if (bytes > s->namescap) {
+		s->namescap = bytes + 256;
 		s->names = xrealloc(s->names, s->namescap);
 	}
 }
 
-static void nv_set(nghttp2_nv *nv, const char *name, size_t nlen, const char *value, size_t vlen)
+static void nv_set(nghttp2_nv *nv, const char *name, size_t nlen, const char *value, size_t vlen,
+                   uint8_t flags)
 {
 	nv->name = (uint8_t *)(uintptr_t)name;
 	nv->namelen = nlen;
 	nv->value = (uint8_t *)(uintptr_t)value;
 	nv->valuelen = vlen;
-	nv->flags = NGHTTP2_NV_FLAG_NONE;
+	nv->flags = flags;
+}
+
+/* N bytes of SRC lower-cased into DST (a header name is ASCII). */
+static void lower_copy(char *dst, const char *src, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		char c = src[i];
+		dst[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+	}
 }
 
 /* A field whose value differs in every response (NAME lower-case). HPACK would add each one to
@@ -91,53 +102,64 @@ static bool unique_value(const char *name, size_t len)
 	return len == 12 && memcmp(name, "x-request-id", 12) == 0;
 }
 
-/* Fields as HTTP/2 sends them: lower-case names, no connection-specific field (RFC 9113
- * §8.2.2), no pseudo-header from a peer. Fills s->nv from AT; returns the count. NAMES: where
- * the lower-cased names go (s->names from NOFF). */
-static size_t nv_fields(struct h2_session *s, size_t at, size_t noff, const struct http_hdr *h,
-                        int n)
+static bool sent_field(const struct http_hdr *f)
 {
-	size_t k = at;
+	return !f->hop && f->nlen > 0 && f->name[0] != ':' && !h2s_connection_field(f->name, f->nlen);
+}
+
+/* Fields as HTTP/2 sends them: lower-case names, no connection-specific field (RFC 9113
+ * §8.2.2), no pseudo-header from a peer. Fills s->nv from AT (FLAGS on each entry); the names,
+ * lower-cased, and the values are copied to DST from *OFF. Returns the count. */
+static size_t nv_fields(struct h2_session *s, size_t at, char *dst, size_t *off,
+                        const struct http_hdr *h, int n, uint8_t flags)
+{
+	size_t k = at, o = *off;
 	for (int i = 0; i < n; i++) {
 		const struct http_hdr *f = &h[i];
-		if (f->hop || f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))
+		if (!sent_field(f))
 			continue;
-		char *low = s->names + noff;
-		for (uint32_t j = 0; j < f->nlen; j++) {
-			char c = f->name[j];
-			low[j] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
-		}
-		noff += f->nlen;
-		nv_set(&s->nv[k], low, f->nlen, f->value, f->vlen);
-		if (unique_value(low, f->nlen))
-			s->nv[k].flags = NGHTTP2_NV_FLAG_NO_INDEX;
+		char *name = dst + o, *value = name + f->nlen;
+		lower_copy(name, f->name, f->nlen);
+		memcpy(value, f->value, f->vlen);
+		o += (size_t)f->nlen + f->vlen;
+		nv_set(&s->nv[k], name, f->nlen, value, f->vlen,
+		       unique_value(name, f->nlen) ? flags | NGHTTP2_NV_FLAG_NO_INDEX : flags);
 		k++;
 	}
+	*off = o;
 	return k - at;
 }
 
-static size_t names_len(const struct http_hdr *h, int n)
+/* What a head's fields and values take at most (skipped fields counted too). */
+static size_t fields_bytes(const struct http_hdr *h, int n)
 {
 	size_t t = 0;
 	for (int i = 0; i < n; i++)
-		t += h[i].nlen;
+		t += (size_t)h[i].nlen + h[i].vlen;
 	return t;
 }
 
-/* The head's header block in s->nv: :status, fields, content-length. Returns the count. */
-static size_t head_block(struct h2_session *s, const struct resp_head *h, char status[4],
-                         char cl[24], bool length)
+#define STATUS_CL_BYTES (3 + 20)        /* :status and a content-length value */
+#define NO_COPY (NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE)
+
+/* The head's header block in s->nv: :status, fields, content-length, its bytes in DST (at
+ * least fields_bytes + STATUS_CL_BYTES), FLAGS on each entry. Returns the count. */
+static size_t head_block(struct h2_session *s, const struct resp_head *h, char *dst,
+                         uint8_t flags, bool length)
 {
-	nv_reserve(s, (size_t)h->nhdrs + 2, names_len(h->hdrs, h->nhdrs));
 	int st = h->status >= 100 && h->status <= 999 ? h->status : 502;
-	status[0] = (char)('0' + st / 100);
-	status[1] = (char)('0' + st / 10 % 10);
-	status[2] = (char)('0' + st % 10);
-	status[3] = 0;
-	nv_set(&s->nv[0], ":status", 7, status, 3);
-	size_t n = 1 + nv_fields(s, 1, 0, h->hdrs, h->nhdrs);
-	if (length)
-		nv_set(&s->nv[n++], "content-length", 14, cl, fmt_length(cl, h->content_length));
+	dst[0] = (char)('0' + st / 100);
+	dst[1] = (char)('0' + st / 10 % 10);
+	dst[2] = (char)('0' + st % 10);
+	nv_set(&s->nv[0], ":status", 7, dst, 3, flags);
+	size_t off = 3;
+	size_t n = 1 + nv_fields(s, 1, dst, &off, h->hdrs, h->nhdrs, flags);
+	if (length) {
+		char cl[24];
+		size_t len = fmt_length(cl, h->content_length);
+		memcpy(dst + off, cl, len);
+		nv_set(&s->nv[n++], "content-length", 14, dst + off, len, flags);
+	}
 	return n;
 }
 
@@ -148,8 +170,10 @@ static void rsp_informational(void *arg, const struct resp_head *h)
 	struct h2_session *s = st->s;
 	if (s->state == H_CLOSED || st->head_sent || h->status == 101)
 		return;
-	char status[4], cl[24];
-	size_t n = head_block(s, h, status, cl, false);
+	/* rare, and more than one may wait: nghttp2 copies these (from the session's scratch) */
+	size_t bytes = fields_bytes(h->hdrs, h->nhdrs) + STATUS_CL_BYTES;
+	nv_reserve(s, (size_t)h->nhdrs + 2, bytes);
+	size_t n = head_block(s, h, s->names, NGHTTP2_NV_FLAG_NONE, false);
 	nghttp2_submit_headers(s->ng, NGHTTP2_FLAG_NONE, st->id, NULL, s->nv, n, NULL);
 	h2s_kick(s);
 }
@@ -168,8 +192,23 @@ static void rsp_head(void *arg, const struct resp_head *h)
 	 * already, so that end() adds nothing to it; no length, no data provider */
 	if (h->end_stream)
 		st->resp_eof = true;
-	char status[4], cl[24];
-	size_t n = head_block(s, h, status, cl, !h->end_stream &&
+	/* The head's bytes are copied once, into a block the stream holds until it is destroyed:
+	 * nghttp2 then takes them as they are (NO_COPY: no second copy, no second
+	 * lower-casing, ~1,200 instructions a response) and reads them when it packs the
+	 * HEADERS frame, from the session's send event, after the exchange (and the upstream
+	 * head the fields point into) may be gone. A failed allocation falls back to nghttp2's
+	 * copy from the scratch. */
+	size_t bytes = fields_bytes(h->hdrs, h->nhdrs) + STATUS_CL_BYTES;
+	nv_reserve(s, (size_t)h->nhdrs + 2, 0);
+	st->head_blk = loop_blk_alloc(s->loop, bytes);
+	uint8_t flags = NO_COPY;
+	char *dst = st->head_blk;
+	if (!dst) {
+		nv_reserve(s, 0, bytes);
+		dst = s->names;
+		flags = NGHTTP2_NV_FLAG_NONE;
+	}
+	size_t n = head_block(s, h, dst, flags, !h->end_stream &&
 	                      h->status >= 200 && h->status != 204 && h->content_length >= 0);
 	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = h2s_data_read_cb };
 	nghttp2_submit_response(s->ng, st->id, s->nv, n, st->bodyless ? NULL : &prd);
@@ -205,23 +244,24 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 	MAGIC_CHECK(st, H2ST_MAGIC);
 	if (st->s->state == H_CLOSED || st->trailers || st->bodyless || n <= 0)
 		return;     /* bodyless: no DATA will carry them out (a head that ended the stream) */
-	/* kept until the last DATA is packed (h2s_data_read_cb submits them) */
-	size_t bytes = 0;
-	for (int i = 0; i < n; i++)
-		bytes += t[i].nlen + t[i].vlen;
-	/* one allocation for the list and its bytes (every gRPC response has trailers) */
-	st->trailers = xmalloc((size_t)n * sizeof(*st->trailers) + bytes + 1);
-	char *p = (char *)(st->trailers + n);
+	/* kept until the stream is destroyed: h2s_data_read_cb submits them after the last DATA,
+	 * without nghttp2's copy (NO_COPY) */
+	size_t bytes = fields_bytes(t, n);
+	/* one block for the list and its bytes (every gRPC response has trailers) */
+	nghttp2_nv *nv = loop_blk_alloc(st->s->loop, (size_t)n * sizeof(*nv) + bytes + 1);
+	if (!nv)
+		return;     /* out of memory: the response ends without them (as with no trailers) */
+	st->trailers = nv;
+	char *p = (char *)(nv + n);
 	for (int i = 0; i < n; i++) {
 		const struct http_hdr *f = &t[i];
 		if (f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))
 			continue;
 		char *name = p;
-		for (uint32_t j = 0; j < f->nlen; j++)
-			*p++ = (char)(f->name[j] >= 'A' && f->name[j] <= 'Z' ? f->name[j] + 32 : f->name[j]);
-		memcpy(p, f->value, f->vlen);
-		nv_set(&st->trailers[st->ntrailers++], name, f->nlen, p, f->vlen);
-		p += f->vlen;
+		lower_copy(name, f->name, f->nlen);
+		memcpy(name + f->nlen, f->value, f->vlen);
+		nv_set(&nv[st->ntrailers++], name, f->nlen, name + f->nlen, f->vlen, NO_COPY);
+		p += f->nlen + f->vlen;
 	}
 }
 

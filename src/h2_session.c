@@ -111,7 +111,10 @@ static void stream_destroy(struct h2_stream *st)
 	s->nstreams--;
 	stream_release(st);
 	free(st->cookie);
-	free(st->trailers);
+	loop_blk_free(s->loop, st->head_blk);
+	loop_blk_free(s->loop, st->trailers);
+	st->head_blk = NULL;
+	st->trailers = NULL;
 	loop_buf_put(s->loop, st->req_in);
 	loop_buf_put(s->loop, st->resp);
 	loop_buf_put(s->loop, st->req_trailers);

@@ -76,7 +76,10 @@ struct h2_stream {
 	struct evbuffer *resp;          /* response DATA not yet sent */
 	bool head_sent, bodyless, resp_eof, deferred, cut, rst_after, client_reset, was_high;
 	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
-	nghttp2_nv *trailers;            /* the list, then the bytes it points to: one block */
+	char *head_blk;                 /* the final head's bytes, which nghttp2 reads uncopied
+	                                 * when it packs the HEADERS (loop_blk_alloc) */
+	nghttp2_nv *trailers;           /* the list, then the bytes it points to: one block from
+	                                 * loop_blk_alloc, submitted uncopied too */
 	size_t ntrailers;
 	struct evbuffer *req_trailers;  /* the request's trailer fields, (nlen, vlen, name, value)
 	                                 * each, for an HTTP/2 upstream (SPEC §9); or NULL */
@@ -111,9 +114,9 @@ struct h2_session {
 	struct evbuffer *tmp;
 	uint8_t *stage;                 /* during session_send: frames gathered for one append */
 	size_t staged, stagecap;
-	nghttp2_nv *nv;                 /* scratch for submits (nghttp2 copies) */
+	nghttp2_nv *nv;                 /* scratch for submits (nghttp2 copies the list) */
 	size_t nvcap;
-	char *names;
+	char *names;                    /* scratch for the bytes of a head nghttp2 copies */
 	size_t namescap;
 };
 
