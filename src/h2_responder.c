@@ -121,6 +121,19 @@ static bool unique_value(const char *name, size_t len)
 	return len == 12 && memcmp(name, "x-request-id", 12) == 0;
 }
 
+/* A never-indexed literal still names its field by index when the name is in the table
+ * (RFC 7541 §6.2.3): so the connection's first X-Request-Id is indexed, once, and every later
+ * one is sent as that index and a literal value, without its name Huffman-coded again (~420
+ * instructions a response). One entry is no crowd; the name is indexed again every
+ * REQID_REINDEX responses, as the entry may have been evicted meanwhile. */
+#define REQID_REINDEX 256
+static uint8_t unique_flags(struct h2_session *s, uint8_t flags)
+{
+	if (s->reqids++ % REQID_REINDEX == 0)
+		return flags;
+	return flags | NGHTTP2_NV_FLAG_NO_INDEX;
+}
+
 static bool sent_field(const struct http_hdr *f)
 {
 	return !f->hop && f->nlen > 0 && f->name[0] != ':' && !h2s_connection_field(f->name, f->nlen);
@@ -142,7 +155,7 @@ static size_t nv_fields(struct h2_session *s, size_t at, char *dst, size_t *off,
 		memcpy(value, f->value, f->vlen);
 		o += (size_t)f->nlen + f->vlen;
 		nv_set(&s->nv[k], name, f->nlen, value, f->vlen,
-		       unique_value(name, f->nlen) ? flags | NGHTTP2_NV_FLAG_NO_INDEX : flags);
+		       unique_value(name, f->nlen) ? unique_flags(s, flags) : flags);
 		k++;
 	}
 	*off = o;

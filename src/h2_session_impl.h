@@ -118,6 +118,7 @@ struct h2_session {
 	size_t nvcap;
 	char *names;                    /* scratch for the bytes of a head nghttp2 copies */
 	size_t namescap;
+	unsigned reqids;                /* X-Request-Id fields sent: see unique_flags */
 };
 
 /* h2_session.c */

@@ -54,17 +54,22 @@ def test_every_name_lowercased_values_kept(upstream, rg_factory):
 
 
 def test_many_streams_each_their_own_head(upstream, rg_factory):
-    """Heads of streams in flight together do not share bytes: each keeps its own until sent."""
+    """Heads of streams in flight together do not share bytes: each keeps its own until sent;
+    300 responses on one connection, past the point where the X-Request-Id name is indexed
+    in HPACK's table again, each with its own id."""
     upstream.set_default(respond(200, headers=[("X-Long-Header-Name-Of-Forty-Bytes-Each", "v")],
                                  body=b"ok"))
     rg = rg_factory(upstreams=api(upstream))
     c = H2Raw(rg.port)
-    sids = [c.get("/s%d" % i, extra=[("x-request-id", "req-%03d" % i)]) for i in range(20)]
-    for i, sid in enumerate(sids):
-        r = c.response(sid)
-        assert r.status == 200 and r.body == b"ok", r
-        assert r.header("x-request-id") == "req-%03d" % i
-        assert r.header("x-long-header-name-of-forty-bytes-each") == "v"
+    for batch in range(15):
+        ids = ["req-%03d" % (batch * 20 + i) for i in range(20)]
+        sids = [c.get("/s", extra=[("x-request-id", rid)]) for rid in ids]
+        for rid, sid in zip(ids, sids):
+            r = c.response(sid)
+            assert r.status == 200 and r.body == b"ok", r
+            assert r.header("x-request-id") == rid
+            assert r.header("x-long-header-name-of-forty-bytes-each") == "v"
+            assert r.header("x-retrygate-attempts") == "1"
 
 
 def test_error_made_on_the_stream_lowercase(rg_factory, refusing):
