@@ -120,9 +120,11 @@ void respond_grpc_error(struct made_response *m, const char *reason, const char 
 	};
 }
 
+/* The length first, here: most fields differ in it, and str_ieq is a call (asked three times
+ * of every field of every relayed head). */
 static bool named(const struct http_hdr *h, const char *name, size_t nlen)
 {
-	return str_ieq(h->name, h->nlen, name, nlen);
+	return h->nlen == nlen && str_ieq(h->name, h->nlen, name, nlen);
 }
 
 #define NAMED(h, lit) named((h), lit, sizeof(lit) - 1)
@@ -248,9 +250,13 @@ void respond_request_id(struct resp_head *h, struct http_hdr *fields, int cap, c
 	if (!reqid || !*reqid)
 		return;
 	int k = 0;
-	for (int i = 0; i < h->nhdrs; i++)
-		if (!NAMED(&fields[i], "X-Request-Id"))
-			fields[k++] = fields[i];
+	for (int i = 0; i < h->nhdrs; i++) {
+		if (NAMED(&fields[i], "X-Request-Id"))
+			continue;
+		if (k != i)
+			fields[k] = fields[i];
+		k++;
+	}
 	if (k < cap)
 		set_field(&fields[k++], "X-Request-Id", reqid, strlen(reqid));
 	h->hdrs = fields;
