@@ -106,6 +106,8 @@ static void stream_destroy(struct h2_stream *st)
 		exchange_free(st->ex);
 		st->ex = NULL;
 	}
+	if (s->last == st)
+		s->last = NULL;
 	s->resp_pending -= evbuffer_get_length(st->resp);
 	TAILQ_REMOVE(&s->streams, st, link);
 	s->nstreams--;
@@ -122,11 +124,19 @@ static void stream_destroy(struct h2_stream *st)
 	loop_defer_free(s->loop, stream_free_cb, st);
 }
 
+/* The stream of ID. nghttp2's callbacks come a stream at a time (a head's fields, then its
+ * frame; a response's frames), so the last one found is kept: a map lookup less for each
+ * field of each request. stream_destroy forgets it. */
 static struct h2_stream *stream_of(struct h2_session *s, int32_t id)
 {
-	struct h2_stream *st = nghttp2_session_get_stream_user_data(s->ng, id);
-	if (st)
+	struct h2_stream *st = s->last;
+	if (st && st->id == id)
+		return st;
+	st = nghttp2_session_get_stream_user_data(s->ng, id);
+	if (st) {
 		MAGIC_CHECK(st, H2ST_MAGIC);
+		s->last = st;
+	}
 	return st;
 }
 
@@ -457,6 +467,7 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
 	nghttp2_session_set_stream_user_data(ng, st->id, st);
+	s->last = st;       /* its fields come next */
 	return 0;
 }
 

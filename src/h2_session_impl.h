@@ -100,6 +100,7 @@ struct h2_session {
 	nghttp2_session *ng;
 	TAILQ_HEAD(, h2_stream) streams;
 	int nstreams;
+	struct h2_stream *last;         /* the stream stream_of found last (or NULL) */
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
 	bool send_pending;
