@@ -22,8 +22,14 @@
 
 /* ------------------------------------------------------------------ the HTTP/2 responder */
 
+/* N (LEN bytes) is LIT, in any case. Exact bytes first: a name from an HTTP/2 peer is
+ * lower-case already (nghttp2 refuses others), and memcmp is a few instructions where
+ * str_ieq folds each byte of both. */
+#define IS(n, len, lit) \
+	(memcmp((n), lit, sizeof(lit) - 1) == 0 || str_ieq((n), (len), lit, sizeof(lit) - 1))
+
 /* By length first, then the first letter: asked for every field of every head (request and
- * response), it answers most with a switch and one compare, before any str_ieq call. */
+ * response), it answers most with a switch and one compare. */
 bool h2s_connection_field(const char *n, size_t len)
 {
 	if (len == 0)
@@ -31,20 +37,18 @@ bool h2s_connection_field(const char *n, size_t len)
 	char c = (char)(n[0] | 0x20);       /* lower-case for a letter; a non-letter matches none */
 	switch (len) {
 	case 2:
-		return c == 't' && str_ieq(n, len, "te", 2);
+		return c == 't' && IS(n, len, "te");
 	case 7:
-		return (c == 'u' && str_ieq(n, len, "upgrade", 7)) ||
-		       (c == 't' && str_ieq(n, len, "trailer", 7));
+		return (c == 'u' && IS(n, len, "upgrade")) || (c == 't' && IS(n, len, "trailer"));
 	case 10:
-		return (c == 'c' && str_ieq(n, len, "connection", 10)) ||
-		       (c == 'k' && str_ieq(n, len, "keep-alive", 10));
+		return (c == 'c' && IS(n, len, "connection")) || (c == 'k' && IS(n, len, "keep-alive"));
 	case 14:
-		return (c == 'c' && str_ieq(n, len, "content-length", 14)) ||
-		       (c == 'h' && str_ieq(n, len, "http2-settings", 14));
+		return (c == 'c' && IS(n, len, "content-length")) ||
+		       (c == 'h' && IS(n, len, "http2-settings"));
 	case 16:
-		return c == 'p' && str_ieq(n, len, "proxy-connection", 16);
+		return c == 'p' && IS(n, len, "proxy-connection");
 	case 17:
-		return c == 't' && str_ieq(n, len, "transfer-encoding", 17);
+		return c == 't' && IS(n, len, "transfer-encoding");
 	default:
 		return false;
 	}
