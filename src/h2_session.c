@@ -276,11 +276,18 @@ static void deliver_request_trailers(struct h2_stream *st)
 	exchange_trailers(st->ex, t, n);
 }
 
+/* Request DATA received and not yet taken. The buffer is got with the first DATA: most
+ * requests (GET) have none, and flush asks this of every stream each round. */
+static size_t req_pending(const struct h2_stream *st)
+{
+	return st->req_in ? evbuffer_get_length(st->req_in) : 0;
+}
+
 /* Request body bytes go to the exchange as it takes them, and only then are consumed
  * (WINDOW_UPDATE): a stalled upstream stalls this stream, nothing else. */
 static void stream_pump(struct h2_session *s, struct h2_stream *st)
 {
-	while (st->ex && !st->ex_done && evbuffer_get_length(st->req_in) > 0) {
+	while (st->ex && !st->ex_done && req_pending(st) > 0) {
 		size_t room = exchange_body_room(st->ex);
 		if (room == 0)
 			return;
@@ -291,7 +298,7 @@ static void stream_pump(struct h2_session *s, struct h2_stream *st)
 		evbuffer_drain(s->tmp, evbuffer_get_length(s->tmp));
 		nghttp2_session_consume(s->ng, st->id, n);
 	}
-	size_t left = evbuffer_get_length(st->req_in);
+	size_t left = req_pending(st);
 	if (left > 0 && (st->ex_done || !st->ex)) {
 		evbuffer_drain(st->req_in, left);    /* nobody reads it: discard, keep the window */
 		nghttp2_session_consume(s->ng, st->id, left);
@@ -461,8 +468,7 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	st->s = s;
 	st->id = frame->hd.stream_id;
 	st->head.content_length = -1;
-	st->req_in = loop_buf_get(s->loop);
-	st->resp = loop_buf_get(s->loop);
+	st->resp = loop_buf_get(s->loop);     /* req_in: with the first DATA */
 	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
@@ -683,6 +689,8 @@ static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 		nghttp2_session_consume(ng, id, len);
 		return 0;
 	}
+	if (!st->req_in)
+		st->req_in = loop_buf_get(s->loop);
 	evbuffer_add(st->req_in, data, len);
 	return 0;
 }
@@ -723,7 +731,7 @@ static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void 
 	if (!st)
 		return 0;
 	nghttp2_session_set_stream_user_data(ng, id, NULL);
-	size_t left = evbuffer_get_length(st->req_in);
+	size_t left = req_pending(st);
 	if (left > 0)
 		nghttp2_session_consume_connection(ng, left);
 	bool early = st->client_reset && !st->head_sent;

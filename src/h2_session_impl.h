@@ -71,7 +71,8 @@ struct h2_stream {
 	bool refused;                   /* beyond max_concurrent_streams: REFUSED_STREAM */
 	struct exchange *ex;
 	bool ex_done;                   /* the exchange reported end() */
-	struct evbuffer *req_in;        /* DATA received, not yet taken (nor consumed) */
+	struct evbuffer *req_in;        /* DATA received, not yet taken (nor consumed); NULL
+	                                 * until the first DATA */
 	bool req_end, body_end_sent;
 	struct evbuffer *resp;          /* response DATA not yet sent */
 	bool head_sent, bodyless, resp_eof, deferred, cut, rst_after, client_reset, was_high;
