@@ -319,8 +319,10 @@ void h2s_rsp_end(void *arg, bool complete, bool close)
 	if (st->head_sent && st->resp_eof) {
 		/* the head ended the stream: nothing to cut or resume; a client still sending is
 		 * reset after it (NO_ERROR) as for any response that closes */
-		if (close && !st->req_end)
+		if (close && !st->req_end && !st->rst_after) {
 			st->rst_after = true;
+			s->nrst_after++;
+		}
 		h2s_kick(s);
 		return;
 	}
@@ -334,8 +336,10 @@ void h2s_rsp_end(void *arg, bool complete, bool close)
 		st->resp_eof = true;
 		/* SPEC §9: where §5 closes the connection, the stream is reset after the response
 		 * instead, if the client is still sending (RFC 9113 §8.1) */
-		if (close && !st->req_end)
+		if (close && !st->req_end && !st->rst_after) {
 			st->rst_after = true;
+			s->nrst_after++;
+		}
 		if (st->deferred) {
 			st->deferred = false;
 			nghttp2_session_resume_data(s->ng, st->id);

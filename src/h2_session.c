@@ -108,6 +108,8 @@ static void stream_destroy(struct h2_stream *st)
 	}
 	if (s->last == st)
 		s->last = NULL;
+	if (st->rst_after)
+		s->nrst_after--;
 	s->resp_pending -= evbuffer_get_length(st->resp);
 	TAILQ_REMOVE(&s->streams, st, link);
 	s->nstreams--;
@@ -706,7 +708,9 @@ static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 			defence(s, H2E_MALFORMED, "malformed request: stream reset");
 		return 0;
 	}
-	if ((frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
+	/* nrst_after: no stream lookup for the last frame of every response when none waits */
+	if (s->nrst_after > 0 &&
+	    (frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
 	    (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
 		struct h2_stream *st = stream_of(s, frame->hd.stream_id);
 		if (st && st->rst_after && !st->req_end)

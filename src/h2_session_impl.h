@@ -102,6 +102,7 @@ struct h2_session {
 	TAILQ_HEAD(, h2_stream) streams;
 	int nstreams;
 	struct h2_stream *last;         /* the stream stream_of found last (or NULL) */
+	int nrst_after;                 /* streams with rst_after set */
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
 	bool send_pending;

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from h2raw import H2Raw
+from harness import make_config
+from h2raw import NO_ERROR, H2Raw
 from upstream import interim, respond
 
 CURL = shutil.which("curl")
@@ -103,3 +104,25 @@ def test_103_fields_lowercased_then_final(upstream, rg_factory):
     assert rest.startswith("HTTP/2 200"), out
     assert "x-final-field: Cd" in rest.split("\r\n")
     assert rest.endswith("final")
+
+
+def test_reset_after_response_only_where_due(upstream, rg_factory):
+    """SPEC §9: a response that closes (413 over max_body) while its client is still sending
+    is followed by RST_STREAM NO_ERROR; streams answered beside it, before and after, end
+    normally and are not reset."""
+    cfg = make_config(upstreams=api(upstream), listener_limits={"max_body": "1KiB"})
+    rg = rg_factory(config=cfg)
+    c = H2Raw(rg.port)
+    before = [c.get("/a%d" % i) for i in range(3)]
+    big = c.get("/big", method="PUT", body=b"y" * 2000, end=False)
+    after = [c.get("/b%d" % i) for i in range(3)]
+    r = c.response(big)
+    assert r.status == 413 and r.header("x-retrygate-reason") == "body-too-large"
+    c.pump(lambda: r.reset is not None, timeout=3)
+    assert r.reset == NO_ERROR
+    for sid in before + after:
+        x = c.response(sid)
+        assert x.status == 200 and x.ended and x.reset is None, x
+    x = c.response(c.get("/later"))
+    assert x.status == 200 and x.ended and x.reset is None, x
+    assert not c.closed
