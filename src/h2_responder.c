@@ -93,31 +93,46 @@ static void nv_set(nghttp2_nv *nv, const char *name, size_t nlen, const char *va
 	nv->flags = flags;
 }
 
-/* N bytes of SRC lower-cased into DST, eight at a time: a header name is ASCII, and a byte
+/* N bytes of SRC lower-cased into DST, a word at a time: a header name is ASCII, and a byte
  * loop (or nghttp2's own downcase) costs ~12 instructions a byte of every name of every
  * response. A byte gets 0x20 where it is 'A'..'Z': h + 0x3f carries into the top bit from
  * 'A' up, h + 0x25 from '[' up, so their XOR marks exactly the capitals (h is the byte
  * without its top bit, so no sum carries into the next byte; ~x leaves bytes >= 0x80 alone). */
+#define LOWER_WORD(x, T, ones)                                                          \
+	((x) | ((~(x) & ((((x) & (T)(0x7f * (ones))) + (T)(0x3f * (ones))) ^              \
+	                 (((x) & (T)(0x7f * (ones))) + (T)(0x25 * (ones)))) &             \
+	         (T)(0x80 * (ones))) >> 2))
+#define ONES64 0x0101010101010101ull
+#define ONES32 0x01010101u
+
 static void lower_copy(char *dst, const char *src, size_t n)
 {
-	const uint64_t high = 0x8080808080808080ull, low7 = 0x7f7f7f7f7f7f7f7full;
-	size_t i = 0;
+	uint64_t x;
+	uint32_t y;
 	if (n >= 8) {
-		for (;; i += 8) {
-			if (i + 8 > n)
-				i = n - 8;      /* the last word overlaps the one before: same result */
-			uint64_t x, h;
+		for (size_t i = 0; i + 8 < n; i += 8) {
 			memcpy(&x, src + i, 8);
-			h = x & low7;
-			x |= (~x & ((h + 0x3f3f3f3f3f3f3f3full) ^ (h + 0x2525252525252525ull)) & high) >> 2;
+			x = LOWER_WORD(x, uint64_t, ONES64);
 			memcpy(dst + i, &x, 8);
-			if (i + 8 == n)
-				return;
 		}
-	}
-	for (; i < n; i++) {
-		char c = src[i];
-		dst[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+		/* the last word, overlapping the one before where N is no multiple of 8: the
+		 * bytes it shares are lower-cased the same way twice */
+		memcpy(&x, src + n - 8, 8);
+		x = LOWER_WORD(x, uint64_t, ONES64);
+		memcpy(dst + n - 8, &x, 8);
+	} else if (n >= 4) {
+		/* two 4-byte words, overlapping likewise (server, date, etag, vary, ...) */
+		memcpy(&y, src, 4);
+		y = LOWER_WORD(y, uint32_t, ONES32);
+		memcpy(dst, &y, 4);
+		memcpy(&y, src + n - 4, 4);
+		y = LOWER_WORD(y, uint32_t, ONES32);
+		memcpy(dst + n - 4, &y, 4);
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			char c = src[i];
+			dst[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+		}
 	}
 }
 
