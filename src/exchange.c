@@ -64,6 +64,17 @@ void ex_set_state(struct exchange *ex, enum xstate st)
 	ex->state = st;
 }
 
+/* ------------------------------------------------------------------ timers */
+
+/* Assign EV (the exchange's timer BIT) the first time it is needed (see exchange_impl.h). */
+static void timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb)
+{
+	if (ex->timers & bit)
+		return;
+	evtimer_assign(ev, ex->loop->base, cb, ex);
+	ex->timers |= bit;
+}
+
 /* ------------------------------------------------------------------ endpoints */
 
 /* The address for an attempt, or NULL while no name of the upstream has one (SPEC §13). Only
@@ -179,6 +190,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		STAT_INC(ex->us->faults_injected[ex->fault->kind]);
 		access_set_fault(&ex->log, faults_kind_name(ex->fault->kind));
 		if (ex->fault->kind != FAULT_LOST_RESPONSE) {
+			timer_assign(ex, &ex->fault_ev, EX_T_FAULT, ex_fault_cb);
 			ex_fault_arm(ex, now);
 			return;
 		}
@@ -372,6 +384,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		ex->next_serial = atomic_load(&next->serial);
 		ex_set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
+		timer_assign(ex, &ex->backoff_ev, EX_T_BACKOFF, backoff_cb);
 		evtimer_add(&ex->backoff_ev, &tv);
 		return;
 	}
@@ -587,6 +600,17 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 	ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
 }
 
+/* Stop the timers that were ever armed (ex_end(): once, when the exchange is over). */
+void ex_timers_stop(struct exchange *ex)
+{
+	if (ex->timers & EX_T_DEADLINE)
+		evtimer_del(&ex->deadline_ev);
+	if (ex->timers & EX_T_BACKOFF)
+		evtimer_del(&ex->backoff_ev);
+	if (ex->timers & EX_T_FAULT)
+		evtimer_del(&ex->fault_ev);
+}
+
 /* ------------------------------------------------------------------ the codec's side */
 
 struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_listener *l,
@@ -610,9 +634,6 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->t0_us = clock_now_us();
 	ex->att_grpc = ex->client_grpc = -1;
 	ex->pushback_us = -1;
-	evtimer_assign(&ex->deadline_ev, loop->base, deadline_cb, ex);
-	evtimer_assign(&ex->backoff_ev, loop->base, backoff_cb, ex);
-	evtimer_assign(&ex->fault_ev, loop->base, ex_fault_cb, ex);
 	reqbody_init(&ex->rb, loop_buf_get(loop), req->chunked || req->content_length > 0, BODY_NONE);
 	forward_request_id(req, ex->reqid, &loop->rng);
 	access_begin(&ex->log, ci->sid, ex->peer_ip, req, ex->reqid);
@@ -656,6 +677,7 @@ void exchange_start(struct exchange *ex)
 		return;
 	}
 	struct timeval tv = clock_tv(ex->given_us);
+	timer_assign(ex, &ex->deadline_ev, EX_T_DEADLINE, deadline_cb);
 	evtimer_add(&ex->deadline_ev, &tv);
 
 	if (ex->rb.mode == BODY_BUFFER) {
@@ -818,9 +840,8 @@ void exchange_free(struct exchange *ex)
 		return;
 	if (ex->state != X_DONE)
 		exchange_abort(ex);
-	evtimer_del(&ex->deadline_ev);
-	evtimer_del(&ex->backoff_ev);
-	evtimer_del(&ex->fault_ev);
+	/* its timers were stopped by ex_end(), which ran (X_DONE is terminal and only ex_end()
+	 * sets it, and nothing arms a timer without leaving a state first) */
 	loop_buf_put(ex->loop, ex->rb.buf);
 	free(ex->req_trailers);
 	free(ex->req_tmem);

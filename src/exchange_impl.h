@@ -36,6 +36,11 @@ struct ustats;
 #define EXCHANGE_MAGIC 0xe8c4a46eu
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
 
+/* the exchange's timers (struct exchange's timers bits) */
+#define EX_T_DEADLINE 1u
+#define EX_T_BACKOFF  2u
+#define EX_T_FAULT    4u
+
 enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
 
 /* A gRPC head held while its outcome is unknown (exchange_grpc.c), with the per-try timer
@@ -81,7 +86,11 @@ struct exchange {
 	struct saved_response saved;  /* the last retried response, in case no later one comes */
 	enum refusal refused;
 
-	struct event deadline_ev, backoff_ev;   /* embedded: no allocation per request */
+	/* Embedded: no allocation per request. Each is assigned the first time it is armed (most
+	 * requests never back off nor draw a fault) and, in ex_end(), deleted only if it was: an
+	 * event_del() costs a lock round even on an idle event, and this runs for every request. */
+	struct event deadline_ev, backoff_ev;
+	uint8_t timers;                 /* EX_T_* bits: which of the three events are assigned */
 	bool head_sent, close_after;
 	int resp_status;
 	char reqid[FORWARD_ID_MAX];     /* the client's X-Request-Id (truncated), else ours */
@@ -122,6 +131,7 @@ struct exchange {
 void ex_set_state(struct exchange *ex, enum xstate st);
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
 void ex_send_attempt(struct exchange *ex, struct ep_state *ep);
+void ex_timers_stop(struct exchange *ex);
 int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);
 
 /* exchange_reply.c: the end of an exchange and what reaches the client */

@@ -58,9 +58,7 @@ void ex_end(struct exchange *ex)
 {
 	ex_set_state(ex, X_DONE);
 	ex_release_slots(ex);
-	evtimer_del(&ex->deadline_ev);
-	evtimer_del(&ex->backoff_ev);
-	evtimer_del(&ex->fault_ev);
+	ex_timers_stop(ex);
 	ex->fault_pending = false;
 	attempt_free(ex->att);
 	attempt_free(ex->relay);
