@@ -57,7 +57,11 @@ struct attempt {
 	bool streaming, chunked, is_head, body_ended;
 	bool wrote_any, reused, paused, eof, freed;
 	int64_t start_us, connect_timeout_us, head_timeout_us;
-	struct event timer;             /* embedded: no allocation per attempt */
+	/* Embedded: no allocation per attempt. Assigned when first armed, deleted only while
+	 * armed (timer_stop()): an event_del() takes the base's lock even for an idle event, and
+	 * an attempt passes several places that stop its timer. */
+	struct event timer;
+	bool timer_set, timer_on;       /* assigned; added and not yet fired or deleted */
 	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
 	const char *fail_detail;
 	struct pool_waiter wt;
@@ -118,12 +122,34 @@ static void conn_detach(struct attempt *a, bool reuse)
 }
 
 /* Finish: report once. Safe against the owner freeing us inside on_end. */
+static void timer_cb(evutil_socket_t fd, short what, void *arg);
+
+/* The attempt's one timer (connect, head or a deferred failure) to go off in US. */
+static void timer_arm(struct attempt *a, int64_t us)
+{
+	if (!a->timer_set) {
+		evtimer_assign(&a->timer, a->loop->base, timer_cb, a);
+		a->timer_set = true;
+	}
+	struct timeval tv = clock_tv(us);
+	evtimer_add(&a->timer, &tv);    /* a pending one is moved, not doubled */
+	a->timer_on = true;
+}
+
+static void timer_stop(struct attempt *a)
+{
+	if (!a->timer_on)
+		return;
+	evtimer_del(&a->timer);
+	a->timer_on = false;
+}
+
 static void attempt_end(struct attempt *a, enum outcome out, bool bad, const char *detail)
 {
 	if (a->state == A_DONE)
 		return;
 	set_state(a, A_DONE);
-	evtimer_del(&a->timer);
+	timer_stop(a);
 	if (a->pe && a->wt.fn)
 		pool_resolve_cancel(a->pe, &a->wt);
 	conn_detach(a, false);
@@ -136,14 +162,14 @@ static void attempt_fail_soon(struct attempt *a, enum outcome out, const char *d
 {
 	a->fail_out = out;
 	a->fail_detail = detail;
-	struct timeval tv = { 0, 0 };
-	evtimer_add(&a->timer, &tv);
+	timer_arm(a, 0);
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
+	a->timer_on = false;
 	if (a->state == A_DONE)
 		return;
 	if (a->fail_out != OUT_NONE) {
@@ -157,13 +183,14 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		attempt_end(a, OUT_TIMEOUT, false, "no response head in time");
 }
 
+/* From now on only the per-try time counts (none: no timer, the deadline cuts it). */
 static void arm_head_timer(struct attempt *a)
 {
-	evtimer_del(&a->timer);
-	if (a->head_timeout_us <= 0)
+	if (a->head_timeout_us <= 0) {
+		timer_stop(a);
 		return;
-	struct timeval tv = clock_tv(a->start_us + a->head_timeout_us - clock_now_us());
-	evtimer_add(&a->timer, &tv);
+	}
+	timer_arm(a, a->start_us + a->head_timeout_us - clock_now_us());
 }
 
 static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
@@ -383,7 +410,7 @@ static void h2_deliver(struct attempt *a)
 	}
 	if (a->h2_complete && a->state == A_BODY && evbuffer_get_length(a->decoded) == 0) {
 		set_state(a, A_DONE);
-		evtimer_del(&a->timer);
+		timer_stop(a);
 		a->cbs.on_end(a->arg, a, OUT_NONE, false, NULL);
 	}
 }
@@ -396,7 +423,7 @@ static void h2_head_cb(void *arg, const struct http_head *h)
 		return;
 	if (h->status >= 200) {
 		set_state(a, A_BODY);
-		evtimer_del(&a->timer);
+		timer_stop(a);
 	}
 	a->cbs.on_head(a->arg, a, h);
 }
@@ -514,21 +541,14 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 	a->decoded = loop_buf_get(loop);
 	if (a->streaming)
 		a->pending = loop_buf_get(loop);
-	evtimer_assign(&a->timer, loop->base, timer_cb, a);
-
-	int64_t t = a->connect_timeout_us;
-	if (a->head_timeout_us > 0 && a->head_timeout_us < t)
-		t = a->head_timeout_us;
-	struct timeval tv = clock_tv(t);
-	if (!req->h2)       /* an HTTP/2 connection keeps its own connect timer */
-		evtimer_add(&a->timer, &tv);
 
 	if (req->h2) {
-		attempt_start_h2(a, req);
+		attempt_start_h2(a, req);   /* an HTTP/2 connection keeps its own connect timer */
 		return a;
 	}
 	struct upconn *c = req->fresh_conn ? NULL : pool_get(a->pe);
 	if (c) {
+		/* connected already: only the head timer, from the start */
 		a->c = c;
 		a->reused = true;
 		set_state(a, A_WAITING);
@@ -536,6 +556,10 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 		conn_write_request(a);
 		arm_head_timer(a);
 	} else {
+		int64_t t = a->connect_timeout_us;
+		if (a->head_timeout_us > 0 && a->head_timeout_us < t)
+			t = a->head_timeout_us;
+		timer_arm(a, t);
 		start_fresh(a);
 	}
 	return a;
@@ -555,7 +579,7 @@ void attempt_free(struct attempt *a)
 	}
 	h2_stream_cancel(a->h2s);   /* in flight: RST_STREAM CANCEL, its slot released */
 	a->h2s = NULL;
-	evtimer_del(&a->timer);
+	timer_stop(a);
 	free(a->tr);
 	free(a->trbuf);
 	a->tr = NULL;
@@ -646,7 +670,7 @@ struct stream *attempt_take_bev(struct attempt *a)
 	a->c = NULL;
 	upconn_close(c);
 	set_state(a, A_DONE);
-	evtimer_del(&a->timer);
+	timer_stop(a);
 	return bev;
 }
 
@@ -658,7 +682,7 @@ static void attempt_complete(struct attempt *a, bool keep_alive)
 	             evbuffer_get_length(stream_output(a->c->bev)) == 0 &&
 	             (!a->pending || evbuffer_get_length(a->pending) == 0);
 	set_state(a, A_DONE);
-	evtimer_del(&a->timer);
+	timer_stop(a);
 	conn_detach(a, reuse);
 	a->cbs.on_end(a->arg, a, OUT_NONE, false, NULL);
 }
@@ -721,7 +745,7 @@ static void attempt_process(struct attempt *a)
 				return;
 			}
 			set_state(a, A_BODY);
-			evtimer_del(&a->timer);
+			timer_stop(a);
 			a->cbs.on_head(a->arg, a, h);
 			if (a->freed || a->state == A_DONE || h->status == 101)
 				return;
