@@ -8,11 +8,11 @@
  */
 #include "deadline.h"
 #include "grpc.h"
+#include "h1_write.h"
 #include "http.h"
 #include "util.h"
 
 #include <stdbool.h>
-#include <stdio.h>
 #include <string.h>
 
 #define US_PER_MS  1000LL
@@ -144,7 +144,14 @@ int deadline_format(enum dl_kind k, int64_t us, char *buf, size_t cap)
 	if ((unsigned)k >= DL_NKINDS) {
 		n = -1;
 	} else if (k != DL_GRPC_TIMEOUT) {
-		n = snprintf(buf, cap, "%lld", (long long)(us / US_PER_MS));
+		/* every attempt writes one, so no printf (h1_write.h's digits) */
+		char d[24];
+		size_t dn = h1_fmt_int(d, us / US_PER_MS);
+		n = dn < cap ? (int)dn : -1;
+		if (n > 0) {
+			memcpy(buf, d, dn);
+			buf[dn] = '\0';
+		}
 	} else {
 		/* one gRPC format everywhere (grpc.c): whole milliseconds, so it says the same time
 		 * as X-Timeout-Ms beside it */

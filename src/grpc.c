@@ -5,9 +5,9 @@
  */
 #include "grpc.h"
 
-#include <stdio.h>
 #include <string.h>
 
+#include "h1_write.h"
 #include "util.h"
 
 /* SPEC §10's names, indexed by code; also the metric's status label, so a rename here is a
@@ -85,17 +85,27 @@ size_t grpc_timeout_format(int64_t us, char out[16])
 
 	if (us < 0)
 		us = 0;
-	/* below one millisecond "0m" would tell the server the call has already expired while
-	 * we still wait for it: say the microseconds instead */
-	if (us > 0 && us < 1000)
-		return (size_t)snprintf(out, 16, "%lldu", (long long)us);
-	size_t i = 0;
-	while (us / units[i].us > max8 && i + 1 < sizeof(units) / sizeof(units[0]))
-		i++;
-	int64_t x = us / units[i].us;
-	if (x > max8)
-		x = max8;       /* beyond 99999999H (11,000 years): the most gRPC can say */
-	return (size_t)snprintf(out, 16, "%lld%c", (long long)x, units[i].unit);
+	int64_t x;
+	char unit;
+	if (us > 0 && us < 1000) {
+		/* below one millisecond "0m" would tell the server the call has already expired
+		 * while we still wait for it: say the microseconds instead */
+		x = us;
+		unit = 'u';
+	} else {
+		size_t i = 0;
+		while (us / units[i].us > max8 && i + 1 < sizeof(units) / sizeof(units[0]))
+			i++;
+		x = us / units[i].us;
+		if (x > max8)
+			x = max8;   /* beyond 99999999H (11,000 years): the most gRPC can say */
+		unit = units[i].unit;
+	}
+	/* every attempt of a call writes one, so no printf: at most 8 digits, the unit, a NUL */
+	size_t n = h1_fmt_int(out, x);
+	out[n++] = unit;
+	out[n] = '\0';
+	return n;
 }
 
 bool grpc_pushback_parse(const char *v, size_t n, int64_t *us)

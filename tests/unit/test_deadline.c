@@ -220,6 +220,8 @@ static const struct format_row format_rows[] = {
 	{ "0 is 0", DL_X_TIMEOUT_MS, 0, "0" },
 	{ "a negative remaining time is 0", DL_X_TIMEOUT_MS, -5 * S, "0" },
 	{ "the largest value", DL_X_TIMEOUT_MS, INT64_MAX, "9223372036854775" },
+	{ "every digit written, in order", DL_X_TIMEOUT_MS, 1234567890 * MS + 999, "1234567890" },
+	{ "zeros inside and at the end are kept", DL_X_TIMEOUT_MS, 1000200 * MS, "1000200" },
 	{ "connect-timeout-ms floors", DL_CONNECT_TIMEOUT_MS, 2500500, "2500" },
 	{ "Envoy upstream floors", DL_ENVOY_UPSTREAM_RQ, 15 * S + 999, "15000" },
 	{ "Envoy expected floors", DL_ENVOY_EXPECTED_RQ, 1 * S + 1, "1000" },
@@ -260,6 +262,11 @@ static void test_format_small_buffer(void **state)
 	assert_string_equal(buf, "123");
 	assert_int_equal(deadline_format(DL_GRPC_TIMEOUT, 1234 * MS, buf, sizeof(buf)), -1);
 	assert_int_equal(deadline_format(DL_X_TIMEOUT_MS, 1, buf, 0), -1);
+	/* room for the digits but not the NUL: refused too */
+	assert_int_equal(deadline_format(DL_X_TIMEOUT_MS, 7 * MS, buf, 1), -1);
+	assert_string_equal(buf, "");
+	assert_int_equal(deadline_format(DL_GRPC_TIMEOUT, 7 * MS, buf, 3), 2);
+	assert_string_equal(buf, "7m");
 }
 
 static uint64_t xorshift(uint64_t *s)

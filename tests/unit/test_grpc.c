@@ -149,6 +149,9 @@ static const struct to_row to_rows[] = {
 	{ 1000, "1m" },
 	{ 1999, "1m" },                         /* rounded down */
 	{ 950 * MS, "950m" },
+	{ 1020304 * MS + 5, "1020304m" },       /* every digit, zeros inside kept */
+	{ 10 * MS, "10m" },
+	{ 100, "100u" },
 	{ 5 * S, "5000m" },
 	{ 99999999 * MS, "99999999m" },         /* the last that fits 8 digits of ms */
 	{ 99999999 * MS + 999, "99999999m" },
