@@ -97,8 +97,14 @@ static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool r
 void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
-	int neps = upstream_endpoints(ex->ub, eps);
-	int64_t now = clock_now_us();
+	int neps = 0;
+	int64_t now = 0;
+	/* nearly every report is a success, which only clears the endpoint's count: the other
+	 * endpoints and the clock are gathered for a failure alone (outlier.h) */
+	if (outlier_is_failure(out, status, hinted)) {
+		neps = upstream_endpoints(ex->ub, eps);
+		now = clock_now_us();
+	}
 	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
 		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
 		     "failures in a row", ex->up->name, ex->att_ep->name,

@@ -26,7 +26,8 @@ int64_t outlier_ejection_us(const struct cfg_health *h, int n);
 bool outlier_may_eject(const struct cfg_health *h, int n, int ejected);
 
 /* Report an attempt to EP (one of EPS[0..N), the upstream's current addresses) that ended in
- * OUT / STATUS (see outlier_is_failure). Returns true when it ejected EP. */
+ * OUT / STATUS (see outlier_is_failure). Returns true when it ejected EP. EPS, N and NOW_US
+ * are read only when the outcome is a failure: a success may pass NULL, 0, 0. */
 bool outlier_report(const struct cfg_health *h, struct ep_state *const *eps, int n,
                     struct ep_state *ep, enum outcome out, int status, bool hinted,
                     int64_t now_us);
