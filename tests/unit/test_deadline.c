@@ -204,6 +204,46 @@ static void test_resolve_table(void **state)
 	assert_int_equal(bad, 0);
 }
 
+/* ---------------------------------------------------------------- deadline_header_kind */
+
+struct kind_row {
+	const char *why;
+	const char *name;
+	int kind;
+};
+
+static const struct kind_row kind_rows[] = {
+	{ "X-Timeout-Ms as SPEC §3 spells it", "X-Timeout-Ms", DL_X_TIMEOUT_MS },
+	{ "names are case-insensitive", "x-timeout-ms", DL_X_TIMEOUT_MS },
+	{ "grpc-timeout", "GRPC-Timeout", DL_GRPC_TIMEOUT },
+	{ "connect-timeout-ms", "connect-timeout-ms", DL_CONNECT_TIMEOUT_MS },
+	{ "the Envoy upstream header", "X-Envoy-Upstream-Rq-Timeout-Ms", DL_ENVOY_UPSTREAM_RQ },
+	{ "the Envoy expected header", "x-envoy-expected-rq-timeout-ms", DL_ENVOY_EXPECTED_RQ },
+	{ "another field of the same length is none", "content-type", -1 },
+	{ "a name one byte short is none", "X-Timeout-M", -1 },
+	{ "a name one byte long is none", "X-Timeout-Mss", -1 },
+	{ "a 30-byte name that is neither Envoy one", "x-envoy-upstream-rq-timeout-us", -1 },
+	{ "an empty name is none", "", -1 },
+};
+
+static void test_header_kind_table(void **state)
+{
+	int bad = 0;
+	for (size_t i = 0; i < sizeof(kind_rows) / sizeof(kind_rows[0]); i++) {
+		const struct kind_row *t = &kind_rows[i];
+		int k = deadline_header_kind(t->name, strlen(t->name));
+		if (k != t->kind) {
+			print_error("%s: \"%s\" is kind %d, want %d\n", t->why, t->name, k, t->kind);
+			bad++;
+		}
+	}
+	/* every name the table spells is found as itself */
+	for (int k = 0; k < DL_NKINDS; k++)
+		assert_int_equal(deadline_header_kind(deadline_header_name[k],
+		                                      strlen(deadline_header_name[k])), k);
+	assert_int_equal(bad, 0);
+}
+
 /* ---------------------------------------------------------------- deadline_format */
 
 struct format_row {
@@ -465,6 +505,7 @@ int main(void)
 		cmocka_unit_test(test_parse_table),
 		cmocka_unit_test(test_parse_uses_length),
 		cmocka_unit_test(test_resolve_table),
+		cmocka_unit_test(test_header_kind_table),
 		cmocka_unit_test(test_format_table),
 		cmocka_unit_test(test_format_small_buffer),
 		cmocka_unit_test(test_format_round_trip),
