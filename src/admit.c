@@ -10,11 +10,12 @@
 #include "http.h"
 #include "idem_job.h"
 #include "route.h"
+#include "util.h"
 
-static int64_t hdr_int(const struct http_head *h, const char *name)
+/* A value as a non-negative integer of at most 18 digits; -1 when absent (V NULL) or
+ * anything else. */
+static int64_t value_int(const char *v, size_t n)
 {
-	size_t n;
-	const char *v = http_head_get(h, name, &n);
 	if (!v || n == 0 || n > 18)
 		return -1;
 	int64_t x = 0;
@@ -26,32 +27,81 @@ static int64_t hdr_int(const struct http_head *h, const char *name)
 	return x;
 }
 
+static int64_t field_int(const struct http_hdr *f)
+{
+	return f ? value_int(f->value, f->vlen) : -1;
+}
+
+static int64_t hdr_int(const struct http_head *h, const char *name)
+{
+	size_t n = 0;
+	const char *v = http_head_get(h, name, &n);
+	return value_int(v, n);
+}
+
 bool admit_response_nested(const struct http_head *h)
 {
 	return hdr_int(h, "X-Retrygate-Attempts") > 1 ||
 	       http_head_get(h, "X-Retrygate-Retry-Refused", NULL) != NULL;
 }
 
+/* The request fields admission reads, each its first occurrence (NULL: absent). One pass
+ * over the head finds them all, told apart by length before any byte is compared: looking
+ * each name up on its own walked every field once per name, for every request. */
+struct req_fields {
+	const struct http_hdr *attempt;         /* X-Retrygate-Attempt */
+	const struct http_hdr *envoy_count;     /* x-envoy-attempt-count */
+	const struct http_hdr *grpc_prev;       /* grpc-previous-rpc-attempts */
+	const struct http_hdr *ctype;           /* content-type */
+	const struct http_hdr *key;             /* the upstream's idempotency header */
+};
+
+#define IS_FIELD(f, lit) str_ieq((f)->name, (f)->nlen, lit, sizeof(lit) - 1)
+
+static void find_fields(const struct http_head *r, const char *keyname, struct req_fields *out)
+{
+	size_t keylen = keyname ? strlen(keyname) : 0;
+	memset(out, 0, sizeof(*out));
+	for (int i = 0; i < r->nhdrs; i++) {
+		const struct http_hdr *f = &r->hdrs[i];
+		const struct http_hdr **slot = NULL;
+		switch (f->nlen) {
+		case sizeof("content-type") - 1:
+			slot = IS_FIELD(f, "content-type") ? &out->ctype : NULL;
+			break;
+		case sizeof("X-Retrygate-Attempt") - 1:
+			slot = IS_FIELD(f, "X-Retrygate-Attempt") ? &out->attempt : NULL;
+			break;
+		case sizeof("x-envoy-attempt-count") - 1:
+			slot = IS_FIELD(f, "x-envoy-attempt-count") ? &out->envoy_count : NULL;
+			break;
+		case sizeof("grpc-previous-rpc-attempts") - 1:
+			slot = IS_FIELD(f, "grpc-previous-rpc-attempts") ? &out->grpc_prev : NULL;
+			break;
+		}
+		if (slot && !*slot)
+			*slot = f;
+		/* not one of the cases above: the configured name may be any of them */
+		if (keyname && !out->key && f->nlen == keylen && str_ieq(f->name, f->nlen, keyname, keylen))
+			out->key = f;
+	}
+}
+
 /* A gRPC call's grpc-previous-rpc-attempts is its client's own retry count (gRFC A6): any
  * value but 0, even one we cannot read, says a retry policy above us is already at work. */
-static bool request_marked_retry(const struct http_head *r, bool grpc)
+static bool request_marked_retry(const struct req_fields *rf, bool grpc)
 {
-	if (grpc && http_head_get(r, "grpc-previous-rpc-attempts", NULL) &&
-	    hdr_int(r, "grpc-previous-rpc-attempts") != 0)
+	if (grpc && rf->grpc_prev && field_int(rf->grpc_prev) != 0)
 		return true;
-	return hdr_int(r, "X-Retrygate-Attempt") > 1 || hdr_int(r, "x-envoy-attempt-count") > 1 ||
-	       hdr_int(r, "grpc-previous-rpc-attempts") > 0;
+	return field_int(rf->attempt) > 1 || field_int(rf->envoy_count) > 1 ||
+	       field_int(rf->grpc_prev) > 0;
 }
 
 /* SPEC §10: HTTP/2 and a gRPC content-type. Over HTTP/1 the same content-type is just a
  * POST: gRPC needs trailers, which we only relay over HTTP/2. */
-static bool request_is_grpc(const struct http_head *r)
+static bool request_is_grpc(const struct http_head *r, const struct req_fields *rf)
 {
-	if (r->version != 20)
-		return false;           /* no header scan for an HTTP/1 request */
-	size_t n = 0;
-	const char *ct = http_head_get(r, "content-type", &n);
-	return ct && grpc_content_type(ct, n);
+	return r->version == 20 && rf->ctype && grpc_content_type(rf->ctype->value, rf->ctype->vlen);
 }
 
 /* The path without its query starts with one of retry.idempotent_paths (§4 rule 4) */
@@ -78,13 +128,15 @@ static void refuse(struct admission *a, int status, const char *reason, bool clo
 void admit_request(const struct cfg_listener *l, const struct http_head *r, struct admission *a)
 {
 	memset(a, 0, sizeof(*a));
-	a->grpc = request_is_grpc(r);   /* first: every refusal of a gRPC call is in gRPC form */
 	a->route = route_match(l, r->host, r->host_len, r->path, r->path_len);
+	const struct cfg_upstream *up = a->route ? a->route->upstream : NULL;
+	struct req_fields rf;
+	find_fields(r, up ? up->idem.header : NULL, &rf);
+	a->grpc = request_is_grpc(r, &rf);  /* first: every refusal of a gRPC call is in gRPC form */
 	if (!a->route) {
 		refuse(a, 404, "no-route", false);
 		return;
 	}
-	const struct cfg_upstream *up = a->route->upstream;
 	/* gRPC's status travels in trailers, which an HTTP/1.1 upstream hop cannot carry back:
 	 * the exchange answers this in gRPC form, UNIMPLEMENTED */
 	if (a->grpc && up->protocol != UP_H2) {
@@ -103,16 +155,14 @@ void admit_request(const struct cfg_listener *l, const struct http_head *r, stru
 		a->too_late = true;
 		return;
 	}
-	a->nested = request_marked_retry(r, a->grpc);
+	a->nested = request_marked_retry(&rf, a->grpc);
 	/* an idempotent path is idempotent whatever the method: rule 4, the log and the
 	 * unknown-outcome record all read it from the class */
 	a->idempotent_path = path_idempotent(&up->retry, r->path, r->path_len);
 	a->mclass = a->idempotent_path ? MC_IDEMPOTENT : retry_method_class(r->method);
-	size_t klen = 0;
-	const char *key = http_head_get(r, up->idem.header, &klen);
-	if (key && klen > 0) {
-		a->key = key;
-		a->keylen = klen;
+	if (rf.key && rf.key->vlen > 0) {
+		a->key = rf.key->value;
+		a->keylen = rf.key->vlen;
 	}
 	if (l->limits.max_body > 0 && r->content_length > l->limits.max_body) {
 		refuse(a, 413, "body-too-large", true);
