@@ -23,10 +23,14 @@ struct evbuffer;
 
 /* Per-loop free lists for what every request allocates: its exchange and attempts, an HTTP/2
  * client stream (h2_session), and the evbuffers they use. Bounded (LOOP_CACHE_MAX objects a kind, LOOP_BUF_MAX buffers), so a
- * burst leaves no more than that behind; loop_fini frees them. */
+ * burst leaves no more than that behind; loop_fini frees them. A request in flight holds up
+ * to five buffers (an HTTP/2 client stream two, the exchange one, its attempt two), so the
+ * buffer list holds five times the objects' 64 and more: at 256, 64 streams in flight
+ * returned more than it kept and each batch after them made a fifth of its buffers anew (an
+ * evbuffer_new and an evbuffer_free per request). An empty evbuffer is about 150 bytes. */
 enum loop_kind { LOOP_EXCHANGE, LOOP_ATTEMPT, LOOP_H2_STREAM, LOOP_NKINDS };
 #define LOOP_CACHE_MAX 64
-#define LOOP_BUF_MAX 256
+#define LOOP_BUF_MAX 1024
 
 struct loop_free {
 	struct loop_free *next;
