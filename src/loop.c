@@ -203,7 +203,9 @@ void loop_buf_put(struct loop *l, struct evbuffer *b)
 	}
 	if (!l->bufs)
 		l->bufs = xcalloc(LOOP_BUF_MAX, sizeof(*l->bufs));
-	evbuffer_drain(b, evbuffer_get_length(b));
+	size_t left = evbuffer_get_length(b);
+	if (left > 0)       /* most come back empty: no drain call for them */
+		evbuffer_drain(b, left);
 	l->bufs[l->nbufs++] = b;
 }
 
