@@ -37,7 +37,9 @@ bool grpc_content_type(const char *v, size_t n)
 	static const char base[] = "application/grpc";
 	const size_t blen = sizeof(base) - 1;
 
-	if (!v || n < blen || !str_iprefix(v, n, base))
+	/* asked of every HTTP/2 request, twice: the lowercase spelling every gRPC library sends is
+	 * one memcmp, any other case the general compare */
+	if (!v || n < blen || (memcmp(v, base, blen) != 0 && !str_ieq(v, blen, base, blen)))
 		return false;
 	/* application/grpc-web and application/grpcx are other protocols: only the bare type,
 	 * a +codec suffix or parameters make it gRPC */

@@ -80,6 +80,9 @@ static const struct ct_row ct_rows[] = {
 	{ "application/json", false },
 	{ "text/grpc", false },
 	{ "application/grpcweb", false },
+	{ "application\x0fgrpc", false },     /* only '/' is '/', whatever case folding does */
+	{ "applicatioN/grpc", true },
+	{ "application/grpC", true },
 	{ "", false },
 };
 
