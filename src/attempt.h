@@ -48,7 +48,7 @@ struct attempt_cbs {
 };
 
 struct attempt_req {
-	struct evbuffer *head;          /* serialized request head (taken) */
+	struct evbuffer *head;          /* serialized request head (taken); NULL with h2 */
 	struct evbuffer *body;          /* complete replayable body (referenced, not taken) or NULL */
 	bool streaming;                 /* body arrives later through attempt_send_body() */
 	bool chunked;                   /* encode the streamed body as chunked */

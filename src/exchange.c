@@ -229,10 +229,11 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 		.body_len = ex->rb.len,
 		.grpc = ex->grpc,
 	};
-	struct evbuffer *head = loop_buf_get(ex->loop);  /* the attempt gives it back */
+	bool h2 = ex->up->protocol == UP_H2;
+	/* HTTP/1's head as bytes (the attempt gives the buffer back); HTTP/2 sends fields */
+	struct evbuffer *head = h2 ? NULL : loop_buf_get(ex->loop);
 	struct forward_nv nv;       /* not zeroed: its inline storage is 2 KiB */
 	forward_nv_init(&nv);
-	bool h2 = ex->up->protocol == UP_H2;
 	if (h2)
 		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
 	else
