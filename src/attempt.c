@@ -53,7 +53,10 @@ struct attempt {
 	struct evbuffer *body;
 	struct evbuffer *pending;       /* streamed body received before the connection was ready */
 	struct evbuffer *decoded;       /* response body bytes handed to on_body */
-	struct evbuffer_cb_entry *out_cb;
+	/* What the connection's output would hold had none of it left: the bytes of ours it holds
+	 * are fewer once some were written (counted at each add, so no evbuffer callback, which
+	 * cost an allocation per attempt and a call per change of the buffer). */
+	size_t queued;
 	bool streaming, chunked, is_head, body_ended;
 	bool wrote_any, reused, paused, eof, freed;
 	int64_t start_us, connect_timeout_us, head_timeout_us;
@@ -82,9 +85,26 @@ static void attempt_process(struct attempt *a);
 /* The one writer of the state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(set_state, attempt, astate, A_DONE)
 
+/* Some of the request left on the HTTP/1 connection attached now. */
+static bool conn_wrote(const struct attempt *a)
+{
+	return a->c && a->c->bev && evbuffer_get_length(stream_output(a->c->bev)) < a->queued;
+}
+
+/* Around an add to the connection's output: count what it added (see queued). */
+static void out_counted_begin(const struct attempt *a, size_t *before)
+{
+	*before = evbuffer_get_length(stream_output(a->c->bev));
+}
+
+static void out_counted_end(struct attempt *a, size_t before)
+{
+	a->queued += evbuffer_get_length(stream_output(a->c->bev)) - before;
+}
+
 bool attempt_wrote_any(const struct attempt *a)
 {
-	return a->wrote_any || (a->h2s && h2_stream_sent(a->h2s));
+	return a->wrote_any || conn_wrote(a) || (a->h2s && h2_stream_sent(a->h2s));
 }
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
 size_t attempt_send_pending(const struct attempt *a)
@@ -109,11 +129,9 @@ static void conn_detach(struct attempt *a, bool reuse)
 	struct upconn *c = a->c;
 	if (!c)
 		return;
+	a->wrote_any = a->wrote_any || conn_wrote(a);
 	a->c = NULL;
-	if (a->out_cb) {
-		evbuffer_remove_cb_entry(stream_output(c->bev), a->out_cb);
-		a->out_cb = NULL;
-	}
+	a->queued = 0;
 	stream_setcb(c->bev, NULL, NULL, NULL, NULL);
 	if (reuse)
 		pool_put(c);
@@ -193,15 +211,6 @@ static void arm_head_timer(struct attempt *a)
 	timer_arm(a, a->start_us + a->head_timeout_us - clock_now_us());
 }
 
-static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-	struct attempt *a = arg;
-	MAGIC_CHECK(a, ATTEMPT_MAGIC);
-	if (info->n_deleted > 0 && !a->wrote_any) {
-		a->wrote_any = true;
-	}
-}
-
 static void read_cb(struct stream *bev, void *arg)
 {
 	attempt_process(arg);
@@ -246,7 +255,7 @@ static void event_cb(struct stream *bev, short what, void *arg)
 		                                     : "closed while connecting");
 		return;
 	}
-	if (!a->wrote_any) {
+	if (!attempt_wrote_any(a)) {
 		if (a->reused) {
 			/* a pooled connection found closed before our first byte: no outcome */
 			replace_conn(a);
@@ -270,7 +279,7 @@ static void conn_setup(struct attempt *a)
 	stream_setcb(bev, read_cb, write_cb, event_cb, a);
 	if (a->c->parser)
 		http_msg_expect(a->c->parser, a->is_head);
-	a->out_cb = evbuffer_add_cb(stream_output(bev), out_drained_cb, a);
+	a->queued = evbuffer_get_length(stream_output(bev));    /* a pooled one's is empty */
 	stream_enable(bev, EV_READ | EV_WRITE);
 }
 
@@ -278,6 +287,8 @@ static void conn_setup(struct attempt *a)
 static void conn_write_request(struct attempt *a)
 {
 	struct evbuffer *out = stream_output(a->c->bev);
+	size_t before;
+	out_counted_begin(a, &before);
 	evbuffer_add_buffer(out, a->head);
 	if (a->body)
 		evbuffer_add_buffer_reference(out, a->body);
@@ -285,6 +296,7 @@ static void conn_write_request(struct attempt *a)
 		evbuffer_add_buffer(out, a->pending);
 	if (a->streaming && a->body_ended && a->chunked)
 		http_chunk_last(out);
+	out_counted_end(a, before);
 }
 
 static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const char *err)
@@ -342,6 +354,7 @@ static void replace_conn(struct attempt *a)
 {
 	struct evbuffer *out = stream_output(a->c->bev);
 	struct evbuffer *again = evbuffer_new();
+	a->queued = 0;      /* taken back, not written: the detach below must not count it */
 	evbuffer_add_buffer(again, out);    /* nothing was drained: the whole request is here */
 	conn_detach(a, false);
 	evbuffer_add_buffer(a->head, again);
@@ -606,10 +619,15 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 	struct evbuffer *dst = a->c ? stream_output(a->c->bev) : a->pending;
 	if (n == 0)
 		return;
+	size_t before = 0;
+	if (a->c)
+		out_counted_begin(a, &before);
 	if (a->chunked)
 		http_chunk_encode(dst, data, n);
 	else
 		evbuffer_add_buffer(dst, data);
+	if (a->c)
+		out_counted_end(a, before);
 }
 
 void attempt_send_trailers(struct attempt *a, const struct http_hdr *t, int n)
@@ -630,7 +648,14 @@ void attempt_send_body_end(struct attempt *a)
 	}
 	if (a->state == A_DONE || !a->chunked)
 		return;
-	http_chunk_last(a->c ? stream_output(a->c->bev) : a->pending);
+	if (!a->c) {
+		http_chunk_last(a->pending);
+		return;
+	}
+	size_t before;
+	out_counted_begin(a, &before);
+	http_chunk_last(stream_output(a->c->bev));
+	out_counted_end(a, before);
 }
 
 void attempt_pause(struct attempt *a)
@@ -662,9 +687,8 @@ struct stream *attempt_take_bev(struct attempt *a)
 		return NULL;
 	struct upconn *c = a->c;
 	struct stream *bev = c->bev;
-	if (a->out_cb)
-		evbuffer_remove_cb_entry(stream_output(bev), a->out_cb);
-	a->out_cb = NULL;
+	a->wrote_any = a->wrote_any || conn_wrote(a);
+	a->queued = 0;
 	stream_setcb(bev, NULL, NULL, NULL, NULL);
 	c->bev = NULL;
 	a->c = NULL;
