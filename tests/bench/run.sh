@@ -23,7 +23,10 @@
 #   RETRYGATE_BIN            the binary to measure [build/retrygate]
 #   BENCH_H2_ROWS ["h2 h2h2 grpc"]  the HTTP/2 rows ("" = none)
 #   BENCH_H2_ROUNDS [5; 2 in quick mode]  interleaved rounds of the HTTP/2 rows
-#   BENCH_H2_SECONDS [3, or BENCH_SECONDS if less]  length of one h2load measurement
+#   BENCH_H2_SECONDS [3, or BENCH_SECONDS if less]  length of one h2load measurement (req/s)
+#   BENCH_H2_LATENCY_SECONDS [1]  length of the h2load run with --log-file that gives the
+#                            latencies (a separate run: the log costs the load core a write per
+#                            request)
 #   BENCH_H2_CONNS [4]  BENCH_H2_STREAMS [16]  h2load -c and -m (h2load always runs one thread)
 set -euo pipefail
 
@@ -51,6 +54,7 @@ H2_ROWS=${BENCH_H2_ROWS-"h2 h2h2 grpc"}
 H2_ROUNDS=${BENCH_H2_ROUNDS:-5}
 [ "${BENCH_QUICK:-0}" = 1 ] && H2_ROUNDS=${BENCH_H2_ROUNDS:-2}
 H2_SECS=${BENCH_H2_SECONDS:-$((SECS > 3 ? 3 : SECS))}
+H2_LAT_SECS=${BENCH_H2_LATENCY_SECONDS:-1}
 H2_C=${BENCH_H2_CONNS:-4}
 H2_M=${BENCH_H2_STREAMS:-16}
 
@@ -270,14 +274,20 @@ measure_h2() {
         url="http://127.0.0.1:${PORT[$row.$p]}$GRPC_PATH"
     fi
     c0=0; [ -z "$pid" ] || c0=$(cpu_us "$pid")
-    $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$s" "${extra[@]}" --log-file="$raw.log" "$url" \
+    $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$s" "${extra[@]}" "$url" \
         > "$raw.txt" 2>&1 || { tail -n 20 "$raw.txt" >&2; die "h2load failed against $p ($row row)"; }
     c1=0; [ -z "$pid" ] || c1=$(cpu_us "$pid")
     [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || die "$p died during the $row row (see $RUN)"
-    line=$(python3 "$HERE/h2load_json.py" "$raw.txt" "$raw.log" | sed -n 's/^BENCHJSON //p')
+    [ "$r" -ge 0 ] || return 0      # a warm-up
+    # Latencies from a second, shorter run: h2load's --log-file costs a write(2) per request on
+    # the load core, which then limits every proxy alike and hides what each one costs.
+    $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$H2_LAT_SECS" "${extra[@]}" \
+        --log-file="$raw.log" "$url" > "$raw.lat.txt" 2>&1 ||
+        { tail -n 20 "$raw.lat.txt" >&2; die "h2load failed against $p ($row row, latency run)"; }
+    line=$(python3 "$HERE/h2load_json.py" "$raw.txt" "$raw.log" "$raw.lat.txt" |
+           sed -n 's/^BENCHJSON //p')
     rm -f "$raw.log"    # one line per request: large
     [ -n "$line" ] || { tail -n 20 "$raw.txt" >&2; die "no result from h2load against $p ($row row)"; }
-    [ "$r" -ge 0 ] || return 0
     printf '{"proxy":"%s","row":"%s","conns":%s,"round":%s,"cpu_us":%s,"wrk":%s}\n' \
         "$p" "$row" "$((H2_C * H2_M))" "$r" "$((c1 - c0))" "$line" >> "$RESULTS"
     printf '  round %s  %-5s %-10s %10s req/s\n' "$r" "$row" "$p" \
