@@ -91,15 +91,16 @@ static bool conn_wrote(const struct attempt *a)
 	return a->c && a->c->bev && evbuffer_get_length(stream_output(a->c->bev)) < a->queued;
 }
 
-/* Around an add to the connection's output: count what it added (see queued). */
-static void out_counted_begin(const struct attempt *a, size_t *before)
+/* Around an add to the connection's output: its length before, then count what the add put
+ * on it (see queued). */
+static size_t out_len(const struct attempt *a)
 {
-	*before = evbuffer_get_length(stream_output(a->c->bev));
+	return evbuffer_get_length(stream_output(a->c->bev));
 }
 
-static void out_counted_end(struct attempt *a, size_t before)
+static void out_counted(struct attempt *a, size_t before)
 {
-	a->queued += evbuffer_get_length(stream_output(a->c->bev)) - before;
+	a->queued += out_len(a) - before;
 }
 
 bool attempt_wrote_any(const struct attempt *a)
@@ -287,8 +288,7 @@ static void conn_setup(struct attempt *a)
 static void conn_write_request(struct attempt *a)
 {
 	struct evbuffer *out = stream_output(a->c->bev);
-	size_t before;
-	out_counted_begin(a, &before);
+	size_t before = out_len(a);
 	evbuffer_add_buffer(out, a->head);
 	if (a->body)
 		evbuffer_add_buffer_reference(out, a->body);
@@ -296,7 +296,7 @@ static void conn_write_request(struct attempt *a)
 		evbuffer_add_buffer(out, a->pending);
 	if (a->streaming && a->body_ended && a->chunked)
 		http_chunk_last(out);
-	out_counted_end(a, before);
+	out_counted(a, before);
 }
 
 static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const char *err)
@@ -619,15 +619,13 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 	struct evbuffer *dst = a->c ? stream_output(a->c->bev) : a->pending;
 	if (n == 0)
 		return;
-	size_t before = 0;
-	if (a->c)
-		out_counted_begin(a, &before);
+	size_t before = a->c ? out_len(a) : 0;
 	if (a->chunked)
 		http_chunk_encode(dst, data, n);
 	else
 		evbuffer_add_buffer(dst, data);
 	if (a->c)
-		out_counted_end(a, before);
+		out_counted(a, before);
 }
 
 void attempt_send_trailers(struct attempt *a, const struct http_hdr *t, int n)
@@ -652,10 +650,9 @@ void attempt_send_body_end(struct attempt *a)
 		http_chunk_last(a->pending);
 		return;
 	}
-	size_t before;
-	out_counted_begin(a, &before);
+	size_t before = out_len(a);
 	http_chunk_last(stream_output(a->c->bev));
-	out_counted_end(a, before);
+	out_counted(a, before);
 }
 
 void attempt_pause(struct attempt *a)

@@ -232,7 +232,7 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 	bool h2 = ex->up->protocol == UP_H2;
 	/* HTTP/1's head as bytes (the attempt gives the buffer back); HTTP/2 sends fields */
 	struct evbuffer *head = h2 ? NULL : loop_buf_get(ex->loop);
-	struct forward_nv nv;       /* not zeroed: its inline storage is 2 KiB */
+	struct forward_nv nv;
 	forward_nv_init(&nv);
 	if (h2)
 		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);

@@ -51,12 +51,6 @@ FNAME(F_TE, "te", "te");
 /* Room for N more bytes and one more field; the first ones go in the struct's own storage. */
 static void nv_room(struct forward_nv *o, size_t need)
 {
-	if (!o->arena) {
-		o->arena = o->inl;
-		o->acap = sizeof(o->inl);
-		o->nv = o->inl_nv;
-		o->cap = FORWARD_NV_INLINE;
-	}
 	if (o->used + need > o->acap) {
 		size_t cap = o->acap * 2;
 		while (cap < o->used + need)
@@ -90,12 +84,10 @@ static void nv_add(struct forward_nv *o, const char *name, size_t nlen, bool low
 	/* offsets into the arena until forward_h2_headers() ends: it may still move */
 	nghttp2_nv *e = &o->nv[o->n++];
 	char *p = o->arena + o->used;
-	if (lower) {
+	if (lower)
 		memcpy(p, name, nlen);
-	} else {
-		for (size_t i = 0; i < nlen; i++)
-			p[i] = (char)((name[i] >= 'A' && name[i] <= 'Z') ? name[i] + 32 : name[i]);
-	}
+	else
+		ascii_lower_copy(p, name, nlen);
 	e->name = (uint8_t *)(uintptr_t)o->used;
 	e->namelen = nlen;
 	p += nlen;
@@ -359,9 +351,7 @@ void forward_nv_free(struct forward_nv *o)
 		free(o->nv);
 	if (o->arena != o->inl)
 		free(o->arena);
-	o->nv = NULL;
-	o->arena = NULL;
-	o->n = o->cap = o->used = o->acap = 0;
+	forward_nv_init(o);
 }
 
 void forward_request_id(const struct http_head *req, char out[FORWARD_ID_MAX], uint64_t *rng)

@@ -54,7 +54,7 @@ void forward_h1_head(const struct forward_req *f, struct evbuffer *out);
  * UP_TLS), :authority (host_rewrite, else the client's Host or :authority, else the endpoint),
  * :path, then the fields of forward_h1_head with lowercase names, no host and no
  * connection-specific field, te: trailers only when the client's TE listed it, a length when
- * known and never chunked. OUT (zeroed, or reused) owns the names and values, all in
+ * known and never chunked. OUT (forward_nv_init, or reused) owns the names and values, all in
  * arena[0, used): they stay valid until the next call or forward_nv_free(). A request's list
  * usually fits the struct itself (no allocation); x-request-id and the deadline fields carry
  * NGHTTP2_NV_FLAG_NO_INDEX. */
@@ -67,11 +67,14 @@ struct forward_nv {
 	nghttp2_nv inl_nv[FORWARD_NV_INLINE];
 	char inl[1024];
 };
+/* Ready for forward_h2_headers(), on the struct's own storage (not zeroed: it is 2 KiB). */
 static inline void forward_nv_init(struct forward_nv *o)
 {
-	o->nv = NULL;
-	o->arena = NULL;
-	o->n = o->cap = o->used = o->acap = 0;
+	o->nv = o->inl_nv;
+	o->cap = FORWARD_NV_INLINE;
+	o->arena = o->inl;
+	o->acap = sizeof(o->inl);
+	o->n = o->used = 0;
 }
 void forward_h2_headers(const struct forward_req *f, bool up_tls, struct forward_nv *out);
 void forward_nv_free(struct forward_nv *o);

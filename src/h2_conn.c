@@ -213,9 +213,8 @@ static void keep_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
 			continue;
 		nghttp2_nv *v = &s->tnv[s->ntnv++];
 		v->name = (uint8_t *)p;
-		for (uint32_t j = 0; j < t[i].nlen; j++)
-			*p++ = (char)(t[i].name[j] >= 'A' && t[i].name[j] <= 'Z' ? t[i].name[j] + 32
-			                                                         : t[i].name[j]);
+		ascii_lower_copy(p, t[i].name, t[i].nlen);
+		p += t[i].nlen;
 		v->namelen = t[i].nlen;
 		memcpy(p, t[i].value, t[i].vlen);
 		v->value = (uint8_t *)p;
@@ -936,7 +935,7 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	struct h2_conn *c = conn_pick(l, ep, pe, o);
 	if (!c || c->state == C_DEAD)
 		return NULL;    /* a new connection that failed at once: the caller reports it */
-	size_t nb = o->nv_bytes ? o->nv_bytes_len : 0;
+	size_t nb = o->nv_bytes && o->nvlen <= NV_LOCAL ? o->nv_bytes_len : 0;
 	struct h2_stream *s = xmalloc(sizeof(*s) + nb);
 	memset(s, 0, sizeof(*s));
 	s->magic = H2S_MAGIC;
@@ -954,7 +953,7 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	/* the list itself is copied by nghttp2 whatever the flags: it is built on the stack */
 	nghttp2_nv local[NV_LOCAL];
 	const nghttp2_nv *nv = o->nv;
-	if (nb > 0 && o->nvlen <= NV_LOCAL) {
+	if (nb > 0) {
 		memcpy(s->fields, o->nv_bytes, nb);
 		const uint8_t *lo = (const uint8_t *)o->nv_bytes, *hi = lo + nb;
 		for (size_t i = 0; i < o->nvlen; i++) {

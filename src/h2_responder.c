@@ -93,49 +93,6 @@ static void nv_set(nghttp2_nv *nv, const char *name, size_t nlen, const char *va
 	nv->flags = flags;
 }
 
-/* N bytes of SRC lower-cased into DST, a word at a time: a header name is ASCII, and a byte
- * loop (or nghttp2's own downcase) costs ~12 instructions a byte of every name of every
- * response. A byte gets 0x20 where it is 'A'..'Z': h + 0x3f carries into the top bit from
- * 'A' up, h + 0x25 from '[' up, so their XOR marks exactly the capitals (h is the byte
- * without its top bit, so no sum carries into the next byte; ~x leaves bytes >= 0x80 alone). */
-#define LOWER_WORD(x, T, ones)                                                          \
-	((x) | ((~(x) & ((((x) & (T)(0x7f * (ones))) + (T)(0x3f * (ones))) ^              \
-	                 (((x) & (T)(0x7f * (ones))) + (T)(0x25 * (ones)))) &             \
-	         (T)(0x80 * (ones))) >> 2))
-#define ONES64 0x0101010101010101ull
-#define ONES32 0x01010101u
-
-static void lower_copy(char *dst, const char *src, size_t n)
-{
-	uint64_t x;
-	uint32_t y;
-	if (n >= 8) {
-		for (size_t i = 0; i + 8 < n; i += 8) {
-			memcpy(&x, src + i, 8);
-			x = LOWER_WORD(x, uint64_t, ONES64);
-			memcpy(dst + i, &x, 8);
-		}
-		/* the last word, overlapping the one before where N is no multiple of 8: the
-		 * bytes it shares are lower-cased the same way twice */
-		memcpy(&x, src + n - 8, 8);
-		x = LOWER_WORD(x, uint64_t, ONES64);
-		memcpy(dst + n - 8, &x, 8);
-	} else if (n >= 4) {
-		/* two 4-byte words, overlapping likewise (server, date, etag, vary, ...) */
-		memcpy(&y, src, 4);
-		y = LOWER_WORD(y, uint32_t, ONES32);
-		memcpy(dst, &y, 4);
-		memcpy(&y, src + n - 4, 4);
-		y = LOWER_WORD(y, uint32_t, ONES32);
-		memcpy(dst + n - 4, &y, 4);
-	} else {
-		for (size_t i = 0; i < n; i++) {
-			char c = src[i];
-			dst[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
-		}
-	}
-}
-
 /* A field whose value differs in every response (NAME lower-case). HPACK would add each one to
  * the connection's dynamic table, where it evicts the fields that do repeat (server,
  * content-type, ...), and nghttp2's encoder compares every entry of the same name on each
@@ -177,7 +134,7 @@ static size_t nv_fields(struct h2_session *s, size_t at, char *dst, size_t *off,
 		if (!sent_field(f))
 			continue;
 		char *name = dst + o, *value = name + f->nlen;
-		lower_copy(name, f->name, f->nlen);
+		ascii_lower_copy(name, f->name, f->nlen);
 		memcpy(value, f->value, f->vlen);
 		o += (size_t)f->nlen + f->vlen;
 		nv_set(&s->nv[k], name, f->nlen, value, f->vlen,
@@ -316,11 +273,21 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 		if (f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))
 			continue;
 		char *name = p;
-		lower_copy(name, f->name, f->nlen);
+		ascii_lower_copy(name, f->name, f->nlen);
 		memcpy(name + f->nlen, f->value, f->vlen);
 		nv_set(&nv[st->ntrailers++], name, f->nlen, name + f->nlen, f->vlen, NO_COPY);
 		p += f->nlen + f->vlen;
 	}
+}
+
+/* A response that closes (SPEC §5) resets its stream after it if the client is still sending
+ * (RFC 9113 §8.1); nrst_after counts the streams waiting for that */
+static void reset_after(struct h2_session *s, struct h2_stream *st)
+{
+	if (st->req_end || st->rst_after)
+		return;
+	st->rst_after = true;
+	s->nrst_after++;
 }
 
 void h2s_rsp_end(void *arg, bool complete, bool close)
@@ -334,10 +301,8 @@ void h2s_rsp_end(void *arg, bool complete, bool close)
 	if (st->head_sent && st->resp_eof) {
 		/* the head ended the stream: nothing to cut or resume; a client still sending is
 		 * reset after it (NO_ERROR) as for any response that closes */
-		if (close && !st->req_end && !st->rst_after) {
-			st->rst_after = true;
-			s->nrst_after++;
-		}
+		if (close)
+			reset_after(s, st);
 		h2s_kick(s);
 		return;
 	}
@@ -351,10 +316,8 @@ void h2s_rsp_end(void *arg, bool complete, bool close)
 		st->resp_eof = true;
 		/* SPEC §9: where §5 closes the connection, the stream is reset after the response
 		 * instead, if the client is still sending (RFC 9113 §8.1) */
-		if (close && !st->req_end && !st->rst_after) {
-			st->rst_after = true;
-			s->nrst_after++;
-		}
+		if (close)
+			reset_after(s, st);
 		if (st->deferred) {
 			st->deferred = false;
 			nghttp2_session_resume_data(s->ng, st->id);

@@ -21,6 +21,8 @@ int parse_size(const char *s, int64_t *bytes);
 size_t format_duration(int64_t us, char *buf, size_t cap);
 
 bool str_ieq(const char *a, size_t alen, const char *b, size_t blen);
+/* N bytes of SRC into DST with ASCII capitals lowercased (an HTTP/2 field name). */
+void ascii_lower_copy(char *dst, const char *src, size_t n);
 bool str_iprefix(const char *s, size_t len, const char *prefix);
 
 /* Split "host:port" / "[v6]:port" into host (no brackets) and port. 0 or -1. */
