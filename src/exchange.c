@@ -210,7 +210,10 @@ void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
 {
 	int64_t now = clock_now_us();
 	int64_t remaining = ex->deadline_us - now;
-	int64_t per_try = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
+	/* what a delay spent, in whole milliseconds: the microseconds between the attempt's start
+	 * and here would make the header 2999 or 3000 by chance (and never the same twice) */
+	int64_t spent = (now - ex->att_t0_us) / 1000 * 1000;
+	int64_t per_try = ex->up->retry.per_try_timeout_us - spent;
 	if (per_try < 1000)
 		per_try = 1000;
 	int64_t wait = per_try < remaining ? per_try : remaining;

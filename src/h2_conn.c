@@ -175,18 +175,16 @@ size_t h2_stream_pending(const struct h2_stream *s)
 	return s->pending ? evbuffer_get_length(s->pending) : 0;
 }
 
+/* nghttp2 keeps each stream's owner (given at submit, cleared when the stream is detached):
+ * a lookup in its stream map, not a walk of ours */
 static struct h2_stream *find(struct h2_conn *c, int32_t id)
 {
 	if (c->last && c->last->id == id)
 		return c->last;
-	struct h2_stream *s;
-	TAILQ_FOREACH(s, &c->streams, link) {
-		if (s->id == id) {
-			c->last = s;
-			return s;
-		}
-	}
-	return NULL;
+	struct h2_stream *s = nghttp2_session_get_stream_user_data(c->ng, id);
+	if (s)
+		c->last = s;
+	return s;
 }
 
 static void stream_free_cb(void *p)
@@ -240,6 +238,9 @@ static void stream_detach(struct h2_stream *s)
 	stream_set_state(s, H_CLOSED);
 	TAILQ_REMOVE(&c->streams, s, link);
 	c->nstreams--;
+	/* fails only for a stream nghttp2 no longer knows (its HEADERS dropped): nothing of
+	 * nghttp2's points here then */
+	nghttp2_session_set_stream_user_data(c->ng, s->id, NULL);
 	if (c->last == s)
 		c->last = NULL;
 	if (s->pending)
@@ -499,12 +500,13 @@ static void block_fields(struct h2_conn *c, int64_t *clen)
 	*clen = -1;
 	for (int i = 0; i < c->nhf; i++) {
 		struct http_hdr *h = &c->hdrs[i];
-		memset(h, 0, sizeof(*h));
 		h->name = c->hb + c->hf[i].noff;
 		h->nlen = c->hf[i].nlen;
 		h->value = c->hb + c->hf[i].voff;
 		h->vlen = c->hf[i].vlen;
-		if (str_ieq(h->name, h->nlen, "content-length", 14)) {
+		h->hop = false;
+		/* nghttp2 refused any name with a capital letter (RFC 9113 §8.2.1) */
+		if (h->nlen == 14 && memcmp(h->name, "content-length", 14) == 0) {
 			h->hop = true;
 			int64_t v = 0;
 			for (uint32_t j = 0; j < h->vlen && v < (1LL << 50); j++)
@@ -857,8 +859,9 @@ static nghttp2_session *session_new(struct h2_conn *c)
 	nghttp2_settings_entry iv[] = {
 		{ NGHTTP2_SETTINGS_ENABLE_PUSH, 0 },
 		{ NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H2_STREAM_WINDOW },
+		{ NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1 },
 	};
-	nghttp2_submit_settings(ng, NGHTTP2_FLAG_NONE, iv, 2);
+	nghttp2_submit_settings(ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]));
 	nghttp2_session_set_local_window_size(ng, NGHTTP2_FLAG_NONE, 0, H2_CONN_WINDOW);
 	return ng;
 }
@@ -972,7 +975,7 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 		}
 		nv = local;
 	}
-	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, NULL);
+	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, s);
 	if (id < 0) {
 		if (s->pending)
 			loop_buf_put(l, s->pending);
@@ -986,8 +989,8 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	s->id = id;
 	TAILQ_INSERT_TAIL(&c->streams, s, link);
 	c->nstreams++;
-	if (c->state == C_READY)
-		evtimer_del(&c->timer);     /* no longer idle */
+	if (c->state == C_READY && c->nstreams == 1)
+		evtimer_del(&c->timer);     /* no longer idle (armed only while no stream is) */
 	/* activated rather than a zero timeout (a heap insertion and removal per stream): queued
 	 * behind the callbacks of this loop round, it still sends the HEADERS they opened in one
 	 * flush */

@@ -1026,6 +1026,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 		{ NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, NG_STREAM_LIMIT },  /* see send_cb */
 		{ NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW },
 		{ NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)lim->max_header_bytes },
+		{ NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1 },
 	};
 	nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]));
 	nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);

@@ -229,14 +229,28 @@ uint64_t rand_next(uint64_t *state)
 	return x * 0x2545F4914F6CDD1DULL;
 }
 
+/* 32 bits as 8 lowercase hex digits, a word at a time: each nibble spread into a byte of
+ * its own, then '0' added, and 'a' - '0' - 10 more where the nibble is 10 or above (adding 6
+ * carries into the byte's high nibble exactly then). The digits come least significant
+ * first: for a random id the order does not matter. */
+static void hex8(char *out, uint32_t x)
+{
+	uint64_t v = x;
+	v = (v | v << 16) & 0x0000ffff0000ffffull;
+	v = (v | v << 8) & 0x00ff00ff00ff00ffull;
+	v = (v | v << 4) & 0x0f0f0f0f0f0f0f0full;
+	uint64_t ten = ((v + 0x0606060606060606ull) >> 4) & 0x0101010101010101ull;
+	v += 0x3030303030303030ull + ten * ('a' - '0' - 10);
+	memcpy(out, &v, 8);
+}
+
 void request_id_new(char out[33], uint64_t *rng)
 {
-	static const char hex[] = "0123456789abcdef";
 	uint64_t r1 = rand_next(rng), r2 = rand_next(rng);
-	for (int i = 0; i < 16; i++) {
-		out[i] = hex[(r1 >> (60 - 4 * i)) & 15];
-		out[16 + i] = hex[(r2 >> (60 - 4 * i)) & 15];
-	}
+	hex8(out, (uint32_t)r1);
+	hex8(out + 8, (uint32_t)(r1 >> 32));
+	hex8(out + 16, (uint32_t)r2);
+	hex8(out + 24, (uint32_t)(r2 >> 32));
 	out[32] = 0;
 }
 

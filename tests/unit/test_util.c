@@ -1,6 +1,6 @@
 /*
  * util: duration and size syntax (SPEC §2) row by row, host:port splitting, the small string
- * helpers, the PRNG and the JSON string escaper.
+ * helpers, the PRNG, request ids and the JSON string escaper.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -221,6 +221,31 @@ static void test_rand_next(void **state)
 	assert_in_range(same, 4500, 5500);
 }
 
+/* X-Request-Id: 32 lowercase hex digits, every digit used, each id the 128 bits it was drawn
+ * from (the digits of one 32-bit word least significant first) */
+static void test_request_id(void **state)
+{
+	uint64_t s = 7, seen[16] = { 0 };
+	char id[33];
+	for (int n = 0; n < 1000; n++) {
+		uint64_t t = s, r1 = rand_next(&t), r2 = rand_next(&t);
+		request_id_new(id, &s);
+		assert_int_equal(strlen(id), 32);
+		assert_true(s == t);
+		for (int i = 0; i < 32; i++) {
+			char c = id[i];
+			assert_true((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+			unsigned d = (unsigned)(c <= '9' ? c - '0' : c - 'a' + 10);
+			uint64_t w = i < 16 ? r1 : r2;
+			int word = (i % 16) / 8, nib = i % 8;
+			assert_int_equal(d, (unsigned)(w >> (32 * word + 4 * nib)) & 15);
+			seen[d]++;
+		}
+	}
+	for (int d = 0; d < 16; d++)
+		assert_in_range(seen[d], 1500, 2500);    /* 2000 expected */
+}
+
 static void test_xalloc(void **state)
 {
 	char *p = xstrndup("abcdef", 3);
@@ -312,6 +337,7 @@ int main(void)
 		cmocka_unit_test(test_split_host_port),
 		cmocka_unit_test(test_str_helpers),
 		cmocka_unit_test(test_rand_next),
+		cmocka_unit_test(test_request_id),
 		cmocka_unit_test(test_xalloc),
 		cmocka_unit_test(test_json_escape),
 	};
