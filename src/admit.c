@@ -57,6 +57,11 @@ struct req_fields {
 };
 
 #define IS_FIELD(f, lit) str_ieq((f)->name, (f)->nlen, lit, sizeof(lit) - 1)
+/* within find_fields: a field of LIT's length is LIT or none of the others */
+#define FIELD_CASE(lit, member)                                         \
+	case sizeof(lit) - 1:                                           \
+		slot = IS_FIELD(f, lit) ? &out->member : NULL;          \
+		break;
 
 static void find_fields(const struct http_head *r, const char *keyname, struct req_fields *out)
 {
@@ -66,18 +71,10 @@ static void find_fields(const struct http_head *r, const char *keyname, struct r
 		const struct http_hdr *f = &r->hdrs[i];
 		const struct http_hdr **slot = NULL;
 		switch (f->nlen) {
-		case sizeof("content-type") - 1:
-			slot = IS_FIELD(f, "content-type") ? &out->ctype : NULL;
-			break;
-		case sizeof("X-Retrygate-Attempt") - 1:
-			slot = IS_FIELD(f, "X-Retrygate-Attempt") ? &out->attempt : NULL;
-			break;
-		case sizeof("x-envoy-attempt-count") - 1:
-			slot = IS_FIELD(f, "x-envoy-attempt-count") ? &out->envoy_count : NULL;
-			break;
-		case sizeof("grpc-previous-rpc-attempts") - 1:
-			slot = IS_FIELD(f, "grpc-previous-rpc-attempts") ? &out->grpc_prev : NULL;
-			break;
+		FIELD_CASE("content-type", ctype)
+		FIELD_CASE("X-Retrygate-Attempt", attempt)
+		FIELD_CASE("x-envoy-attempt-count", envoy_count)
+		FIELD_CASE("grpc-previous-rpc-attempts", grpc_prev)
 		}
 		if (slot && !*slot)
 			*slot = f;

@@ -140,7 +140,6 @@ static void conn_detach(struct attempt *a, bool reuse)
 		upconn_close(c);
 }
 
-/* Finish: report once. Safe against the owner freeing us inside on_end. */
 static void timer_cb(evutil_socket_t fd, short what, void *arg);
 
 /* The attempt's one timer (connect, head or a deferred failure) to go off in US. */
@@ -163,6 +162,7 @@ static void timer_stop(struct attempt *a)
 	a->timer_on = false;
 }
 
+/* Finish: report once. Safe against the owner freeing us inside on_end. */
 static void attempt_end(struct attempt *a, enum outcome out, bool bad, const char *detail)
 {
 	if (a->state == A_DONE)

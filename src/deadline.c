@@ -18,13 +18,16 @@
 #define US_PER_MS  1000LL
 #define US_PER_S   1000000LL
 
-const char *const deadline_header_name[DL_NKINDS] = {
-	[DL_X_TIMEOUT_MS]       = "X-Timeout-Ms",
-	[DL_GRPC_TIMEOUT]       = "grpc-timeout",
-	[DL_CONNECT_TIMEOUT_MS] = "connect-timeout-ms",
-	[DL_ENVOY_UPSTREAM_RQ]  = "x-envoy-upstream-rq-timeout-ms",
-	[DL_ENVOY_EXPECTED_RQ]  = "x-envoy-expected-rq-timeout-ms",
-};
+#define DL_NAMES(X)                                                   \
+	X(DL_X_TIMEOUT_MS, "X-Timeout-Ms")                              \
+	X(DL_GRPC_TIMEOUT, "grpc-timeout")                              \
+	X(DL_CONNECT_TIMEOUT_MS, "connect-timeout-ms")                  \
+	X(DL_ENVOY_UPSTREAM_RQ, "x-envoy-upstream-rq-timeout-ms")       \
+	X(DL_ENVOY_EXPECTED_RQ, "x-envoy-expected-rq-timeout-ms")
+#define DL_NAME(k, s) [k] = s,
+#define DL_LEN(k, s) [k] = sizeof(s) - 1,
+const char *const deadline_header_name[DL_NKINDS] = { DL_NAMES(DL_NAME) };
+const size_t deadline_header_len[DL_NKINDS] = { DL_NAMES(DL_LEN) };
 
 static bool is_digit(char c)
 {
@@ -368,14 +371,6 @@ int retry_after_parse(const char *v, size_t len, time_t now, int64_t *delay_us)
 
 /* Every field of every request is looked up here: the lengths, known in advance, turn most
  * fields away before any byte is compared. */
-static const size_t deadline_header_len[DL_NKINDS] = {
-	[DL_X_TIMEOUT_MS]       = sizeof("X-Timeout-Ms") - 1,
-	[DL_GRPC_TIMEOUT]       = sizeof("grpc-timeout") - 1,
-	[DL_CONNECT_TIMEOUT_MS] = sizeof("connect-timeout-ms") - 1,
-	[DL_ENVOY_UPSTREAM_RQ]  = sizeof("x-envoy-upstream-rq-timeout-ms") - 1,
-	[DL_ENVOY_EXPECTED_RQ]  = sizeof("x-envoy-expected-rq-timeout-ms") - 1,
-};
-
 int deadline_header_kind(const char *name, size_t nlen)
 {
 	for (int k = 0; k < DL_NKINDS; k++)

@@ -23,6 +23,7 @@ enum dl_kind {
 };
 
 extern const char *const deadline_header_name[DL_NKINDS];
+extern const size_t deadline_header_len[DL_NKINDS];   /* strlen of each name */
 
 /* One header's value as received. present=0: absent. conflict=1: the header appeared more
  * than once with different values (malformed). */

@@ -172,7 +172,7 @@ static void deadline_fields(const struct forward_req *f, struct sink *k)
 		n = deadline_format((enum dl_kind)i, f->wait_us, v, sizeof(v));
 		/* the other kinds are spelled lowercase in the table */
 		struct fname nm = { deadline_header_name[i], deadline_header_name[i],
-		                    strlen(deadline_header_name[i]) };
+		                    deadline_header_len[i] };
 		put(k, &nm, NGHTTP2_NV_FLAG_NO_INDEX, v, (size_t)(n > 0 ? n : 0));
 	}
 }

@@ -129,9 +129,10 @@ static void conn_flush(struct h2_conn *c);
 
 /* The time-left fields come flagged never-indexed: their values may differ in every request,
  * and entering the connection's HPACK table each one would evict the fields that repeat. Yet
- * without a deadline from the client they repeat too (the per-try timeout, less the same few
- * microseconds): a value equal to the previous one on this connection goes indexable — it is
- * then entered once and sent as one byte from the table after that. */
+ * without a deadline from the client they repeat too (the per-try timeout: ex_send_attempt
+ * counts the time spent before it in whole milliseconds): a value equal to the previous one
+ * on this connection goes indexable — it is then entered once and sent as one byte from the
+ * table after that. */
 static bool repeats_last(struct h2_conn *c, const nghttp2_nv *e)
 {
 	int k;
