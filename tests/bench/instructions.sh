@@ -4,7 +4,9 @@
 # not depend on what else the machine runs, so a change on the request path can be judged on a
 # busy shared machine (kernel time, i.e. system calls, is what run.sh's syscall line counts).
 #
-#   tests/bench/instructions.sh [PROXY...]     PROXY: retrygate haproxy nginx, or a binary path
+#   tests/bench/instructions.sh [PROXY...]     PROXY: retrygate haproxy nginx haproxy-fields
+#                      (run.sh's column of that name: HAProxy doing retrygate's field work),
+#                      or a binary path
 #   BENCH_CONNS [64]   wrk connections         RETRYGATE_BIN [build/retrygate]
 #   BENCH_MODE [h1]    h1:   wrk (HTTP/1.1) -> HTTP/1.1 upstream
 #                      h2:   h2load -c4 -m16 (HTTP/2 client) -> HTTP/1.1 upstream
@@ -44,11 +46,14 @@ printf '\0\0\0\0\005hello' > "$RUN/grpc-request.bin"
 # the placeholder of the port MODE is measured on (the other listeners get unused ports)
 case $MODE in h1) SLOT="";; h2) SLOT=_H2;; h2h2) SLOT=_H2H2;; grpc) SLOT=_GRPC;; esac
 
-# fill a run.sh config: upstream ports, port P for this mode's listener of proxy PFX (RG, HA, NG)
-fill() {   # TEMPLATE PFX P DIR
+# fill a run.sh config: upstream ports, port P for this mode's listener of proxy PFX (RG, HA,
+# HAF, NG); the template's other listeners (prefixes OTHER...) get unused ports
+fill() {   # TEMPLATE PFX P DIR [OTHER...]
     local args=(-e "s|@UP_PORT@|$UP|g" -e "s|@UP_H2_PORT@|$UP_H2|g" -e "s|@UP_GRPC_PORT@|$UP_GRPC|g"
-                -e "s|@DIR@|$4|g" -e "s|@${2}${SLOT}_PORT@|$3|g") s
-    for s in "" _H2 _H2H2 _GRPC; do args+=(-e "s|@${2}${s}_PORT@|$(port)|g"); done
+                -e "s|@DIR@|$4|g" -e "s|@${2}${SLOT}_PORT@|$3|g") s x
+    for x in "$2" "${@:5}"; do
+        for s in "" _H2 _H2H2 _GRPC; do args+=(-e "s|@${x}${s}_PORT@|$(port)|g"); done
+    done
     sed "${args[@]}" "$1"
 }
 
@@ -57,7 +62,9 @@ proxy_cmd() {
     local what=$1 p=$2 dir=$RUN/$1.$2
     mkdir -p "$dir/nginx-tmp"
     case $what in
-    haproxy) fill "$HERE/haproxy.cfg.in" HA "$p" "$dir" > "$dir/cfg"
+    haproxy) fill "$HERE/haproxy.cfg.in" HA "$p" "$dir" HAF > "$dir/cfg"
+             echo "haproxy -db -f $dir/cfg" ;;
+    haproxy-fields) fill "$HERE/haproxy.cfg.in" HAF "$p" "$dir" HA > "$dir/cfg"
              echo "haproxy -db -f $dir/cfg" ;;
     nginx)   fill "$HERE/nginx.conf.in" NG "$p" "$dir" |
                  sed 's/^daemon off;/daemon off;\nmaster_process off;/' > "$dir/cfg"
@@ -112,5 +119,5 @@ default="retrygate haproxy nginx"; [ "$MODE" != h2h2 ] || default="retrygate hap
 for what in ${@:-$default}; do
     read -r n1 i1 < <(measure "$what" $N1)
     read -r n2 i2 < <(measure "$what" $N2)
-    printf "  %-12s %8d\n" "$(basename "$what")" $(( (i2 - i1) / (n2 - n1) ))
+    printf "  %-14s %8d\n" "$(basename "$what")" $(( (i2 - i1) / (n2 - n1) ))
 done

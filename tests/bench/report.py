@@ -6,6 +6,8 @@ usage: report.py RECORDS.jsonl MEM.json META.json SYSCALLS.jsonl OUT.json
 Per proxy and concurrency: the median over rounds of req/s, p50, p99 and CPU time per request,
 plus min/max req/s (the spread), then ratios of retrygate to each peer and to the better peer.
 req/s ratio > 1 is better for retrygate; latency and CPU/request ratios < 1 are better.
+A peer whose name ends in "-fields" (haproxy-fields: HAProxy doing retrygate's per-request field
+work) gets its ratio line but is not a candidate for "best": the goal names the plain peers.
 """
 import json
 import statistics
@@ -65,8 +67,10 @@ def aggregate(records, proxies):
                 "p99": ratio(rg["p99_us"], o["p99_us"]),
                 "cpu_per_req": ratio(rg["cpu_us_per_req"], o["cpu_us_per_req"]),
             }
-        best = max(peers, key=lambda p: row[p]["rps"])
-        ratios["retrygate/best"] = dict(ratios["retrygate/" + best], peer=best)
+        plain = [p for p in peers if not p.endswith("-fields")]
+        if plain:
+            best = max(plain, key=lambda p: row[p]["rps"])
+            ratios["retrygate/best"] = dict(ratios["retrygate/" + best], peer=best)
     return {"proxies": row, "ratios": ratios}
 
 
@@ -129,7 +133,7 @@ def main():
                 meta["h2_conns"] * meta["h2_streams"], meta.get("h2load", "?")))
         print()
         print(label)
-        print("  %-10s %10s %21s %9s %9s %10s  %s" % (
+        print("  %-14s %10s %21s %9s %9s %10s  %s" % (
             "proxy", "req/s", "(min..max)", "p50 us", "p99 us", "cpu us/req", "errors"))
         for p in ["direct"] + proxies:
             if p not in row:
@@ -137,7 +141,7 @@ def main():
             x = row[p]
             cpu = "%.1f" % x["cpu_us_per_req"] if x["cpu_us_per_req"] is not None else "-"
             e = x["socket_errors"] + x["non_2xx"]
-            print("  %-10s %10.0f %21s %9d %9d %10s  %s" % (
+            print("  %-14s %10.0f %21s %9d %9d %10s  %s" % (
                 p if p != "direct" else "(direct)", x["rps"],
                 "(%.0f..%.0f)" % (x["rps_min"], x["rps_max"]), x["p50_us"], x["p99_us"], cpu,
                 "%d sock, %d non-2xx" % (x["socket_errors"], x["non_2xx"]) if e else "0"))
@@ -148,13 +152,15 @@ def main():
                 warn.append("%s: %s had %d errors" % (label, p, e))
         for k, v in ratios.items():
             name = k + (" (" + v["peer"] + ")" if "peer" in v else "")
-            print("  %-28s req/s %6s (paired %5s)   p50 %6s   p99 %6s   cpu/req %6s" % (
+            print("  %-32s req/s %6s (paired %5s)   p50 %6s   p99 %6s   cpu/req %6s" % (
                 name, v["rps"], v["rps_paired"], v["p50"], v["p99"], v["cpu_per_req"]))
     print()
     print("memory after the run (all processes of each proxy):")
     for p in proxies:
-        m = mem.get(p, {})
-        print("  %-10s RSS %8d KiB   peak %8d KiB   (%d process%s)" % (
+        if p not in mem:
+            continue    # haproxy-fields: the haproxy process, reported once
+        m = mem[p]
+        print("  %-14s RSS %8d KiB   peak %8d KiB   (%d process%s)" % (
             p, m.get("rss_kb", 0), m.get("hwm_kb", 0), m.get("processes", 0),
             "" if m.get("processes", 0) == 1 else "es"))
     if syscalls:
@@ -165,7 +171,7 @@ def main():
         for p in proxies:
             if p in syscalls:
                 x = syscalls[p]
-                print("  %-10s %5.2f   %s" % (p, x["per_request"], "  ".join(
+                print("  %-14s %5.2f   %s" % (p, x["per_request"], "  ".join(
                     "%s %.2f" % kv for kv in x["by_call"].items() if kv[1] >= 0.01)))
     print()
     print("req/s ratio > 1: retrygate faster; latency and cpu/req ratios < 1: retrygate better.")

@@ -10,7 +10,11 @@
 #   BENCH_QUICK=1            2 rounds x 2 s (a smoke run: numbers are rough)
 #   BENCH_CONNS ["1 64"]     wrk concurrencies (wrk always runs one thread)
 #   BENCH_WARMUP [1]         seconds of warm-up per proxy and concurrency before round 1
-#   BENCH_PROXIES ["retrygate haproxy nginx"]
+#   BENCH_PROXIES ["retrygate haproxy nginx haproxy-fields"]
+#                            haproxy-fields: the same HAProxy process on frontends that also do
+#                            retrygate's per-request field work (X-Forwarded-For/-Proto, a
+#                            request id up and back; haproxy.cfg.in). Not a peer of the goal:
+#                            `retrygate/best` is over the plain peers only
 #   BENCH_PROXY_CPU [0]      the core every proxy is pinned to
 #   BENCH_LOAD_CPU [1]       the core wrk and the upstream are pinned to
 #   BENCH_BODY [13]          response body size in bytes (upstream, at most 256)
@@ -46,7 +50,7 @@ fi
 SYSCALL_SECS=${BENCH_SYSCALL_SECONDS:-3}
 CONNS=${BENCH_CONNS:-"1 64"}
 WARMUP=${BENCH_WARMUP:-1}
-PROXIES=${BENCH_PROXIES:-"retrygate haproxy nginx"}
+PROXIES=${BENCH_PROXIES:-"retrygate haproxy nginx haproxy-fields"}
 PROXY_CPU=${BENCH_PROXY_CPU:-0}
 LOAD_CPU=${BENCH_LOAD_CPU:-1}
 BODY=${BENCH_BODY:-13}
@@ -126,11 +130,13 @@ UP_H2_PORT=$(free_port); UP_GRPC_PORT=$(free_port)
 RG_H2_PORT=$(free_port); RG_H2H2_PORT=$(free_port); RG_GRPC_PORT=$(free_port)
 HA_H2_PORT=$(free_port); HA_H2H2_PORT=$(free_port); HA_GRPC_PORT=$(free_port)
 NG_H2_PORT=$(free_port); NG_GRPC_PORT=$(free_port)
+HAF_PORT=$(free_port); HAF_H2_PORT=$(free_port); HAF_H2H2_PORT=$(free_port); HAF_GRPC_PORT=$(free_port)
 
 subst() {
     local args=(-e "s|@DIR@|$RUN|g") v
     for v in UP_PORT RG_PORT HA_PORT NG_PORT UP_H2_PORT UP_GRPC_PORT RG_H2_PORT RG_H2H2_PORT \
-             RG_GRPC_PORT HA_H2_PORT HA_H2H2_PORT HA_GRPC_PORT NG_H2_PORT NG_GRPC_PORT; do
+             RG_GRPC_PORT HA_H2_PORT HA_H2H2_PORT HA_GRPC_PORT NG_H2_PORT NG_GRPC_PORT \
+             HAF_PORT HAF_H2_PORT HAF_H2H2_PORT HAF_GRPC_PORT; do
         args+=(-e "s|@$v@|${!v}|g")
     done
     sed "${args[@]}" "$1" > "$2"
@@ -153,6 +159,8 @@ PORT[h2h2.retrygate]=$RG_H2H2_PORT; PORT[h2h2.haproxy]=$HA_H2H2_PORT
 PORT[h2h2.direct]=$UP_H2_PORT
 PORT[grpc.retrygate]=$RG_GRPC_PORT; PORT[grpc.haproxy]=$HA_GRPC_PORT; PORT[grpc.nginx]=$NG_GRPC_PORT
 PORT[grpc.direct]=$UP_GRPC_PORT
+PORT[h2.haproxy-fields]=$HAF_H2_PORT; PORT[h2h2.haproxy-fields]=$HAF_H2H2_PORT
+PORT[grpc.haproxy-fields]=$HAF_GRPC_PORT
 for p in $PROXIES; do
     case $p in
     retrygate)
@@ -161,10 +169,17 @@ for p in $PROXIES; do
             || { cat "$RUN/retrygate.check" >&2; die "retrygate rejects the bench config"; }
         $PIN_PROXY "$RG_BIN" -c "$RUN/retrygate.yaml" 2> "$RUN/retrygate.log" &
         PORT[$p]=$RG_PORT ;;
-    haproxy)
-        subst "$HERE/haproxy.cfg.in" "$RUN/haproxy.cfg"
-        $PIN_PROXY haproxy -db -f "$RUN/haproxy.cfg" > "$RUN/haproxy.log" 2>&1 &
-        PORT[$p]=$HA_PORT ;;
+    haproxy|haproxy-fields)
+        # one HAProxy process serves both columns, each on its own frontends
+        if [ -n "${HA_PID:-}" ]; then
+            PID[$p]=$HA_PID
+        else
+            subst "$HERE/haproxy.cfg.in" "$RUN/haproxy.cfg"
+            $PIN_PROXY haproxy -db -f "$RUN/haproxy.cfg" > "$RUN/haproxy.log" 2>&1 &
+            HA_PID=$!; PIDS+=($!); PID[$p]=$!
+        fi
+        PORT[haproxy]=$HA_PORT; PORT[haproxy-fields]=$HAF_PORT
+        continue ;;
     nginx)
         mkdir -p "$RUN/nginx-tmp"
         subst "$HERE/nginx.conf.in" "$RUN/nginx.conf"
@@ -206,12 +221,17 @@ for p in direct $PROXIES; do
         got=$(curl -s -m 2 "http://127.0.0.1:$port/" 2>/dev/null || true)
         [ -n "$got" ] && break
         if [ "$p" != direct ] && ! kill -0 "${PID[$p]}" 2>/dev/null; then
-            cat "$RUN/$p.log" "$RUN/nginx-error.log" 2>/dev/null | tail -n 20 >&2 || true
+            cat "$RUN/${p%-fields}.log" "$RUN/nginx-error.log" 2>/dev/null | tail -n 20 >&2 || true
             die "$p exited at start"
         fi
         sleep 0.1
     done
     [ "$got" = "$expect" ] || die "$p on port $port answers '${got:0:80}', expected '$expect'"
+    # the columns that do the field work must be doing it: a request id comes back
+    case $p in retrygate|haproxy-fields)
+        curl -s -m 2 -D - -o /dev/null "http://127.0.0.1:$port/" | grep -qi '^x-request-id: [^ ]' ||
+            die "$p on port $port answers without X-Request-Id" ;;
+    esac
 done
 # The HTTP/2 rows: the same body over HTTP/2 (prior knowledge); for gRPC, the upstream's
 # message (5-byte prefix + body) and the trailers grpc-status: 0 (curl writes trailers with -D).
@@ -398,6 +418,8 @@ MEM=$RUN/mem.json
     printf '{'
     sep=""
     for p in $PROXIES; do
+        # one process serves haproxy and haproxy-fields: report it once
+        [ "$p" = haproxy-fields ] && [ "${PID[haproxy]:-}" = "${PID[$p]}" ] && continue
         printf '%s"%s":{"rss_kb":%s,"hwm_kb":%s,"processes":%s}' "$sep" "$p" \
             "$(mem_kb "${PID[$p]}" VmRSS)" "$(mem_kb "${PID[$p]}" VmHWM)" "$(tree_pids "${PID[$p]}" | wc -l)"
         sep=","
