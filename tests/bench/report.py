@@ -123,6 +123,10 @@ def main():
         "grpc": "unary gRPC (HTTP/2 -> HTTP/2, grpc-status trailers)",
     }
     blocks = [("c=%d" % c, str(c)) for c in conns]
+    for name in h2_rows:
+        base = name[:-len("-1cpu")] if name.endswith("-1cpu") else name
+        if base != name and base in titles:
+            titles[name] = titles[base] + ", the proxy on the load core (one core for everything)"
     blocks += [("%s: %s" % (name, titles.get(name, name)), name) for name in h2_rows]
     for label, key in blocks:
         row, ratios = results[key]["proxies"], results[key]["ratios"]

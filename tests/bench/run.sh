@@ -25,7 +25,9 @@
 #   BENCH_SYSCALL_SECONDS    that run's length [BENCH_SECONDS with perf, 3 with strace]
 #   BENCH_KEEP=1             keep build/bench/run.* (configs, logs, raw wrk output) after success
 #   RETRYGATE_BIN            the binary to measure [build/retrygate]
-#   BENCH_H2_ROWS ["h2 h2h2 grpc"]  the HTTP/2 rows ("" = none)
+#   BENCH_H2_ROWS ["h2 h2h2 grpc h2h2-1cpu"]  the HTTP/2 rows ("" = none); ROW-1cpu is ROW with
+#                            the proxies moved onto the load core for its runs (one core for
+#                            everything: no wake-ups across cores, every process's work counts)
 #   BENCH_H2_ROUNDS [5; 2 in quick mode]  interleaved rounds of the HTTP/2 rows
 #   BENCH_H2_SECONDS [3, or BENCH_SECONDS if less]  length of one h2load measurement (req/s)
 #   BENCH_H2_LATENCY_SECONDS [1]  length of the h2load run with --log-file that gives the
@@ -54,7 +56,7 @@ PROXIES=${BENCH_PROXIES:-"retrygate haproxy nginx haproxy-fields"}
 PROXY_CPU=${BENCH_PROXY_CPU:-0}
 LOAD_CPU=${BENCH_LOAD_CPU:-1}
 BODY=${BENCH_BODY:-13}
-H2_ROWS=${BENCH_H2_ROWS-"h2 h2h2 grpc"}
+H2_ROWS=${BENCH_H2_ROWS-"h2 h2h2 grpc h2h2-1cpu"}
 H2_ROUNDS=${BENCH_H2_ROUNDS:-5}
 [ "${BENCH_QUICK:-0}" = 1 ] && H2_ROUNDS=${BENCH_H2_ROUNDS:-2}
 H2_SECS=${BENCH_H2_SECONDS:-$((SECS > 3 ? 3 : SECS))}
@@ -192,6 +194,11 @@ done
 
 # All the processes of one proxy: the pid and its children (nginx: master + worker).
 tree_pids() { echo "$1"; pgrep -P "$1" 2>/dev/null || true; }
+# pin_tree PID CPU: move every thread of a proxy's processes onto CPU
+pin_tree() {
+    local pid
+    for pid in $(tree_pids "$1"); do taskset -a -p -c "$2" "$pid" >/dev/null || die "cannot pin $pid to CPU $2"; done
+}
 # CPU time (microseconds, user+system) of a proxy's processes.
 cpu_us() {
     local t=0 pid f
@@ -240,10 +247,11 @@ printf '\0\0\0\0\005hello' > "$GRPC_MSG"
 GRPC_PATH=/bench.Bench/Unary
 h2_proxies() {   # ROW: the proxies of that row, in BENCH_PROXIES order
     local p
-    for p in $PROXIES; do [ -n "${PORT[$1.$p]:-}" ] && printf '%s ' "$p"; done
+    for p in $PROXIES; do [ -n "${PORT[${1%-1cpu}.$p]:-}" ] && printf '%s ' "$p"; done
 }
 for row in $H2_ROWS; do
-    case $row in h2|h2h2|grpc) ;; *) die "unknown row '$row' in BENCH_H2_ROWS (h2 h2h2 grpc)" ;; esac
+    case ${row%-1cpu} in h2|h2h2|grpc) ;; *) die "unknown row '$row' in BENCH_H2_ROWS (h2 h2h2 grpc, ROW-1cpu)" ;; esac
+    [ "$row" = "${row%-1cpu}" ] || continue     # the same ports as its row, checked there
     for p in $(h2_proxies "$row") $([ -n "${PORT[$row.direct]:-}" ] && echo direct); do
         port=${PORT[$row.$p]}
         if [ "$row" = grpc ]; then
@@ -285,25 +293,31 @@ measure() {
 # measure_h2 ROW LABEL SECONDS ROUND: one h2load run (-t1 -cC -mM for SECONDS), one record
 # like measure's (the proxy's CPU time, h2load's numbers in report.lua's shape); round < 0: not kept
 measure_h2() {
-    local row=$1 p=$2 s=$3 r=$4 raw c0 c1 line pid=""
+    local row=$1 p=$2 s=$3 r=$4 raw c0 c1 line pid="" base=${1%-1cpu}
     raw=$RUN/h2load.$row.$p.r$r
     [ "$p" = direct ] || pid=${PID[$p]}
-    local extra=() url="http://127.0.0.1:${PORT[$row.$p]}/"
-    if [ "$row" = grpc ]; then
+    local extra=() url="http://127.0.0.1:${PORT[$base.$p]}/"
+    if [ "$base" = grpc ]; then
         extra=(-H 'content-type: application/grpc' -H 'te: trailers' -d "$GRPC_MSG")
-        url="http://127.0.0.1:${PORT[$row.$p]}$GRPC_PATH"
+        url="http://127.0.0.1:${PORT[$base.$p]}$GRPC_PATH"
     fi
+    # ROW-1cpu: the proxy joins h2load and the upstream on the load core for these runs
+    [ "$row" = "$base" ] || [ -z "$pid" ] || [ -z "$PIN_PROXY" ] || pin_tree "$pid" "$LOAD_CPU"
     c0=0; [ -z "$pid" ] || c0=$(cpu_us "$pid")
     $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$s" "${extra[@]}" "$url" \
         > "$raw.txt" 2>&1 || { tail -n 20 "$raw.txt" >&2; die "h2load failed against $p ($row row)"; }
     c1=0; [ -z "$pid" ] || c1=$(cpu_us "$pid")
     [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || die "$p died during the $row row (see $RUN)"
-    [ "$r" -ge 0 ] || return 0      # a warm-up
+    if [ "$r" -lt 0 ]; then         # a warm-up
+        [ "$row" = "$base" ] || [ -z "$pid" ] || [ -z "$PIN_PROXY" ] || pin_tree "$pid" "$PROXY_CPU"
+        return 0
+    fi
     # Latencies from a second, shorter run: h2load's --log-file costs a write(2) per request on
     # the load core, which then limits every proxy alike and hides what each one costs.
     $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$H2_LAT_SECS" "${extra[@]}" \
         --log-file="$raw.log" "$url" > "$raw.lat.txt" 2>&1 ||
         { tail -n 20 "$raw.lat.txt" >&2; die "h2load failed against $p ($row row, latency run)"; }
+    [ "$row" = "$base" ] || [ -z "$pid" ] || [ -z "$PIN_PROXY" ] || pin_tree "$pid" "$PROXY_CPU"
     line=$(python3 "$HERE/h2load_json.py" "$raw.txt" "$raw.log" "$raw.lat.txt" |
            sed -n 's/^BENCHJSON //p')
     rm -f "$raw.log"    # one line per request: large
@@ -341,8 +355,8 @@ if [ -n "$H2_ROWS" ]; then
     if [ "$WARMUP" != 0 ]; then
         for row in $H2_ROWS; do for p in $(h2_proxies "$row"); do measure_h2 "$row" "$p" "$WARMUP" -1; done; done
     fi
-    for row in $H2_ROWS; do
-        [ -z "${PORT[$row.direct]:-}" ] || measure_h2 "$row" direct "$H2_SECS" 0
+    for row in $H2_ROWS; do   # (ROW-1cpu: the same ceiling as ROW)
+        [ "$row" != "${row%-1cpu}" ] || [ -z "${PORT[$row.direct]:-}" ] || measure_h2 "$row" direct "$H2_SECS" 0
     done
     for r in $(seq 1 "$H2_ROUNDS"); do
         log "HTTP/2 round $r/$H2_ROUNDS"
