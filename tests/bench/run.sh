@@ -194,10 +194,12 @@ done
 
 # All the processes of one proxy: the pid and its children (nginx: master + worker).
 tree_pids() { echo "$1"; pgrep -P "$1" 2>/dev/null || true; }
-# pin_tree PID CPU: move every thread of a proxy's processes onto CPU
-pin_tree() {
+# pin_for_row ROW PID CPU: in a ROW-1cpu row, move every thread of the proxy's processes onto CPU
+# (the load core before its runs, its own core after); other rows and `direct` are left alone
+pin_for_row() {
     local pid
-    for pid in $(tree_pids "$1"); do taskset -a -p -c "$2" "$pid" >/dev/null || die "cannot pin $pid to CPU $2"; done
+    [ "$1" != "${1%-1cpu}" ] && [ -n "$2" ] && [ -n "$PIN_PROXY" ] || return 0
+    for pid in $(tree_pids "$2"); do taskset -a -p -c "$3" "$pid" >/dev/null || die "cannot pin $pid to CPU $3"; done
 }
 # CPU time (microseconds, user+system) of a proxy's processes.
 cpu_us() {
@@ -302,14 +304,14 @@ measure_h2() {
         url="http://127.0.0.1:${PORT[$base.$p]}$GRPC_PATH"
     fi
     # ROW-1cpu: the proxy joins h2load and the upstream on the load core for these runs
-    [ "$row" = "$base" ] || [ -z "$pid" ] || [ -z "$PIN_PROXY" ] || pin_tree "$pid" "$LOAD_CPU"
+    pin_for_row "$row" "$pid" "$LOAD_CPU"
     c0=0; [ -z "$pid" ] || c0=$(cpu_us "$pid")
     $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$s" "${extra[@]}" "$url" \
         > "$raw.txt" 2>&1 || { tail -n 20 "$raw.txt" >&2; die "h2load failed against $p ($row row)"; }
     c1=0; [ -z "$pid" ] || c1=$(cpu_us "$pid")
     [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || die "$p died during the $row row (see $RUN)"
     if [ "$r" -lt 0 ]; then         # a warm-up
-        [ "$row" = "$base" ] || [ -z "$pid" ] || [ -z "$PIN_PROXY" ] || pin_tree "$pid" "$PROXY_CPU"
+        pin_for_row "$row" "$pid" "$PROXY_CPU"
         return 0
     fi
     # Latencies from a second, shorter run: h2load's --log-file costs a write(2) per request on
@@ -317,7 +319,7 @@ measure_h2() {
     $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$H2_LAT_SECS" "${extra[@]}" \
         --log-file="$raw.log" "$url" > "$raw.lat.txt" 2>&1 ||
         { tail -n 20 "$raw.lat.txt" >&2; die "h2load failed against $p ($row row, latency run)"; }
-    [ "$row" = "$base" ] || [ -z "$pid" ] || [ -z "$PIN_PROXY" ] || pin_tree "$pid" "$PROXY_CPU"
+    pin_for_row "$row" "$pid" "$PROXY_CPU"
     line=$(python3 "$HERE/h2load_json.py" "$raw.txt" "$raw.log" "$raw.lat.txt" |
            sed -n 's/^BENCHJSON //p')
     rm -f "$raw.log"    # one line per request: large
