@@ -310,16 +310,16 @@ measure_h2() {
         > "$raw.txt" 2>&1 || { tail -n 20 "$raw.txt" >&2; die "h2load failed against $p ($row row)"; }
     c1=0; [ -z "$pid" ] || c1=$(cpu_us "$pid")
     [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || die "$p died during the $row row (see $RUN)"
-    if [ "$r" -lt 0 ]; then         # a warm-up
-        pin_for_row "$row" "$pid" "$PROXY_CPU"
-        return 0
+    # Latencies from a second, shorter run (not for a warm-up): h2load's --log-file costs a
+    # write(2) per request on the load core, which then limits every proxy alike and hides what
+    # each one costs.
+    if [ "$r" -ge 0 ]; then
+        $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$H2_LAT_SECS" "${extra[@]}" \
+            --log-file="$raw.log" "$url" > "$raw.lat.txt" 2>&1 ||
+            { tail -n 20 "$raw.lat.txt" >&2; die "h2load failed against $p ($row row, latency run)"; }
     fi
-    # Latencies from a second, shorter run: h2load's --log-file costs a write(2) per request on
-    # the load core, which then limits every proxy alike and hides what each one costs.
-    $PIN_LOAD h2load -t1 -c"$H2_C" -m"$H2_M" -D "$H2_LAT_SECS" "${extra[@]}" \
-        --log-file="$raw.log" "$url" > "$raw.lat.txt" 2>&1 ||
-        { tail -n 20 "$raw.lat.txt" >&2; die "h2load failed against $p ($row row, latency run)"; }
     pin_for_row "$row" "$pid" "$PROXY_CPU"
+    [ "$r" -ge 0 ] || return 0      # a warm-up
     line=$(python3 "$HERE/h2load_json.py" "$raw.txt" "$raw.log" "$raw.lat.txt" |
            sed -n 's/^BENCHJSON //p')
     rm -f "$raw.log"    # one line per request: large
