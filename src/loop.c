@@ -40,6 +40,47 @@ void loop_defer_free(struct loop *l, void (*fn)(void *), void *p)
 		event_active(l->dq_ev, EV_TIMEOUT, 0);
 }
 
+/* Free the DROP entries at the cold end of a LIFO list of N (the last ones pushed are taken
+ * first, so the tail is what went longest unused). The new length. */
+static int list_drop(struct loop_free **head, int n, int drop)
+{
+	if (drop <= 0)
+		return n;
+	struct loop_free **cut = head;
+	for (int i = 0; i < n - drop; i++)
+		cut = &(*cut)->next;
+	struct loop_free *f = *cut;
+	*cut = NULL;
+	while (f) {
+		struct loop_free *next = f->next;
+		free(f);
+		f = next;
+	}
+	return n - drop;
+}
+
+void loop_scavenge(struct loop *l)
+{
+	for (int k = 0; k < LOOP_NKINDS; k++)
+		l->ncache[k] = l->lowcache[k] = list_drop(&l->cache[k], l->ncache[k], l->lowcache[k]);
+	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
+		l->nblk[c] = l->lowblk[c] = list_drop(&l->blk[c], l->nblk[c], l->lowblk[c]);
+	/* the buffers are a stack: the bottom ones went longest unused */
+	int drop = l->lowbufs;
+	if (drop > 0) {
+		for (int i = 0; i < drop; i++)
+			evbuffer_free(l->bufs[i]);
+		l->nbufs -= drop;
+		memmove(l->bufs, l->bufs + drop, sizeof(*l->bufs) * (size_t)l->nbufs);
+	}
+	l->lowbufs = l->nbufs;
+}
+
+static void scavenge_cb(evutil_socket_t fd, short what, void *arg)
+{
+	loop_scavenge(arg);
+}
+
 int loop_init(struct loop *l, int id)
 {
 	/* one thread per loop: no locks (cross-thread news comes through the worker's eventfd) */
@@ -57,6 +98,9 @@ int loop_init(struct loop *l, int id)
 	evdns_base_load_hosts(l->dns, NULL);
 	l->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)id + 1;
 	l->dq_ev = event_new(l->base, -1, 0, dq_cb, l);
+	l->scavenge_ev = event_new(l->base, -1, EV_PERSIST, scavenge_cb, l);
+	struct timeval tv = clock_tv(LOOP_SCAVENGE_US);
+	evtimer_add(l->scavenge_ev, &tv);
 	loop_fd_seen(l, 0);             /* the first block now, before any connection */
 	return 0;
 }
@@ -122,27 +166,17 @@ void loop_fini(struct loop *l)
 	loop_run_deferred(l);
 	event_free(l->dq_ev);
 	l->dq_ev = NULL;
-	for (int k = 0; k < LOOP_NKINDS; k++) {
-		struct loop_free *f;
-		while ((f = l->cache[k])) {
-			l->cache[k] = f->next;
-			free(f);
-		}
-		l->ncache[k] = 0;
-	}
-	for (int k = 0; k < LOOP_BLK_CLASSES; k++) {
-		struct loop_free *f;
-		while ((f = l->blk[k])) {
-			l->blk[k] = f->next;
-			free(f);
-		}
-		l->nblk[k] = 0;
-	}
+	event_free(l->scavenge_ev);
+	l->scavenge_ev = NULL;
+	for (int k = 0; k < LOOP_NKINDS; k++)
+		l->ncache[k] = l->lowcache[k] = list_drop(&l->cache[k], l->ncache[k], l->ncache[k]);
+	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
+		l->nblk[c] = l->lowblk[c] = list_drop(&l->blk[c], l->nblk[c], l->nblk[c]);
 	for (int i = 0; i < l->nbufs; i++)
 		evbuffer_free(l->bufs[i]);
 	free(l->bufs);
 	l->bufs = NULL;
-	l->nbufs = 0;
+	l->nbufs = l->lowbufs = 0;
 	free(l->dq);
 	l->dq = NULL;
 	l->ndq = l->capdq = 0;
@@ -161,7 +195,8 @@ void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size)
 	if (!f)
 		return xcalloc(1, size);
 	l->cache[kind] = f->next;
-	l->ncache[kind]--;
+	if (--l->ncache[kind] < l->lowcache[kind])
+		l->lowcache[kind] = l->ncache[kind];
 	memset(f, 0, size);
 	return f;
 }
@@ -188,9 +223,11 @@ void loop_obj_put(struct loop *l, enum loop_kind kind, void *p)
 
 struct evbuffer *loop_buf_get(struct loop *l)
 {
-	if (l->nbufs > 0)
-		return l->bufs[--l->nbufs];
-	return evbuffer_new();
+	if (l->nbufs == 0)
+		return evbuffer_new();
+	if (--l->nbufs < l->lowbufs)
+		l->lowbufs = l->nbufs;
+	return l->bufs[l->nbufs];
 }
 
 void loop_buf_put(struct loop *l, struct evbuffer *b)
@@ -239,7 +276,8 @@ void *loop_blk_alloc(struct loop *l, size_t n)
 	struct loop_free *f = l->blk[cls];
 	if (f) {
 		l->blk[cls] = f->next;
-		l->nblk[cls]--;
+		if (--l->nblk[cls] < l->lowblk[cls])
+			l->lowblk[cls] = l->nblk[cls];
 		h = (struct blk_head *)f;
 	} else {
 		h = malloc(sizeof(*h) + blk_class_size(cls));

@@ -22,8 +22,9 @@ struct h2_table;
 struct evbuffer;
 
 /* Per-loop free lists for what every request allocates: its exchange and attempts, an HTTP/2
- * client stream (h2_session), and the evbuffers they use. Bounded (LOOP_CACHE_MAX objects a kind, LOOP_BUF_MAX buffers), so a
- * burst leaves no more than that behind; loop_fini frees them. A request in flight holds up
+ * client stream (h2_session), and the evbuffers they use. Bounded (LOOP_CACHE_MAX objects a
+ * kind, LOOP_BUF_MAX buffers), and what a list did not need for a whole LOOP_SCAVENGE_US is
+ * freed (below): a burst leaves nothing behind for long; loop_fini frees the rest. A request in flight holds up
  * to five buffers (an HTTP/2 client stream two, the exchange one, its attempt two), so the
  * buffer list holds five times the objects' 64 and more: at 256, 64 streams in flight
  * returned more than it kept and each batch after them made a fifth of its buffers anew (an
@@ -42,6 +43,14 @@ struct loop_free {
 #define LOOP_BLK_CLASSES 6
 #define LOOP_BLK_MAX 512
 
+/* Each list keeps its low-water mark: the fewest entries it held since the last tick. Those
+ * were never taken, so at each tick (every LOOP_SCAVENGE_US) that many are freed, the longest
+ * unused first. A steady load keeps what it uses and loses only what it never reaches; after a
+ * burst every list is empty within two ticks. Freed entries lie among the burst's other
+ * memory, pinning its pages until they go (measured, 5,000 HTTP/1.1 connections on two
+ * workers: RSS +5 MiB with 1,024 buffers a loop kept, +1 MiB once they are freed). */
+#define LOOP_SCAVENGE_US 1000000
+
 struct loop_deferred {
 	void (*fn)(void *);
 	void *p;
@@ -58,11 +67,12 @@ struct loop {
 	int ndq, capdq;
 	struct event *dq_ev;
 	struct loop_free *cache[LOOP_NKINDS];
-	int ncache[LOOP_NKINDS];
+	int ncache[LOOP_NKINDS], lowcache[LOOP_NKINDS];
 	struct evbuffer **bufs;         /* empty evbuffers, for reuse */
-	int nbufs;
+	int nbufs, lowbufs;
 	struct loop_free *blk[LOOP_BLK_CLASSES];
-	int nblk[LOOP_BLK_CLASSES];
+	int nblk[LOOP_BLK_CLASSES], lowblk[LOOP_BLK_CLASSES];
+	struct event *scavenge_ev;      /* frees what the lists did not need (LOOP_SCAVENGE_US) */
 	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
 
@@ -93,6 +103,9 @@ void loop_fd_seen(struct loop *l, int fd);
  * loop_fd_seen provokes on purpose are dropped). */
 void loop_global_init(void);
 
+/* Free what each list did not need since the last call (LOOP_SCAVENGE_US above); loop_init
+ * arms a timer that calls it. */
+void loop_scavenge(struct loop *l);
 /* SIZE zeroed bytes for an object of KIND (every object of a kind has the same size). */
 void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size);
 /* Give it back (only from the loop's thread; immediately reusable, so free it late). */
