@@ -24,9 +24,10 @@ struct evbuffer;
 /* Per-loop free lists for what every request allocates: its exchange and attempts, an HTTP/2
  * client stream (h2_session), and the evbuffers they use. Bounded (LOOP_CACHE_MAX objects a
  * kind, LOOP_BUF_MAX buffers), and what a list did not need for a whole LOOP_SCAVENGE_US is
- * freed (below): a burst leaves nothing behind for long; loop_fini frees the rest. A request in flight holds up
- * to five buffers (an HTTP/2 client stream two, the exchange one, its attempt two), so the
- * buffer list holds five times the objects' 64 and more: at 256, 64 streams in flight
+ * freed (below), so a burst leaves nothing behind for long; loop_fini frees the rest. A
+ * request in flight holds up to five buffers (an HTTP/2 client stream two, the exchange one,
+ * its attempt two), so the buffer list holds five times the objects' 64 and more: at 256, 64
+ * streams in flight
  * returned more than it kept and each batch after them made a fifth of its buffers anew (an
  * evbuffer_new and an evbuffer_free per request). An empty evbuffer is about 150 bytes. */
 enum loop_kind { LOOP_EXCHANGE, LOOP_ATTEMPT, LOOP_H2_STREAM, LOOP_NKINDS };
@@ -46,9 +47,10 @@ struct loop_free {
 /* Each list keeps its low-water mark: the fewest entries it held since the last tick. Those
  * were never taken, so at each tick (every LOOP_SCAVENGE_US) that many are freed, the longest
  * unused first. A steady load keeps what it uses and loses only what it never reaches; after a
- * burst every list is empty within two ticks. Freed entries lie among the burst's other
+ * burst every list is empty within two ticks. Kept entries lie among the burst's other
  * memory, pinning its pages until they go (measured, 5,000 HTTP/1.1 connections on two
- * workers: RSS +5 MiB with 1,024 buffers a loop kept, +1 MiB once they are freed). */
+ * workers: RSS +4.8..+7.5 MiB with up to 1,024 buffers a loop kept for good; back to its level
+ * before the burst once they are freed and the process trims). */
 #define LOOP_SCAVENGE_US 1000000
 
 struct loop_deferred {
