@@ -49,7 +49,7 @@ struct loop_free {
  * unused first. A steady load keeps what it uses and loses only what it never reaches; after a
  * burst every list is empty within two ticks. Kept entries lie among the burst's other
  * memory, pinning its pages until they go (measured, 5,000 HTTP/1.1 connections on two
- * workers: RSS +4.8..+7.5 MiB with up to 1,024 buffers a loop kept for good; back to its level
+ * workers: RSS +4.9..+7.4 MiB with up to 1,024 buffers a loop kept for good; back to its level
  * before the burst once they are freed and the process trims). */
 #define LOOP_SCAVENGE_US 1000000
 

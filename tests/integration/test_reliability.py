@@ -171,7 +171,7 @@ def test_rss_returns_after_a_burst_of_connections(rg_factory, upstream):
     # measured (before ~6 MiB): without the trim +26..+48 MiB; with it +11..+14 MiB, the rest
     # being pages pinned by libevent's per-fd entries, made one by one among the connections'
     # memory; with those made ahead in blocks (loop_fd_seen) +1.6..+2.7 MiB; with the loops'
-    # free lists keeping up to 1,024 buffers each, +4.8..+7.5 MiB; with what those lists do
+    # free lists keeping up to 1,024 buffers each, +4.9..+7.4 MiB; with what those lists do
     # not need scavenged, back to before (-0.4..+0.1 MiB) some 4 s after the connections closed
     limit = before + BURST_SLACK
     t0 = time.monotonic()
