@@ -168,15 +168,15 @@ void loop_fini(struct loop *l)
 	l->dq_ev = NULL;
 	event_free(l->scavenge_ev);
 	l->scavenge_ev = NULL;
+	/* every entry unused: one more tick frees them all */
 	for (int k = 0; k < LOOP_NKINDS; k++)
-		l->ncache[k] = l->lowcache[k] = list_drop(&l->cache[k], l->ncache[k], l->ncache[k]);
+		l->lowcache[k] = l->ncache[k];
 	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
-		l->nblk[c] = l->lowblk[c] = list_drop(&l->blk[c], l->nblk[c], l->nblk[c]);
-	for (int i = 0; i < l->nbufs; i++)
-		evbuffer_free(l->bufs[i]);
+		l->lowblk[c] = l->nblk[c];
+	l->lowbufs = l->nbufs;
+	loop_scavenge(l);
 	free(l->bufs);
 	l->bufs = NULL;
-	l->nbufs = l->lowbufs = 0;
 	free(l->dq);
 	l->dq = NULL;
 	l->ndq = l->capdq = 0;

@@ -27,9 +27,9 @@ struct evbuffer;
  * freed (below), so a burst leaves nothing behind for long; loop_fini frees the rest. A
  * request in flight holds up to five buffers (an HTTP/2 client stream two, the exchange one,
  * its attempt two), so the buffer list holds five times the objects' 64 and more: at 256, 64
- * streams in flight
- * returned more than it kept and each batch after them made a fifth of its buffers anew (an
- * evbuffer_new and an evbuffer_free per request). An empty evbuffer is about 150 bytes. */
+ * streams in flight returned more than it kept and each batch after them made a fifth of its
+ * buffers anew (an evbuffer_new and an evbuffer_free per request). An empty evbuffer is about
+ * 150 bytes. */
 enum loop_kind { LOOP_EXCHANGE, LOOP_ATTEMPT, LOOP_H2_STREAM, LOOP_NKINDS };
 #define LOOP_CACHE_MAX 64
 #define LOOP_BUF_MAX 1024

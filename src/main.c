@@ -176,11 +176,13 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
  * connections have fallen to half the most seen since the last trim, hand the free pages
  * back; again once the loops have freed what the burst left in their free lists (two of their
  * scavenging ticks), and once more when the upstream connections the burst left idle in the
- * pools have timed out. Trimming walks the free lists, so it runs only after such a fall, not every tick. */
+ * pools have timed out. Trimming walks the free lists, so it runs only after such a fall, not
+ * every tick. */
+#define TRIM_AFTER_LISTS (2 * LOOP_SCAVENGE_US / TRIM_PERIOD_US + 1)
+#define TRIM_AFTER_POOLS (POOL_IDLE_US / TRIM_PERIOD_US + 2)
 static void trim_cb(evutil_socket_t fd, short what, void *arg)
 {
-	static int64_t peak, soon, again;   /* ticks to the trims after the loops' free lists
-	                                     * were scavenged, and after the pools' idle time */
+	static int64_t peak, since = -1;        /* ticks since the last fall; -1: none pending */
 	int64_t now = 0;
 	for (int i = 0; i < g_nworkers; i++)
 		now += atomic_load(&g_gstats[i].conns_active);
@@ -189,14 +191,13 @@ static void trim_cb(evutil_socket_t fd, short what, void *arg)
 	} else if (now < peak / 2 || (now == 0 && peak > 0)) {
 		malloc_trim(0);
 		peak = now;
-		soon = 2 * LOOP_SCAVENGE_US / TRIM_PERIOD_US + 1;
-		again = POOL_IDLE_US / TRIM_PERIOD_US + 2;
-	} else {
-		bool due = soon > 0 && --soon == 0;
-		if (again > 0 && --again == 0)
-			due = true;
-		if (due)
+		since = 0;
+	} else if (since >= 0) {
+		since++;
+		if (since == TRIM_AFTER_LISTS || since == TRIM_AFTER_POOLS)
 			malloc_trim(0);
+		if (since == TRIM_AFTER_POOLS)
+			since = -1;
 	}
 }
 
