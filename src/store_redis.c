@@ -10,12 +10,14 @@
  * versions read, as replicas of two versions share the server during a rolling deploy).
  *
  * A claim carries the moment its requester gives up, on the server's clock: the script
- * refuses to claim once Redis TIME is past it. A stalled server (SIGSTOP, a long fork) runs
- * the commands it buffered when it resumes, after the request was answered 503; without the
- * deadline such a claim would block the key for lock_timeout although nothing ran. The
- * offset between our monotonic clock and the server's is taken from a TIME in each
- * handshake, measured at the reply (so a slow reply makes deadlines early, never late);
- * until one connection has answered it, claims wait as they do while resolving.
+ * refuses to claim once Redis TIME has reached it. A stalled server (SIGSTOP, a long fork)
+ * runs the commands it buffered when it resumes, after the request was answered 503; without
+ * the deadline such a claim would block the key for lock_timeout although nothing ran. Nor is
+ * the claim answered before that moment: libevent's timers count from the loop's cached time
+ * and may fire early, so the op's timer waits out what is left. The offset between our
+ * monotonic clock and the server's is taken from a TIME in each handshake, measured at the
+ * reply (so a slow reply makes deadlines early, never late); until one connection has
+ * answered it, claims wait as they do while resolving.
  *
  * Connection states:  IDLE (backoff timer) -> [RESOLVING ->] CONNECTING -> UP
  *                     any error -> IDLE, backoff 50 ms doubling to 2 s, reset once the
@@ -57,10 +59,11 @@
 #define KEY_LEN             (sizeof(KEY_PREFIX) - 1 + 64)
 
 /* KEYS[1] key; ARGV[1] the CLAIMED record; ARGV[2] lock_timeout ms; ARGV[3] the deadline,
- * server time in ms. 1: claimed; 2: too late, nothing written; else the existing record. */
+ * server time in ms, rounded down. 1: claimed; 2: too late, nothing written; else the existing
+ * record. Too late already in the deadline's own millisecond: TIME rounds down as well. */
 static const char claim_lua[] =
 	"local t = redis.call('TIME')\n"
-	"if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[3]) then\n"
+	"if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) >= tonumber(ARGV[3]) then\n"
 	"  return 2\n"
 	"end\n"
 	"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end\n"
@@ -182,6 +185,7 @@ static void op_deliver(struct redis_op *o, enum idem_result r, const struct idem
 static void op_fail_soon(struct redis_op *o)
 {
 	op_unwait(o);
+	o->deadline_us = clock_now_us();
 	set_timer(o->timer, 0);
 }
 
@@ -332,7 +336,8 @@ static void setup_reply_cb(redisAsyncContext *ac, void *r, void *priv)
 }
 
 /* The handshake's TIME: the server's clock against ours, read now, after the reply (the
- * server read its clock before: the offset errs low, deadlines early). */
+ * server read its clock before: the offset errs low, deadlines early; our side is rounded up
+ * for the same reason). */
 static void time_reply_cb(redisAsyncContext *ac, void *r, void *priv)
 {
 	struct redis_conn *c = ac->data;
@@ -352,7 +357,7 @@ static void time_reply_cb(redisAsyncContext *ac, void *r, void *priv)
 	}
 	int64_t server_ms = strtoll(reply->element[0]->str, NULL, 10) * 1000 +
 	                    strtoll(reply->element[1]->str, NULL, 10) / 1000;
-	c->clock_offset_ms = server_ms - clock_now_us() / 1000;
+	c->clock_offset_ms = server_ms - (clock_now_us() + 999) / 1000;    /* rounded low */
 	c->clock_known = true;
 	flush_waiting(c);
 }
@@ -523,6 +528,13 @@ static void op_timer_cb(evutil_socket_t fd, short what, void *arg)
 	struct redis_op *o = arg;
 	struct redis_conn *c = o->c;
 
+	/* libevent's timers run on the loop's cached, coarse clock and may fire a few ms before
+	 * deadline_us: the server must never run a claim we answered, so wait the rest */
+	int64_t left = o->deadline_us - clock_now_us();
+	if (left > 0) {
+		set_timer(o->timer, left);
+		return;
+	}
 	if (o->in_redis) {
 		/* no reply in time: the server or the path is stuck. Dropping the connection
 		 * fails this command (via its NULL reply) and every other one in flight. */

@@ -1839,6 +1839,84 @@ static void test_redis_hung(void **state)
 	redis_stop(&rp);
 }
 
+/* A claim made late in a busy loop turn: the callback works BUSY_MS first (parsing, other
+ * connections), so the loop's cached time, which libevent's timers count from, is that much
+ * behind the clock by the time idem_claim runs. */
+struct late_claim {
+	struct idem_store *s;
+	const struct idem_key *k;
+	struct got *g;
+	int64_t t0;             /* clock_now_us() just before idem_claim */
+};
+#define BUSY_MS 20
+
+static void late_claim_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct late_claim *lc = arg;
+	int64_t until = clock_now_us() + BUSY_MS * MS;
+	while (clock_now_us() < until)
+		;
+	lc->t0 = clock_now_us();
+	assert_non_null(idem_claim(lc->s, lc->k, LONG_MS * MS, got_cb, lc->g));
+}
+
+/* A stalled server (SIGSTOP) runs the claims it buffered once it resumes, after they were
+ * answered UNAVAILABLE. The answer never comes before the claim's deadline, although
+ * libevent's timer, counted from the loop's cached time, would fire early; and the deadline the
+ * claim carries stops the server from taking the key even when it resumes right after the
+ * answer. */
+static void test_redis_stalled_claim_never_runs_after_its_answer(void **state)
+{
+	struct redis_proc rp;
+	char url[256], name[32];
+	NEED_REDIS(&rp, NULL);
+	struct cfg_idempotency c = redis_cfg(url, sizeof url, "127.0.0.1", rp.port, 0, NULL, NULL);
+	struct event_base *base = event_base_new();
+	struct idem_store *s = idem_store_get(&c, base, NULL, NULL);
+	struct idem_key k, probe;
+	struct got g = { 0 };
+	enum idem_result r;
+
+	idem_redis_set_timeout(BOUND_US);
+	make_key(&k, "stalled-warm", 0);
+	assert_int_equal(claim_wait(base, s, &k, LONG_MS * MS, &g), IDEM_CLAIMED);
+	for (int round = 0; round < 3; round++) {
+		snprintf(name, sizeof name, "stalled-%d", round);
+		make_key(&k, name, 0);
+		kill(rp.pid, SIGSTOP);
+		got_clear(&g);
+		struct late_claim lc = { .s = s, .k = &k, .g = &g };
+		struct event *ev = evtimer_new(base, late_claim_cb, &lc);
+		struct timeval now = { 0, 0 };
+		evtimer_add(ev, &now);
+		wait_done(base, &g);
+		int64_t took = clock_now_us() - lc.t0;
+		kill(rp.pid, SIGCONT);
+		event_free(ev);
+		assert_int_equal(g.r, IDEM_UNAVAILABLE);
+		if (took < BOUND_US)
+			fail_msg("round %d: UNAVAILABLE %lld us after the claim, before the %lld us "
+			         "timeout", round, (long long)took, (long long)BOUND_US);
+		/* the store reconnects (backoff); then the key is free: the late claim was refused */
+		r = IDEM_UNAVAILABLE;
+		for (int i = 0; i < 100 && r == IDEM_UNAVAILABLE; i++) {
+			snprintf(name, sizeof name, "stalled-probe-%d-%d", round, i);
+			make_key(&probe, name, 0);
+			r = claim_wait(base, s, &probe, LONG_MS * MS, &g);
+			if (r == IDEM_UNAVAILABLE)
+				run_for(base, 50);
+		}
+		assert_int_equal(r, IDEM_CLAIMED);
+		r = claim_wait(base, s, &k, LONG_MS * MS, &g);
+		if (r != IDEM_CLAIMED)
+			fail_msg("round %d: the key answered %d after the outage: a ghost claim", round, r);
+	}
+	got_clear(&g);
+	idem_store_release_all();
+	event_base_free(base);
+	redis_stop(&rp);
+}
+
 /* Nothing listens on the port from the start. */
 static void test_redis_unreachable(void **state)
 {
@@ -1893,6 +1971,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_redis_cancel, kill_servers),
 		cmocka_unit_test_teardown(test_redis_killed, kill_servers),
 		cmocka_unit_test_teardown(test_redis_hung, kill_servers),
+		cmocka_unit_test_teardown(test_redis_stalled_claim_never_runs_after_its_answer, kill_servers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
