@@ -1868,7 +1868,7 @@ static void late_claim_cb(evutil_socket_t fd, short what, void *arg)
 static void test_redis_stalled_claim_never_runs_after_its_answer(void **state)
 {
 	struct redis_proc rp;
-	char url[256], name[32];
+	char url[256], name[48];
 	NEED_REDIS(&rp, NULL);
 	struct cfg_idempotency c = redis_cfg(url, sizeof url, "127.0.0.1", rp.port, 0, NULL, NULL);
 	struct event_base *base = event_base_new();
