@@ -1745,6 +1745,20 @@ static int64_t timed_claim(struct event_base *base, struct idem_store *s, const 
 	return clock_now_us() - t0;
 }
 
+/* Claims K until the store answers anything but UNAVAILABLE (it reconnects with a backoff of
+ * up to 2 s): at most 100 tries, 50 ms apart. That answer. */
+static enum idem_result claim_when_up(struct event_base *base, struct idem_store *s,
+                                      const struct idem_key *k, struct got *g)
+{
+	enum idem_result r = IDEM_UNAVAILABLE;
+	for (int i = 0; i < 100 && r == IDEM_UNAVAILABLE; i++) {
+		r = claim_wait(base, s, k, LONG_MS * MS, g);
+		if (r == IDEM_UNAVAILABLE)
+			run_for(base, 50);
+	}
+	return r;
+}
+
 /* The server dies: the claim in flight and the ones after fail closed at once; when a server
  * is back on the port, the store reconnects by itself. */
 static void test_redis_killed(void **state)
@@ -1780,12 +1794,7 @@ static void test_redis_killed(void **state)
 
 	/* a new server on the same port: the store comes back on its own (backoff <= 2 s) */
 	assert_true(redis_start_on(&rp, rp.port, NULL));
-	r = IDEM_UNAVAILABLE;
-	for (int i = 0; i < 100 && r == IDEM_UNAVAILABLE; i++) {
-		r = claim_wait(base, s, &k, LONG_MS * MS, &g);
-		if (r == IDEM_UNAVAILABLE)
-			run_for(base, 50);
-	}
+	r = claim_when_up(base, s, &k, &g);
 	assert_int_equal(r, IDEM_CLAIMED);     /* a fresh server: the old claim is gone */
 	got_clear(&g);
 	idem_store_release_all();
@@ -1826,12 +1835,7 @@ static void test_redis_hung(void **state)
 		assert_true(took < BOUND_US + 1500 * MS);
 	}
 	kill(rp.pid, SIGCONT);
-	r = IDEM_UNAVAILABLE;
-	for (int i = 0; i < 100 && r == IDEM_UNAVAILABLE; i++) {
-		r = claim_wait(base, s, &k, LONG_MS * MS, &g);
-		if (r == IDEM_UNAVAILABLE)
-			run_for(base, 50);
-	}
+	r = claim_when_up(base, s, &k, &g);
 	assert_int_equal(r, IDEM_IN_PROGRESS);  /* the first claim survived the outage */
 	got_clear(&g);
 	idem_store_release_all();
@@ -1898,15 +1902,9 @@ static void test_redis_stalled_claim_never_runs_after_its_answer(void **state)
 			fail_msg("round %d: UNAVAILABLE %lld us after the claim, before the %lld us "
 			         "timeout", round, (long long)took, (long long)BOUND_US);
 		/* the store reconnects (backoff); then the key is free: the late claim was refused */
-		r = IDEM_UNAVAILABLE;
-		for (int i = 0; i < 100 && r == IDEM_UNAVAILABLE; i++) {
-			snprintf(name, sizeof name, "stalled-probe-%d-%d", round, i);
-			make_key(&probe, name, 0);
-			r = claim_wait(base, s, &probe, LONG_MS * MS, &g);
-			if (r == IDEM_UNAVAILABLE)
-				run_for(base, 50);
-		}
-		assert_int_equal(r, IDEM_CLAIMED);
+		snprintf(name, sizeof name, "stalled-probe-%d", round);
+		make_key(&probe, name, 0);
+		assert_int_equal(claim_when_up(base, s, &probe, &g), IDEM_CLAIMED);
 		r = claim_wait(base, s, &k, LONG_MS * MS, &g);
 		if (r != IDEM_CLAIMED)
 			fail_msg("round %d: the key answered %d after the outage: a ghost claim", round, r);
