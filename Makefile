@@ -41,9 +41,10 @@ CFLAGS    += -std=c11 -D_GNU_SOURCE -pthread $(OPT) $(WARN) $(LLHTTP_INC) -DRETR
 LDLIBS    := $(LLHTTP_LIB) -levent_openssl -levent_pthreads -levent -lnghttp2 -lyaml -lhiredis -lssl -lcrypto -lm -pthread
 LDFLAGS   += $(filter -fsanitize=%,$(OPT))
 
-SRCS      := $(wildcard src/*.c)
+SRCS      := $(wildcard src/*/*.c)
+HDRS      := $(wildcard src/*/*.h)
 OBJS      := $(SRCS:src/%.c=$(BUILD)/obj/%.o)
-LIBOBJS   := $(filter-out $(BUILD)/obj/main.o,$(OBJS))
+LIBOBJS   := $(filter-out $(BUILD)/obj/app/main.o,$(OBJS))
 
 UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/unit/%)
@@ -65,7 +66,7 @@ $(BUILD)/stripped/retrygate: $(BUILD)/retrygate
 	@mkdir -p $(dir $@)
 	strip --strip-unneeded -o $@ $<
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(LLHTTP_LIB)
+$(BUILD)/obj/%.o: src/%.c $(HDRS) | $(LLHTTP_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
 
@@ -147,9 +148,9 @@ FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=build/fuzz/%)
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
                -fno-omit-frame-pointer $(LLHTTP_INC) -Isrc -DRETRYGATE_VERSION='"$(VERSION)"'
-FUZZ_OBJS  := $(filter-out build/fuzz/obj/main.o,$(SRCS:src/%.c=build/fuzz/obj/%.o))
+FUZZ_OBJS  := $(filter-out build/fuzz/obj/app/main.o,$(SRCS:src/%.c=build/fuzz/obj/%.o))
 
-build/fuzz/obj/%.o: src/%.c $(wildcard src/*.h) | $(LLHTTP_LIB)
+build/fuzz/obj/%.o: src/%.c $(HDRS) | $(LLHTTP_LIB)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -c -o $@ $<
 

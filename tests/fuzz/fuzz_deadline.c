@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "deadline.h"
+#include "http/deadline.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

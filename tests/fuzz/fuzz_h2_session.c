@@ -18,12 +18,12 @@
 
 #include <event2/event.h>
 
-#include "config.h"
-#include "h2_session.h"
-#include "log.h"
-#include "loop.h"
-#include "stream.h"
-#include "upstream.h"
+#include "config/config.h"
+#include "client/h2_session.h"
+#include "base/log.h"
+#include "base/loop.h"
+#include "net/stream.h"
+#include "state/upstream.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -18,7 +18,7 @@
 
 #include <event2/buffer.h>
 
-#include "http.h"
+#include "http/http.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Fails when two files of src/ include each other, directly or through a loop (DESIGN rule 7).
 
-A module is a file name without its extension: src/pool.c and src/pool.h are module "pool".
-Module A depends on B when a.c or a.h includes "b.h". Any cycle in that graph is printed
+A module is a file name without its extension: src/upstream/pool.c and src/upstream/pool.h are
+module "upstream/pool". Module A depends on B when a.c or a.h includes "b.h" (as "folder/b.h"). Any cycle in that graph is printed
 (one line per loop, e.g. "worker -> session -> worker") and the exit status is 1.
 """
 import os
@@ -15,15 +15,19 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)\.h"', re.M)
 
 def graph(src):
     deps = {}
-    for name in sorted(os.listdir(src)):
-        mod, ext = os.path.splitext(name)
-        if ext not in (".c", ".h"):
+    for folder in sorted(os.listdir(src)):
+        if not os.path.isdir(os.path.join(src, folder)):
             continue
-        with open(os.path.join(src, name), encoding="utf-8", errors="replace") as f:
-            for dep in INCLUDE.findall(f.read()):
-                if dep != mod:
-                    deps.setdefault(mod, set()).add(dep)
-        deps.setdefault(mod, set())
+        for name in sorted(os.listdir(os.path.join(src, folder))):
+            base, ext = os.path.splitext(name)
+            if ext not in (".c", ".h"):
+                continue
+            mod = folder + "/" + base
+            with open(os.path.join(src, folder, name), encoding="utf-8", errors="replace") as f:
+                for dep in INCLUDE.findall(f.read()):
+                    if dep != mod:
+                        deps.setdefault(mod, set()).add(dep)
+            deps.setdefault(mod, set())
     return deps
 
 

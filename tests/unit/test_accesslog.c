@@ -14,9 +14,9 @@
 
 #include <cmocka.h>
 
-#include "accesslog.h"
-#include "grpc.h"
-#include "http.h"
+#include "obs/accesslog.h"
+#include "http/grpc.h"
+#include "http/http.h"
 
 /* Writes R through a fresh log file and returns its one line (caller frees). */
 static char *line_of(const struct access_rec *r)

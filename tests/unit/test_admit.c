@@ -18,9 +18,9 @@
 /* rows name only what differs from an admitted GET: the rest is zero */
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
-#include "admit.h"
-#include "config.h"
-#include "http.h"
+#include "proxy/admit.h"
+#include "config/config.h"
+#include "http/http.h"
 
 static const char *yaml =
 	"listeners:\n"

@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "budget.h"
+#include "policy/budget.h"
 
 #define MS 1000LL
 #define S  1000000LL

@@ -17,10 +17,10 @@
 
 #include <cmocka.h>
 
-#include "config.h"
-#include "stats.h"
-#include "upstream.h"
-#include "util.h"
+#include "config/config.h"
+#include "obs/stats.h"
+#include "state/upstream.h"
+#include "base/util.h"
 
 /* the schema's bounds are the sizes of the arrays that hold what they bound */
 _Static_assert(CFG_MAX_WORKERS == MAX_WORKERS, "config.h and stats.h disagree on workers");

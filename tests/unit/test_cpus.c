@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "cpus.h"
+#include "base/cpus.h"
 
 struct max_row {
 	const char *why;

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "deadline.h"
+#include "http/deadline.h"
 
 #define MS 1000LL
 #define S  1000000LL

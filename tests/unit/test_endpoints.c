@@ -11,10 +11,10 @@
 
 #include <cmocka.h>
 
-#include "balance.h"
-#include "outlier.h"
-#include "probe.h"
-#include "resolve.h"
+#include "policy/balance.h"
+#include "policy/outlier.h"
+#include "state/probe.h"
+#include "state/resolve.h"
 
 #define NOW 1000000000LL
 #define S   1000000LL

@@ -15,8 +15,8 @@
 
 #include <event2/buffer.h>
 
-#include "faults.h"
-#include "reconcile.h"
+#include "policy/faults.h"
+#include "obs/reconcile.h"
 
 #define S 1000000LL
 

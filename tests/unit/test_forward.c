@@ -14,8 +14,8 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "forward.h"
-#include "http.h"
+#include "http/forward.h"
+#include "http/http.h"
 
 struct row {
 	const char *why;

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "grpc.h"
+#include "http/grpc.h"
 
 #define MS 1000LL
 #define S  1000000LL

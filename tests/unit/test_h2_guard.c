@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "h2_guard.h"
+#include "client/h2_guard.h"
 
 static size_t frame(uint8_t *b, uint32_t len, uint8_t type, uint8_t flags, uint32_t sid)
 {

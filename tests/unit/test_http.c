@@ -23,7 +23,7 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "http.h"
+#include "http/http.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define TRACE_MAX 4096

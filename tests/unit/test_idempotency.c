@@ -36,15 +36,15 @@
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
-#include "clock.h"
-#include "http.h"
-#include "idem_job.h"
-#include "idempotency.h"
-#include "loop.h"
-#include "respond.h"
-#include "responder.h"
-#include "store.h"
-#include "util.h"
+#include "base/clock.h"
+#include "http/http.h"
+#include "proxy/idem_job.h"
+#include "idempotency/idempotency.h"
+#include "base/loop.h"
+#include "http/respond.h"
+#include "http/responder.h"
+#include "idempotency/store.h"
+#include "base/util.h"
 
 #define MS 1000LL
 #define S  1000000LL

@@ -12,7 +12,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "loop.h"
+#include "base/loop.h"
 
 #ifdef RG_CHECK_MAGIC
 #define KEPT 0          /* the sanitizer build keeps nothing: reuse would hide a use-after-free */

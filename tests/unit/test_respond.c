@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "respond.h"
+#include "http/respond.h"
 
 /* The value of field NAME (exact case), or NULL; *COUNT how many there are. */
 static const char *field(const struct resp_head *h, const char *name, int *count)

@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "grpc.h"
-#include "retry.h"
+#include "http/grpc.h"
+#include "policy/retry.h"
 
 #define MS 1000LL
 #define S  1000000LL

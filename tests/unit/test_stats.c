@@ -14,7 +14,7 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "stats.h"
+#include "obs/stats.h"
 
 static void test_refusal_values_spelled_as_retry_names(void **state)
 {

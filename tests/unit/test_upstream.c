@@ -18,12 +18,12 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 
-#include "budget.h"
-#include "clock.h"
-#include "config.h"
-#include "loop.h"
-#include "pool.h"
-#include "upstream.h"
+#include "policy/budget.h"
+#include "base/clock.h"
+#include "config/config.h"
+#include "base/loop.h"
+#include "upstream/pool.h"
+#include "state/upstream.h"
 
 /* a config with upstream "a" on 127.0.0.1:PORT (none when PORT is 0), and "b" on :9 */
 static struct config *cfg_with(int port, bool with_b)

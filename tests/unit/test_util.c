@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define MS 1000LL
 #define S  1000000LL

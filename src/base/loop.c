@@ -1,0 +1,337 @@
+/*
+ * loop: one worker's event base, DNS base, rng and deferred-free queue (see loop.h).
+ */
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/loop.h"
+#include "base/util.h"
+
+static void dq_cb(evutil_socket_t fd, short what, void *arg)
+{
+	loop_run_deferred(arg);
+}
+
+void loop_run_deferred(struct loop *l)
+{
+	/* frees may queue more frees: the count is re-read every round */
+	for (int i = 0; i < l->ndq; i++)
+		l->dq[i].fn(l->dq[i].p);
+	l->ndq = 0;
+}
+
+void loop_defer_free(struct loop *l, void (*fn)(void *), void *p)
+{
+	if (l->ndq == l->capdq) {
+		l->capdq = l->capdq ? l->capdq * 2 : 64;
+		l->dq = xrealloc(l->dq, sizeof(*l->dq) * (size_t)l->capdq);
+	}
+	l->dq[l->ndq].fn = fn;
+	l->dq[l->ndq].p = p;
+	if (l->ndq++ == 0)
+		event_active(l->dq_ev, EV_TIMEOUT, 0);
+}
+
+/* Free the DROP entries at the cold end of a LIFO list of N (the last ones pushed are taken
+ * first, so the tail is what went longest unused). The new length. */
+static int list_drop(struct loop_free **head, int n, int drop)
+{
+	if (drop <= 0)
+		return n;
+	struct loop_free **cut = head;
+	for (int i = 0; i < n - drop; i++)
+		cut = &(*cut)->next;
+	struct loop_free *f = *cut;
+	*cut = NULL;
+	while (f) {
+		struct loop_free *next = f->next;
+		free(f);
+		f = next;
+	}
+	return n - drop;
+}
+
+void loop_scavenge(struct loop *l)
+{
+	for (int k = 0; k < LOOP_NKINDS; k++)
+		l->ncache[k] = l->lowcache[k] = list_drop(&l->cache[k], l->ncache[k], l->lowcache[k]);
+	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
+		l->nblk[c] = l->lowblk[c] = list_drop(&l->blk[c], l->nblk[c], l->lowblk[c]);
+	/* the buffers are a stack: the bottom ones went longest unused */
+	int drop = l->lowbufs;
+	if (drop > 0) {
+		for (int i = 0; i < drop; i++)
+			evbuffer_free(l->bufs[i]);
+		l->nbufs -= drop;
+		memmove(l->bufs, l->bufs + drop, sizeof(*l->bufs) * (size_t)l->nbufs);
+	}
+	l->lowbufs = l->nbufs;
+}
+
+static void scavenge_cb(evutil_socket_t fd, short what, void *arg)
+{
+	loop_scavenge(arg);
+}
+
+int loop_init(struct loop *l, int id)
+{
+	/* one thread per loop: no locks (cross-thread news comes through the worker's eventfd) */
+	struct event_config *ec = event_config_new();
+	event_config_set_flag(ec, EVENT_BASE_FLAG_NOLOCK);
+	l->base = event_base_new_with_config(ec);
+	event_config_free(ec);
+	if (!l->base)
+		return -1;
+	l->id = id;
+	l->dns = evdns_base_new(l->base, EVDNS_BASE_INITIALIZE_NAMESERVERS | EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	if (!l->dns)
+		l->dns = evdns_base_new(l->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+	/* without a resolv.conf libevent skips /etc/hosts: names must still resolve from it */
+	evdns_base_load_hosts(l->dns, NULL);
+	l->rng = (uint64_t)clock_now_us() * 0x9e3779b97f4a7c15ull + (uint64_t)id + 1;
+	l->dq_ev = event_new(l->base, -1, 0, dq_cb, l);
+	l->scavenge_ev = event_new(l->base, -1, EV_PERSIST, scavenge_cb, l);
+	struct timeval tv = clock_tv(LOOP_SCAVENGE_US);
+	evtimer_add(l->scavenge_ev, &tv);
+	loop_fd_seen(l, 0);             /* the first block now, before any connection */
+	return 0;
+}
+
+static _Thread_local bool quiet;     /* loop_fd_seen provokes libevent warnings on purpose */
+
+static void libevent_log_cb(int severity, const char *msg)
+{
+	if (quiet)
+		return;
+	enum log_level lvl = severity == EVENT_LOG_ERR ? LOG_ERROR
+	                   : severity == EVENT_LOG_WARN ? LOG_WARN
+	                   : severity == EVENT_LOG_MSG ? LOG_INFO : LOG_DEBUG;
+	slog(lvl, 0, "libevent: %s", msg);
+}
+
+void loop_global_init(void)
+{
+	event_set_log_callback(libevent_log_cb);
+}
+
+static void fd_noop_cb(evutil_socket_t fd, short what, void *arg)
+{
+}
+
+/* Adding a read event for a number makes its entry, whether or not the number is open: a free
+ * number fails in epoll_ctl (EBADF, one system call, the warning dropped); one open elsewhere
+ * in the process is added to this base's epoll and removed before the loop runs again; one
+ * this base already watches costs no system call. */
+void loop_fd_seen(struct loop *l, int fd)
+{
+	if (fd < l->fd_room)
+		return;
+	int end = (fd / LOOP_FD_STEP + 1) * LOOP_FD_STEP;
+	struct event *ev = event_new(l->base, -1, 0, fd_noop_cb, NULL);
+	if (!ev)
+		return;
+	quiet = true;
+	for (int n = l->fd_room; n < end; n++) {
+		event_assign(ev, l->base, n, EV_READ, fd_noop_cb, NULL);
+		if (event_add(ev, NULL) == 0)
+			event_del(ev);
+	}
+	quiet = false;
+	event_free(ev);
+	l->fd_room = end;
+}
+
+void loop_free_dns(struct loop *l)
+{
+	loop_run_deferred(l);
+	if (l->dns)
+		evdns_base_free(l->dns, 1);     /* pending lookups are answered "cancelled" */
+	l->dns = NULL;
+	loop_run_deferred(l);
+}
+
+void loop_fini(struct loop *l)
+{
+	loop_run_deferred(l);
+	/* streams free their memory from the loop: let those run */
+	event_base_loop(l->base, EVLOOP_NONBLOCK);
+	loop_run_deferred(l);
+	event_free(l->dq_ev);
+	l->dq_ev = NULL;
+	event_free(l->scavenge_ev);
+	l->scavenge_ev = NULL;
+	/* every entry unused: one more tick frees them all */
+	for (int k = 0; k < LOOP_NKINDS; k++)
+		l->lowcache[k] = l->ncache[k];
+	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
+		l->lowblk[c] = l->nblk[c];
+	l->lowbufs = l->nbufs;
+	loop_scavenge(l);
+	free(l->bufs);
+	l->bufs = NULL;
+	free(l->dq);
+	l->dq = NULL;
+	l->ndq = l->capdq = 0;
+}
+
+void loop_free_base(struct loop *l)
+{
+	if (l->base)
+		event_base_free(l->base);
+	l->base = NULL;
+}
+
+void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size)
+{
+	struct loop_free *f = l->cache[kind];
+	if (!f)
+		return xcalloc(1, size);
+	l->cache[kind] = f->next;
+	if (--l->ncache[kind] < l->lowcache[kind])
+		l->lowcache[kind] = l->ncache[kind];
+	memset(f, 0, size);
+	return f;
+}
+
+/* The sanitizer build (RG_CHECK_MAGIC) keeps nothing: reused memory would hide a
+ * use-after-free from AddressSanitizer. */
+#ifdef RG_CHECK_MAGIC
+#define KEEP_FREED 0
+#else
+#define KEEP_FREED 1
+#endif
+
+void loop_obj_put(struct loop *l, enum loop_kind kind, void *p)
+{
+	if (!KEEP_FREED || l->ncache[kind] >= LOOP_CACHE_MAX) {
+		free(p);
+		return;
+	}
+	struct loop_free *f = p;
+	f->next = l->cache[kind];
+	l->cache[kind] = f;
+	l->ncache[kind]++;
+}
+
+struct evbuffer *loop_buf_get(struct loop *l)
+{
+	if (l->nbufs == 0)
+		return evbuffer_new();
+	if (--l->nbufs < l->lowbufs)
+		l->lowbufs = l->nbufs;
+	return l->bufs[l->nbufs];
+}
+
+void loop_buf_put(struct loop *l, struct evbuffer *b)
+{
+	if (!b)
+		return;
+	if (!KEEP_FREED || l->nbufs >= LOOP_BUF_MAX) {
+		evbuffer_free(b);
+		return;
+	}
+	if (!l->bufs)
+		l->bufs = xcalloc(LOOP_BUF_MAX, sizeof(*l->bufs));
+	size_t left = evbuffer_get_length(b);
+	if (left > 0)       /* most come back empty: no drain call for them */
+		evbuffer_drain(b, left);
+	l->bufs[l->nbufs++] = b;
+}
+
+/* Every block starts with this header (16 bytes, so the payload keeps malloc's alignment): its
+ * class, or BLK_LARGE for a block from malloc of its own size. */
+struct blk_head {
+	uint32_t cls;
+	uint32_t pad[3];
+};
+#define BLK_LARGE 0xffffffffu
+#define BLK_MIN 32
+
+static size_t blk_class_size(uint32_t cls)
+{
+	return (size_t)BLK_MIN << cls;
+}
+
+void *loop_blk_alloc(struct loop *l, size_t n)
+{
+	uint32_t cls = 0;
+	while (cls < LOOP_BLK_CLASSES && blk_class_size(cls) < n)
+		cls++;
+	struct blk_head *h;
+	if (cls == LOOP_BLK_CLASSES) {
+		h = malloc(sizeof(*h) + n);
+		if (!h)
+			return NULL;
+		h->cls = BLK_LARGE;
+		return h + 1;
+	}
+	struct loop_free *f = l->blk[cls];
+	if (f) {
+		l->blk[cls] = f->next;
+		if (--l->nblk[cls] < l->lowblk[cls])
+			l->lowblk[cls] = l->nblk[cls];
+		h = (struct blk_head *)f;
+	} else {
+		h = malloc(sizeof(*h) + blk_class_size(cls));
+		if (!h)
+			return NULL;
+	}
+	h->cls = cls;
+	return h + 1;
+}
+
+void loop_blk_free(struct loop *l, void *p)
+{
+	if (!p)
+		return;
+	struct blk_head *h = (struct blk_head *)p - 1;
+	uint32_t cls = h->cls;
+	if (cls == BLK_LARGE || !KEEP_FREED || l->nblk[cls] >= LOOP_BLK_MAX) {
+		free(h);
+		return;
+	}
+	struct loop_free *f = (struct loop_free *)h;
+	f->next = l->blk[cls];
+	l->blk[cls] = f;
+	l->nblk[cls]++;
+}
+
+void *loop_blk_realloc(struct loop *l, void *p, size_t n)
+{
+	if (!p)
+		return loop_blk_alloc(l, n);
+	struct blk_head *h = (struct blk_head *)p - 1;
+	if (h->cls == BLK_LARGE && n > blk_class_size(LOOP_BLK_CLASSES - 1)) {
+		struct blk_head *g = realloc(h, sizeof(*h) + n);
+		return g ? g + 1 : NULL;
+	}
+	if (h->cls != BLK_LARGE && n <= blk_class_size(h->cls))
+		return p;
+	/* the old size is the class's, or at least what a large block was asked for */
+	size_t old = h->cls == BLK_LARGE ? n : blk_class_size(h->cls);
+	void *q = loop_blk_alloc(l, n);
+	if (!q)
+		return NULL;
+	memcpy(q, p, old < n ? old : n);
+	loop_blk_free(l, p);
+	return q;
+}
+
+void loop_buf_hold(struct evbuffer *dst, struct evbuffer *data)
+{
+	size_t n = evbuffer_get_length(data);
+	if (n >= 1024) {
+		evbuffer_add_buffer(dst, data);
+		return;
+	}
+	evbuffer_add(dst, evbuffer_pullup(data, (ev_ssize_t)n), n);
+	evbuffer_drain(data, n);
+}

@@ -1,0 +1,1064 @@
+/*
+ * h2_session: one HTTP/2 client connection (see h2_session.h): an nghttp2 server session fed
+ * from the stream's input and writing to its output, one exchange per stream, and the HTTP/2
+ * responder those exchanges answer through.
+ *
+ *   H_OPEN --drain--> H_DRAINING (shutdown notice, then the final GOAWAY) --+
+ *     |                    no stream left, or a defence / error / EOF --------+--> H_CLOSING
+ *     +----------------------------------------------------------------------+   (flush) --> H_CLOSED
+ *
+ * Flow control both ways (DESIGN rule 4): request DATA is consumed (WINDOW_UPDATE) only as the
+ * exchange takes it, so a slow upstream stalls its client's stream; response DATA waits in a
+ * per-stream buffer that nghttp2 pulls from as the client's window allows, and the exchange
+ * sees that buffer through queued() and pauses a fast upstream. Everything that runs nghttp2
+ * (recv, send, consume) runs from a clean stack: the read callback, the write callback, or the
+ * send event that responder calls schedule; responder calls only submit and schedule.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <nghttp2/nghttp2.h>
+
+#include "obs/accesslog.h"
+#include "base/clock.h"
+#include "config/config.h"
+#include "proxy/exchange.h"
+#include "http/grpc.h"
+#include "client/h2_guard.h"
+#include "base/h2_mem.h"
+#include "client/h2_session.h"
+#include "client/h2_session_impl.h"
+#include "http/http.h"
+#include "base/log.h"
+#include "base/loop.h"
+#include "http/respond.h"
+#include "http/responder.h"
+#include "obs/stats.h"
+#include "net/stream.h"
+#include "state/upstream.h"
+#include "base/util.h"
+
+static void flush(struct h2_session *s);
+static struct http_hdr *hdr_slot(struct h2_stream *st);
+
+/* The one writer of s's state (DESIGN rule 2). */
+DEFINE_STATE_SETTER(set_state, h2_session, hstate, H_CLOSED)
+
+static const char *const defence_name[] = {
+#define X_NAME(id, value) [id] = value,
+	H2ERR_VALUES(X_NAME)
+#undef X_NAME
+};
+
+/* SPEC §9: counted per event, logged once per connection and kind. */
+static void defence(struct h2_session *s, int kind, const char *detail)
+{
+	STAT_INC(g_gstats[s->loop->id].h2_errors[kind]);
+	if (s->logged & (1u << kind))
+		return;
+	s->logged |= 1u << kind;
+	slog(LOG_INFO, s->id, "http2 %s: %s", defence_name[kind], detail);
+}
+
+void h2s_kick(struct h2_session *s)
+{
+	if (!s->send_pending && s->state != H_CLOSED) {
+		s->send_pending = true;
+		event_active(s->send_ev, EV_TIMEOUT, 0);
+	}
+}
+
+/* ------------------------------------------------------------------ streams */
+
+static void stream_release(struct h2_stream *st)
+{
+	for (int i = 0; i < st->nrc; i++)
+		nghttp2_rcbuf_decref(st->rc[i]);
+	st->nrc = st->caprc = st->cap = 0;
+	if (st->rc != st->rc_in)
+		free(st->rc);
+	st->rc = NULL;
+	if (st->hdrs != st->hdrs_in)
+		free(st->hdrs);
+	st->hdrs = NULL;
+	st->head.hdrs = NULL;
+	st->head.nhdrs = 0;
+}
+
+static void stream_free_cb(void *p)
+{
+	struct h2_stream *st = p;
+	st->magic = 0;
+	loop_obj_put(st->loop, LOOP_H2_STREAM, st);
+}
+
+/* The stream is gone (closed by nghttp2, or the connection closes): its exchange, if still
+ * running, is cancelled (SPEC §3: the attempt's connection closed, its slot released). */
+static void stream_destroy(struct h2_stream *st)
+{
+	struct h2_session *s = st->s;
+	if (st->ex) {
+		exchange_free(st->ex);
+		st->ex = NULL;
+	}
+	if (s->last == st)
+		s->last = NULL;
+	if (st->rst_after)
+		s->nrst_after--;
+	s->resp_pending -= evbuffer_get_length(st->resp);
+	TAILQ_REMOVE(&s->streams, st, link);
+	s->nstreams--;
+	stream_release(st);
+	free(st->cookie);
+	loop_blk_free(s->loop, st->head_blk);
+	loop_blk_free(s->loop, st->trailers);
+	st->head_blk = NULL;
+	st->trailers = NULL;
+	loop_buf_put(s->loop, st->req_in);
+	loop_buf_put(s->loop, st->resp);
+	loop_buf_put(s->loop, st->req_trailers);
+	st->req_in = st->resp = NULL;
+	loop_defer_free(s->loop, stream_free_cb, st);
+}
+
+/* The stream of ID. nghttp2's callbacks come a stream at a time (a head's fields, then its
+ * frame; a response's frames), so the last one found is kept: a map lookup less for each
+ * field of each request. stream_destroy forgets it. */
+static struct h2_stream *stream_of(struct h2_session *s, int32_t id)
+{
+	struct h2_stream *st = s->last;
+	if (st && st->id == id)
+		return st;
+	st = nghttp2_session_get_stream_user_data(s->ng, id);
+	if (st) {
+		MAGIC_CHECK(st, H2ST_MAGIC);
+		s->last = st;
+	}
+	return st;
+}
+
+/* ------------------------------------------------------------------ requests */
+
+static bool refresh_config(struct h2_session *s)
+{
+	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
+	if (rt == s->rt)
+		return s->lcfg != NULL;
+	struct cfg_listener *l = config_listener(rt->cfg, s->lname);
+	if (!l)
+		return false;
+	runtime_unref(s->rt);
+	s->rt = runtime_ref(rt);
+	s->lcfg = l;
+	return true;
+}
+
+/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits). */
+static void stream_refuse(struct h2_stream *st, int status, const char *reason)
+{
+	struct h2_session *s = st->s;
+	slog(LOG_INFO, s->id, "stream %d refused %d %s", st->id, status, reason);
+	char reqid[33];
+	struct access_rec r;
+	request_id_new(reqid, &s->loop->rng);
+	access_begin(&r, s->id, s->peer_ip, NULL, reqid);
+	r.status = status;
+	r.reason = reason;
+	accesslog_write(&r);
+	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
+	struct made_response m;
+	if (st->grpc)
+		respond_grpc_error(&m, reason, "", 0, NULL);    /* SPEC §10 */
+	else
+		respond_error(&m, status, reason, "", 0, NULL, NULL, true);
+	struct responder rsp = h2_responder;
+	rsp.arg = st;
+	respond_send(&rsp, &m.head, m.body, m.body_len);
+	h2s_rsp_end(st, true, true);
+}
+
+static void stream_malformed(struct h2_stream *st, const char *why)
+{
+	slog(LOG_DEBUG, st->s->id, "stream %d malformed: %s", st->id, why);
+	st->ex_done = true;
+	nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+}
+
+static int64_t parse_length(const char *v, size_t n)
+{
+	int64_t x = 0;
+	if (n == 0 || n > 18)
+		return -2;
+	for (size_t i = 0; i < n; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return -2;
+		x = x * 10 + (v[i] - '0');
+	}
+	return x;
+}
+
+/* The head is complete: check what nghttp2 leaves to us, build the http_head, start. */
+static void stream_start(struct h2_stream *st)
+{
+	struct h2_session *s = st->s;
+	struct http_head *h = &st->head;
+	st->head_done = true;
+	if (st->refused) {
+		st->ex_done = true;
+		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
+		return;
+	}
+	if (!st->malformed && st->authority && st->hosthdr &&
+	    !str_ieq(st->authority, st->alen, st->hosthdr, st->hlen)) {
+		st->malformed = true;
+	}
+	if (st->malformed) {
+		stream_malformed(st, ":authority and host differ, or a repeated host");
+		return;
+	}
+	if (st->cookie) {
+		if (st->refuse_status == 0 && h->nhdrs < HTTP_MAX_HEADERS) {
+			*hdr_slot(st) = (struct http_hdr){ .name = "cookie", .nlen = 6, .value = st->cookie,
+			                        .vlen = (uint32_t)st->cookie_len };
+		}
+	}
+	if (st->refuse_status) {
+		stream_refuse(st, st->refuse_status, st->refuse_reason);
+		return;
+	}
+	int mc = http_method_class(h->method, strlen(h->method));
+	if (mc != METH_OK) {
+		stream_refuse(st, 501, "not-implemented");
+		return;
+	}
+	if (st->authority) {
+		h->host = st->authority;
+		h->host_len = st->alen;
+	} else if (st->hosthdr) {
+		h->host = st->hosthdr;
+		h->host_len = st->hlen;
+	}
+	h->target = h->path;
+	h->target_len = h->path_len;
+	h->version = 20;
+	h->keep_alive = true;
+	h->method_head = strcmp(h->method, "HEAD") == 0;
+	h->chunked = !st->req_end && h->content_length < 0;
+	h->hdrs = st->hdrs;
+	if (!refresh_config(s)) {
+		stream_refuse(st, 404, "no-route");
+		return;
+	}
+	struct client_info ci = { .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls };
+	struct responder rsp = h2_responder;
+	rsp.arg = st;
+	st->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, &rsp);
+	exchange_start(st->ex);
+}
+
+/* The kept request trailers go to the exchange (before its body ends). */
+static void deliver_request_trailers(struct h2_stream *st)
+{
+	const char *p = (const char *)evbuffer_pullup(st->req_trailers, -1);
+	struct http_hdr t[HTTP_MAX_HEADERS];
+	int n = 0;
+	for (; n < st->nreq_trailers; n++) {
+		uint32_t lens[2];
+		memcpy(lens, p, sizeof(lens));
+		p += sizeof(lens);
+		t[n] = (struct http_hdr){ .name = p, .nlen = lens[0], .value = p + lens[0],
+		                          .vlen = lens[1] };
+		p += lens[0] + lens[1];
+	}
+	exchange_trailers(st->ex, t, n);
+}
+
+/* Request DATA received and not yet taken. The buffer is got with the first DATA: most
+ * requests (GET) have none, and flush asks this of every stream each round. */
+static size_t req_pending(const struct h2_stream *st)
+{
+	return st->req_in ? evbuffer_get_length(st->req_in) : 0;
+}
+
+/* Request body bytes go to the exchange as it takes them, and only then are consumed
+ * (WINDOW_UPDATE): a stalled upstream stalls this stream, nothing else. */
+static void stream_pump(struct h2_session *s, struct h2_stream *st)
+{
+	while (st->ex && !st->ex_done && req_pending(st) > 0) {
+		size_t room = exchange_body_room(st->ex);
+		if (room == 0)
+			return;
+		size_t have = evbuffer_get_length(st->req_in);
+		size_t n = room < have ? room : have;
+		evbuffer_remove_buffer(st->req_in, s->tmp, n);
+		exchange_body(st->ex, s->tmp);
+		evbuffer_drain(s->tmp, evbuffer_get_length(s->tmp));
+		nghttp2_session_consume(s->ng, st->id, n);
+	}
+	size_t left = req_pending(st);
+	if (left > 0 && (st->ex_done || !st->ex)) {
+		evbuffer_drain(st->req_in, left);    /* nobody reads it: discard, keep the window */
+		nghttp2_session_consume(s->ng, st->id, left);
+		left = 0;
+	}
+	if (st->req_end && left == 0 && !st->body_end_sent && st->ex && !st->ex_done) {
+		st->body_end_sent = true;
+		if (st->nreq_trailers > 0)
+			deliver_request_trailers(st);
+		if (!st->ex_done)
+			exchange_body_end(st->ex);
+	}
+}
+
+/* ------------------------------------------------------------------ nghttp2 callbacks */
+
+/* nghttp2 makes a stream beyond the SETTINGS_MAX_CONCURRENT_STREAMS it sent a connection
+ * error; SPEC §9 wants REFUSED_STREAM. So nghttp2 is told a limit it never reaches and the
+ * first SETTINGS frame is rewritten on its way out to advertise ours (begin_headers_cb
+ * refuses the streams beyond it). */
+#define NG_STREAM_LIMIT 0x7fffffffu
+
+static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
+{
+	s->settings_sent = true;
+	if (len < 9 || f[3] != NGHTTP2_SETTINGS || (f[4] & NGHTTP2_FLAG_ACK))
+		return;
+	size_t plen = ((size_t)f[0] << 16) | ((size_t)f[1] << 8) | f[2];
+	uint32_t max = (uint32_t)s->lcfg->limits.max_concurrent_streams;
+	for (size_t i = 9; i + 6 <= 9 + plen && i + 6 <= len; i += 6) {
+		if (f[i] == 0 && f[i + 1] == NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) {
+			f[i + 2] = (uint8_t)(max >> 24);
+			f[i + 3] = (uint8_t)(max >> 16);
+			f[i + 4] = (uint8_t)(max >> 8);
+			f[i + 5] = (uint8_t)max;
+		}
+	}
+}
+
+/* The frames gathered so far go to the output, in order. */
+static void stage_flush(struct h2_session *s)
+{
+	if (s->staged > 0 && s->bev) {
+		evbuffer_add(stream_output(s->bev), s->stage, s->staged);
+		s->staged = 0;
+	}
+}
+
+/* nghttp2_session_send with its frames gathered on the stack and appended once: an append
+ * costs more than the copy (the output's callback, a chain per small piece when it waits),
+ * and a round sends a few frames per stream. Small DATA joins the stage; larger DATA flushes
+ * it first (the order holds) and moves its chains. */
+#define STAGE_BYTES 8192
+#define STAGE_SMALL_DATA 1024           /* DATA up to this is copied into the stage too */
+static int session_send(struct h2_session *s)
+{
+	uint8_t buf[STAGE_BYTES];
+	s->stage = buf;
+	s->staged = 0;
+	s->stagecap = sizeof(buf);
+	int rv = nghttp2_session_send(s->ng);
+	stage_flush(s);
+	s->stage = NULL;
+	s->stagecap = 0;
+	return rv;
+}
+
+static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int flags,
+                       void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct evbuffer *out = stream_output(s->bev);
+	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
+		return NGHTTP2_ERR_WOULDBLOCK;
+	if (s->stage && s->settings_sent) {
+		if (s->staged + len > s->stagecap)
+			stage_flush(s);
+		if (len <= s->stagecap) {
+			memcpy(s->stage + s->staged, data, len);
+			s->staged += len;
+			return (ssize_t)len;
+		}
+	}
+	stage_flush(s);
+	if (!s->settings_sent) {
+		struct evbuffer_iovec v;
+		if (evbuffer_reserve_space(out, (ev_ssize_t)len, &v, 1) < 1)
+			return NGHTTP2_ERR_CALLBACK_FAILURE;
+		memcpy(v.iov_base, data, len);
+		advertise_limit(s, v.iov_base, len);
+		v.iov_len = len;
+		evbuffer_commit_space(out, &v, 1);
+		return (ssize_t)len;
+	}
+	evbuffer_add(out, data, len);
+	return (ssize_t)len;
+}
+
+ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                            uint32_t *flags, nghttp2_data_source *src, void *arg)
+{
+	struct h2_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	if (st->cut)
+		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
+	size_t have = evbuffer_get_length(st->resp);
+	size_t n = have < length ? have : length;
+	if (n == 0 && !st->resp_eof) {
+		st->deferred = true;
+		return NGHTTP2_ERR_DEFERRED;
+	}
+	*flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+	if (st->resp_eof && n == have) {
+		*flags |= NGHTTP2_DATA_FLAG_EOF;
+		if (st->ntrailers > 0) {
+			*flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+			nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
+		}
+	}
+	return (ssize_t)n;
+}
+
+static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
+                        size_t length, nghttp2_data_source *src, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct h2_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct evbuffer *out = stream_output(s->bev);
+	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
+		return NGHTTP2_ERR_WOULDBLOCK;
+	if (s->stage && length <= STAGE_SMALL_DATA) {
+		/* a small frame is copied into the stage with the frames around it */
+		if (s->staged + 9 + length > s->stagecap)
+			stage_flush(s);
+		memcpy(s->stage + s->staged, framehd, 9);
+		if (length > 0)
+			evbuffer_remove(st->resp, s->stage + s->staged + 9, length);
+		s->staged += 9 + length;
+	} else {
+		/* a large one moves its chains: no copy */
+		stage_flush(s);
+		evbuffer_add(out, framehd, 9);
+		evbuffer_remove_buffer(st->resp, out, length);
+	}
+	s->resp_pending -= length;
+	if (length > 0)
+		s->last_progress_us = clock_now_us();
+	if (st->was_high && evbuffer_get_length(st->resp) < RESP_LOW) {
+		st->was_high = false;
+		st->drained = true;
+	}
+	return 0;
+}
+
+static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+		return 0;
+	struct h2_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
+	st->magic = H2ST_MAGIC;
+	st->loop = s->loop;
+	st->s = s;
+	st->id = frame->hd.stream_id;
+	st->head.content_length = -1;
+	st->resp = loop_buf_get(s->loop);     /* req_in: with the first DATA */
+	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
+	TAILQ_INSERT_TAIL(&s->streams, st, link);
+	s->nstreams++;
+	nghttp2_session_set_stream_user_data(ng, st->id, st);
+	s->last = st;       /* its fields come next */
+	return 0;
+}
+
+static int refuse_rank(int status)
+{
+	return status == 414 ? 3 : status == 431 ? 2 : status ? 1 : 0;
+}
+
+/* Precedence (SPEC §5): 414 (checked before the head size), then 431, then 501. */
+static void refuse_head(struct h2_stream *st, int status, const char *reason)
+{
+	if (refuse_rank(status) > refuse_rank(st->refuse_status)) {
+		st->refuse_status = status;
+		st->refuse_reason = reason;
+	}
+	if (status == 431 && !st->oversize) {
+		st->oversize = true;
+		stream_release(st);     /* keep nothing more of an oversized head */
+	}
+}
+
+/* Room for one more field in the head: the stream's own array first, then the heap. */
+static struct http_hdr *hdr_slot(struct h2_stream *st)
+{
+	if (st->cap == 0) {
+		st->hdrs = st->hdrs_in;
+		st->cap = HDRS_INLINE;
+	}
+	if (st->head.nhdrs + 1 >= st->cap) {
+		int cap = 2 * st->cap;
+		struct http_hdr *h = xmalloc((size_t)cap * sizeof(*h));
+		memcpy(h, st->hdrs, (size_t)st->head.nhdrs * sizeof(*h));
+		if (st->hdrs != st->hdrs_in)
+			free(st->hdrs);
+		st->hdrs = h;
+		st->cap = cap;
+	}
+	return &st->hdrs[st->head.nhdrs++];
+}
+
+static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
+{
+	if (st->caprc == 0) {
+		st->rc = st->rc_in;
+		st->caprc = RC_INLINE;
+	}
+	if (st->nrc + 2 > st->caprc) {
+		int cap = 2 * st->caprc;
+		nghttp2_rcbuf **r = xmalloc((size_t)cap * sizeof(*r));
+		memcpy(r, st->rc, (size_t)st->nrc * sizeof(*r));
+		if (st->rc != st->rc_in)
+			free(st->rc);
+		st->rc = r;
+		st->caprc = cap;
+	}
+	nghttp2_rcbuf_incref(a);
+	nghttp2_rcbuf_incref(b);
+	st->rc[st->nrc++] = a;
+	st->rc[st->nrc++] = b;
+}
+
+/* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
+ * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
+ * upstream; past that the rest is dropped. */
+static void keep_request_trailer(struct h2_session *s, struct h2_stream *st, nghttp2_rcbuf *name,
+                                 nghttp2_rcbuf *value)
+{
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	st->req_trailer_bytes += nv.len + vv.len + 32;
+	if (st->req_trailer_bytes > (size_t)s->lcfg->limits.max_header_bytes ||
+	    st->nreq_trailers >= HTTP_MAX_HEADERS)
+		return;
+	if (!st->req_trailers)
+		st->req_trailers = loop_buf_get(s->loop);
+	uint32_t lens[2] = { (uint32_t)nv.len, (uint32_t)vv.len };
+	evbuffer_add(st->req_trailers, lens, sizeof(lens));
+	evbuffer_add(st->req_trailers, nv.base, nv.len);
+	evbuffer_add(st->req_trailers, vv.base, vv.len);
+	st->nreq_trailers++;
+}
+
+static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rcbuf *name,
+                     nghttp2_rcbuf *value, uint8_t flags, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct h2_stream *st = stream_of(s, frame->hd.stream_id);
+	if (!st || st->malformed || st->refused)
+		return 0;
+	if (st->head_done) {
+		keep_request_trailer(s, st, name, value);
+		return 0;
+	}
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
+	size_t nl = nv.len, vl = vv.len;
+	st->list_bytes += nl + vl + 32;
+	if (st->list_bytes > (size_t)s->lcfg->limits.max_header_bytes)
+		refuse_head(st, 431, "headers-too-large");
+	if (nl > 0 && n[0] == ':') {
+		if (nl == 7 && memcmp(n, ":method", 7) == 0) {
+			if (vl >= sizeof(st->head.method)) {
+				refuse_head(st, 501, "not-implemented");
+				return 0;
+			}
+			memcpy(st->head.method, v, vl);
+			st->head.method[vl] = 0;
+			if (strcmp(st->head.method, "CONNECT") == 0)
+				refuse_head(st, 501, "not-implemented");
+		} else if (nl == 5 && memcmp(n, ":path", 5) == 0) {
+			if (vl > (size_t)s->lcfg->limits.max_uri_bytes) {
+				refuse_head(st, 414, "uri-too-long");
+				return 0;
+			}
+			if (st->oversize)
+				return 0;
+			keep(st, name, value);
+			st->head.path = v;
+			st->head.path_len = vl;
+		} else if (nl == 10 && memcmp(n, ":authority", 10) == 0 && !st->oversize) {
+			keep(st, name, value);
+			st->authority = v;
+			st->alen = vl;
+		}
+		return 0;
+	}
+	if (nl == 4 && memcmp(n, "host", 4) == 0) {
+		if (st->hosthdr) {
+			st->malformed = true;
+			return 0;
+		}
+		if (!st->oversize) {
+			keep(st, name, value);
+			st->hosthdr = v;
+			st->hlen = vl;
+		}
+		return 0;
+	}
+	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
+		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
+	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
+		int64_t cl = parse_length(v, vl);
+		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))
+			st->malformed = true;
+		st->head.content_length = cl;
+	}
+	if (st->oversize)
+		return 0;
+	if (nl == 6 && memcmp(n, "cookie", 6) == 0) {
+		st->cookie = xrealloc(st->cookie, st->cookie_len + 2 + vl + 1);
+		if (st->cookie_len > 0) {
+			memcpy(st->cookie + st->cookie_len, "; ", 2);
+			st->cookie_len += 2;
+		}
+		memcpy(st->cookie + st->cookie_len, v, vl);
+		st->cookie_len += vl;
+		return 0;
+	}
+	if (st->head.nhdrs >= HTTP_MAX_HEADERS) {
+		refuse_head(st, 431, "headers-too-large");
+		return 0;
+	}
+	keep(st, name, value);
+	*hdr_slot(st) = (struct http_hdr){
+		.name = n, .nlen = (uint32_t)nl, .value = v, .vlen = (uint32_t)vl,
+		.hop = h2s_connection_field(n, nl),
+	};
+	return 0;
+}
+
+/* nghttp2 drops a field whose name has bytes outside a token; SPEC §9 resets the stream. */
+static int invalid_header_cb(nghttp2_session *ng, const nghttp2_frame *frame,
+                             nghttp2_rcbuf *name, nghttp2_rcbuf *value, uint8_t flags, void *arg)
+{
+	MAGIC_CHECK((struct h2_session *)arg, H2S_MAGIC);
+	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  /* RST_STREAM PROTOCOL_ERROR */
+}
+
+static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct h2_stream *st = frame->hd.stream_id ? stream_of(s, frame->hd.stream_id) : NULL;
+	if (!st)
+		return 0;
+	switch (frame->hd.type) {
+	case NGHTTP2_HEADERS:
+		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+			st->req_end = true;
+		if (!st->head_done)
+			stream_start(st);
+		break;
+	case NGHTTP2_DATA:
+		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+			st->req_end = true;
+		break;
+	case NGHTTP2_RST_STREAM:
+		st->client_reset = true;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
+                         size_t len, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct h2_stream *st = stream_of(s, id);
+	if (!st || st->ex_done || !st->ex) {
+		nghttp2_session_consume(ng, id, len);
+		return 0;
+	}
+	if (!st->req_in)
+		st->req_in = loop_buf_get(s->loop);
+	evbuffer_add(st->req_in, data, len);
+	return 0;
+}
+
+static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	if (frame->hd.type == NGHTTP2_RST_STREAM) {
+		if (frame->rst_stream.error_code == NGHTTP2_REFUSED_STREAM)
+			defence(s, H2E_REFUSED, "stream beyond max_concurrent_streams refused");
+		else if (frame->rst_stream.error_code == NGHTTP2_PROTOCOL_ERROR)
+			defence(s, H2E_MALFORMED, "malformed request: stream reset");
+		return 0;
+	}
+	/* nrst_after: no stream lookup for the last frame of every response when none waits */
+	if (s->nrst_after > 0 &&
+	    (frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
+	    (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+		struct h2_stream *st = stream_of(s, frame->hd.stream_id);
+		if (st && st->rst_after && !st->req_end)
+			nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+	}
+	return 0;
+}
+
+static void terminate(struct h2_session *s, uint32_t code)
+{
+	nghttp2_session_terminate_session(s->ng, code);
+	if (s->state == H_OPEN || s->state == H_DRAINING)
+		set_state(s, H_CLOSING);
+}
+
+/* Never a fatal error from here (issue 12): the stream is gone, the connection goes on. */
+static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct h2_stream *st = stream_of(s, id);
+	if (!st)
+		return 0;
+	nghttp2_session_set_stream_user_data(ng, id, NULL);
+	size_t left = req_pending(st);
+	if (left > 0)
+		nghttp2_session_consume_connection(ng, left);
+	bool early = st->client_reset && !st->head_sent;
+	stream_destroy(st);
+	if (h2_guard_stream_closed(&s->guard, early) && s->state < H_CLOSING) {
+		defence(s, H2E_RAPID_RESET, "most streams reset by the client before a response");
+		terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ connection */
+
+static void session_free_cb(void *p)
+{
+	struct h2_session *s = p;
+	s->magic = 0;
+	free(s->lname);
+	free(s->nv);
+	free(s->names);
+	free(s);
+}
+
+void h2_session_close(struct h2_session *s, const char *why)
+{
+	if (s->state == H_CLOSED)
+		return;
+	set_state(s, H_CLOSED);
+	slog(LOG_DEBUG, s->id, "close: %s", why);
+	struct h2_stream *st;
+	while ((st = TAILQ_FIRST(&s->streams))) {
+		nghttp2_session_set_stream_user_data(s->ng, st->id, NULL);
+		stream_destroy(st);     /* cancels its exchange */
+	}
+	nghttp2_session_del(s->ng);     /* after the rcbufs went back: they use its allocator */
+	s->ng = NULL;
+	stream_free(s->bev);
+	s->bev = NULL;
+	event_free(s->send_ev);
+	event_free(s->idle_ev);
+	event_free(s->hdr_ev);
+	event_free(s->stall_ev);
+	evbuffer_free(s->tmp);
+	runtime_unref(s->rt);
+	s->rt = NULL;
+	loop_defer_free(s->loop, session_free_cb, s);
+	s->own.on_closed(s->own.closed_arg);
+}
+
+static void arm(struct event *ev, int64_t us)
+{
+	struct timeval tv = clock_tv(us > 0 ? us : 0);
+	evtimer_add(ev, &tv);
+}
+
+/* Timers follow the state after every round: idle (no stream open), header block open,
+ * response bytes waiting (stall). */
+static void timers(struct h2_session *s)
+{
+	const struct cfg_limits *lim = &s->lcfg->limits;
+	if (s->nstreams == 0) {
+		if (!evtimer_pending(s->idle_ev, NULL))
+			arm(s->idle_ev, lim->idle_timeout_us);
+	} else {
+		evtimer_del(s->idle_ev);
+	}
+	int64_t since;
+	if (h2_guard_block_open(&s->guard, &since)) {
+		if (!evtimer_pending(s->hdr_ev, NULL))
+			arm(s->hdr_ev, since + lim->header_timeout_us - clock_now_us());
+	} else {
+		evtimer_del(s->hdr_ev);
+	}
+	if (s->resp_pending > 0 && !evtimer_pending(s->stall_ev, NULL))
+		arm(s->stall_ev, lim->idle_timeout_us);
+}
+
+/* One round: request bodies to their exchanges, frames out, timers, the end. */
+static void flush(struct h2_session *s)
+{
+	struct h2_stream *st, *next;
+	if (s->state == H_CLOSED)
+		return;
+	for (st = TAILQ_FIRST(&s->streams); st && s->state < H_CLOSING; st = next) {
+		next = TAILQ_NEXT(st, link);
+		stream_pump(s, st);
+	}
+	int rv = session_send(s);
+	if (rv != 0) {
+		slog(LOG_INFO, s->id, "http2: %s", nghttp2_strerror(rv));
+		h2_session_close(s, "nghttp2 send error");
+		return;
+	}
+	TAILQ_FOREACH(st, &s->streams, link) {
+		if (st->drained) {
+			st->drained = false;
+			if (st->ex && !st->ex_done)
+				exchange_client_drained(st->ex);
+		}
+	}
+	if (s->state == H_DRAINING && s->goaway_final && s->nstreams == 0)
+		set_state(s, H_CLOSING);
+	if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
+	    s->state < H_CLOSING)
+		set_state(s, H_CLOSING);
+	if (s->state == H_CLOSING) {
+		/* the GOAWAY (if any) is in the output: close once it left */
+		stream_disable(s->bev, EV_READ);
+		if (evbuffer_get_length(stream_output(s->bev)) == 0)
+			h2_session_close(s, "done");
+		return;
+	}
+	timers(s);
+}
+
+static void send_ev_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	s->send_pending = false;
+	flush(s);
+}
+
+static void read_cb(struct stream *bev, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	struct evbuffer *in = stream_input(bev);
+	while (s->state < H_CLOSING && evbuffer_get_length(in) > 0) {
+		struct evbuffer_iovec v;
+		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+			break;
+		if (v.iov_len > RECV_SLICE)
+			v.iov_len = RECV_SLICE;
+		enum h2g_verdict g = h2_guard_feed(&s->guard, v.iov_base, v.iov_len, clock_now_us());
+		if (g != H2G_OK) {
+			if (g == H2G_FLOOD)
+				defence(s, H2E_FLOOD, "control or empty DATA frames over the limit in 10 s");
+			else
+				defence(s, H2E_HEADER_BLOCK, "header block over twice max_header_bytes");
+			terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			break;
+		}
+		ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
+		if (n < 0) {
+			if (n == NGHTTP2_ERR_FLOODED) {
+				/* replies the client does not read piled up past nghttp2's bound */
+				defence(s, H2E_FLOOD, "nghttp2: flooding detected");
+				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			} else if (n == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) {
+				/* nghttp2's own CONTINUATION count (CVE-2024-28182) can stop a
+				 * block of many small frames before the guard's byte count does,
+				 * when they arrive one read at a time: the same defence (SPEC §9) */
+				defence(s, H2E_HEADER_BLOCK, "header block: too many CONTINUATION frames");
+				terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			} else {
+				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));
+			}
+			if (s->state < H_CLOSING)
+				set_state(s, H_CLOSING);
+			break;
+		}
+		evbuffer_drain(in, (size_t)n);
+		/* replies (SETTINGS and PING ACKs) leave as they are due, before more is read:
+		 * nghttp2 bounds how many may wait */
+		if (session_send(s) != 0) {
+			set_state(s, H_CLOSING);
+			break;
+		}
+	}
+	if (s->state >= H_CLOSING)
+		evbuffer_drain(in, evbuffer_get_length(in));
+	flush(s);
+}
+
+static void write_cb(struct stream *bev, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	flush(s);
+}
+
+static void event_cb(struct stream *bev, short what, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	if (what & BEV_EVENT_CONNECTED)
+		return;
+	if (what & BEV_EVENT_TIMEOUT) {
+		defence(s, H2E_STALLED, "client stopped reading");
+		h2_session_close(s, "write timeout");
+		return;
+	}
+	h2_session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
+}
+
+/* A connection defence met: count it, GOAWAY with CODE, close once that left. */
+static void defend_and_end(struct h2_session *s, int kind, const char *detail, uint32_t code)
+{
+	defence(s, kind, detail);
+	terminate(s, code);
+	flush(s);
+}
+
+static void idle_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	if (s->nstreams == 0 && s->state < H_CLOSING)
+		defend_and_end(s, H2E_IDLE, "no stream for idle_timeout", NGHTTP2_NO_ERROR);
+}
+
+static void hdr_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	if (s->state < H_CLOSING && h2_guard_block_open(&s->guard, NULL))
+		defend_and_end(s, H2E_HEADER_BLOCK, "header block not complete within header_timeout",
+		               NGHTTP2_ENHANCE_YOUR_CALM);
+}
+
+/* SPEC §9: a client that keeps its window shut is closed after idle_timeout with no DATA
+ * byte written. */
+static void stall_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2S_MAGIC);
+	if (s->state == H_CLOSED || s->resp_pending == 0)
+		return;
+	int64_t idle = s->lcfg->limits.idle_timeout_us, now = clock_now_us();
+	if (now - s->last_progress_us < idle) {
+		arm(s->stall_ev, s->last_progress_us + idle - now);
+		return;
+	}
+	defence(s, H2E_STALLED, "no window for idle_timeout");
+	h2_session_close(s, "stalled");
+}
+
+struct h2_session *h2_session_new(struct loop *loop, const struct session_owner *own,
+                                  const struct h2_handoff *h)
+{
+	struct h2_session *s = xcalloc(1, sizeof(*s));
+	s->magic = H2S_MAGIC;
+	s->loop = loop;
+	s->own = *own;
+	s->lname = xstrdup(h->lname);
+	s->id = h->sid;
+	s->tls = h->tls;
+	s->bev = h->bev;
+	snprintf(s->peer_ip, sizeof(s->peer_ip), "%s", h->peer_ip);
+	TAILQ_INIT(&s->streams);
+	s->rt = runtime_ref(own->runtime(own->runtime_arg));
+	s->lcfg = config_listener(s->rt->cfg, s->lname);
+	s->send_ev = event_new(loop->base, -1, 0, send_ev_cb, s);
+	s->idle_ev = evtimer_new(loop->base, idle_cb, s);
+	s->hdr_ev = evtimer_new(loop->base, hdr_cb, s);
+	s->stall_ev = evtimer_new(loop->base, stall_cb, s);
+	s->tmp = evbuffer_new();
+	set_state(s, H_OPEN);
+	if (!s->lcfg) {
+		h2_session_close(s, "listener no longer configured");
+		return NULL;
+	}
+	const struct cfg_limits *lim = &s->lcfg->limits;
+	h2_guard_init(&s->guard, (size_t)lim->max_header_bytes);
+
+	nghttp2_session_callbacks *cbs;
+	nghttp2_session_callbacks_new(&cbs);
+	nghttp2_session_callbacks_set_send_callback(cbs, send_cb);
+	nghttp2_session_callbacks_set_send_data_callback(cbs, send_data_cb);
+	nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, begin_headers_cb);
+	nghttp2_session_callbacks_set_on_header_callback2(cbs, header_cb);
+	nghttp2_session_callbacks_set_on_invalid_header_callback2(cbs, invalid_header_cb);
+	nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, frame_recv_cb);
+	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, data_chunk_cb);
+	nghttp2_session_callbacks_set_on_frame_send_callback(cbs, frame_send_cb);
+	nghttp2_session_callbacks_set_on_stream_close_callback(cbs, stream_close_cb);
+	nghttp2_option *opt;
+	nghttp2_option_new(&opt);
+	nghttp2_option_set_no_auto_window_update(opt, 1);
+	nghttp2_option_set_no_closed_streams(opt, 1);
+	nghttp2_mem mem = h2_mem(loop);
+	nghttp2_session_server_new3(&s->ng, cbs, s, opt, &mem);
+	nghttp2_option_del(opt);
+	nghttp2_session_callbacks_del(cbs);
+
+	nghttp2_settings_entry iv[] = {
+		{ NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, NG_STREAM_LIMIT },  /* see send_cb */
+		{ NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW },
+		{ NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, (uint32_t)lim->max_header_bytes },
+		{ NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1 },
+	};
+	nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]));
+	nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
+
+	stream_setcb(s->bev, read_cb, write_cb, event_cb, s);
+	stream_setwatermark(s->bev, EV_READ, 0, 256 * 1024);
+	stream_setwatermark(s->bev, EV_WRITE, OUT_LOW, 0);
+	stream_set_write_timeout(s->bev, lim->idle_timeout_us);
+	stream_enable(s->bev, EV_READ | EV_WRITE);
+	/* the preface (and more) may already be in the input: read it from the loop */
+	stream_trigger_read(s->bev);
+	h2s_kick(s);
+	return s;
+}
+
+void h2_session_drain(struct h2_session *s, bool close_idle)
+{
+	if (s->state >= H_CLOSING)
+		return;
+	int64_t now = clock_now_us();
+	if (!s->notice_sent) {
+		s->notice_sent = true;
+		s->notice_us = now;
+		set_state(s, H_DRAINING);
+		nghttp2_submit_shutdown_notice(s->ng);
+	}
+	if (!s->goaway_final && (close_idle || now - s->notice_us >= NOTICE_RTT_US)) {
+		/* the last-stream-id covers every stream this connection will serve */
+		s->goaway_final = true;
+		nghttp2_submit_goaway(s->ng, NGHTTP2_FLAG_NONE,
+		                      nghttp2_session_get_last_proc_stream_id(s->ng), NGHTTP2_NO_ERROR,
+		                      NULL, 0);
+	}
+	h2s_kick(s);
+}

@@ -1,0 +1,140 @@
+/*
+ * h2_session_impl: what the two files of the HTTP/2 client codec share, and nobody else: the
+ * connection and stream objects and the calls between them. h2_session.c runs the connection
+ * (nghttp2 callbacks, request intake, defences, timers, drain); h2_responder.c is the responder
+ * its exchanges answer through (response heads, DATA, trailers, the end of a stream).
+ */
+#ifndef RG_H2_SESSION_IMPL_H
+#define RG_H2_SESSION_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/types.h>
+
+#include <nghttp2/nghttp2.h>
+
+#include "client/h2_guard.h"
+#include "http/http.h"
+#include "http/responder.h"
+#include "client/session.h"
+
+struct cfg_listener;
+struct event;
+struct evbuffer;
+struct exchange;
+struct loop;
+struct runtime;
+struct stream;
+
+#define H2S_MAGIC 0x4832a55au
+#define H2ST_MAGIC 0x4832a57bu
+#define STREAM_WINDOW (64 * 1024)       /* request body a stream may send ahead of the exchange */
+#define CONN_WINDOW (1024 * 1024)       /* ... and all streams of a connection together */
+#define OUT_HIGH (128 * 1024)           /* connection output: pack no more frames above this */
+#define OUT_LOW (32 * 1024)
+#define RESP_LOW (64 * 1024)            /* a stream's pending response: tell the exchange below */
+#define NOTICE_RTT_US (100 * 1000)      /* shutdown notice to final GOAWAY, at least */
+#define RECV_SLICE 4096                 /* input handed to nghttp2 between two sends */
+#define HDRS_INLINE 16                  /* request fields kept in the stream itself ... */
+#define RC_INLINE 32                    /* ... and the rcbufs they point into: no allocation
+                                         * for the head of a typical request */
+
+enum hstate { H_OPEN, H_DRAINING, H_CLOSING, H_CLOSED };
+
+struct h2_session;
+
+/* From the loop's free list (LOOP_H2_STREAM): the first member is overwritten while free. */
+struct h2_stream {
+	uint32_t magic;
+	struct loop *loop;              /* for the deferred free: the session may be gone by then */
+	struct h2_session *s;
+	int32_t id;
+	TAILQ_ENTRY(h2_stream) link;
+	struct http_head head;
+	struct http_hdr *hdrs;          /* point into the rcbufs held in rc; hdrs_in until it grows */
+	int cap;
+	nghttp2_rcbuf **rc;             /* rc_in until it grows */
+	int nrc, caprc;
+	struct http_hdr hdrs_in[HDRS_INLINE];
+	nghttp2_rcbuf *rc_in[RC_INLINE];
+	char *cookie;                   /* the cookie fields joined with "; " (RFC 9113 §8.2.3) */
+	size_t cookie_len;
+	const char *authority, *hosthdr;
+	size_t alen, hlen;
+	size_t list_bytes;              /* decoded header-list size, RFC 7541 §4.1 */
+	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
+	const char *refuse_reason;
+	bool malformed, head_done;
+	bool grpc;                      /* its content-type is gRPC: refusals are gRPC errors */
+	bool oversize;                  /* over max_header_bytes: nothing more of it is kept */
+	bool refused;                   /* beyond max_concurrent_streams: REFUSED_STREAM */
+	struct exchange *ex;
+	bool ex_done;                   /* the exchange reported end() */
+	struct evbuffer *req_in;        /* DATA received, not yet taken (nor consumed); NULL
+	                                 * until the first DATA */
+	bool req_end, body_end_sent;
+	struct evbuffer *resp;          /* response DATA not yet sent */
+	bool head_sent, bodyless, resp_eof, deferred, cut, rst_after, client_reset, was_high;
+	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
+	char *head_blk;                 /* the final head's bytes, which nghttp2 reads uncopied
+	                                 * when it packs the HEADERS (loop_blk_alloc) */
+	nghttp2_nv *trailers;           /* the list, then the bytes it points to: one block from
+	                                 * loop_blk_alloc, submitted uncopied too */
+	size_t ntrailers;
+	struct evbuffer *req_trailers;  /* the request's trailer fields, (nlen, vlen, name, value)
+	                                 * each, for an HTTP/2 upstream (SPEC §9); or NULL */
+	int nreq_trailers;
+	size_t req_trailer_bytes;
+};
+
+struct h2_session {
+	uint32_t magic;
+	enum hstate state;
+	uint64_t id;
+	struct loop *loop;
+	struct session_owner own;
+	char *lname;
+	struct runtime *rt;
+	struct cfg_listener *lcfg;
+	struct stream *bev;
+	nghttp2_session *ng;
+	TAILQ_HEAD(, h2_stream) streams;
+	int nstreams;
+	struct h2_stream *last;         /* the stream stream_of found last (or NULL) */
+	int nrst_after;                 /* streams with rst_after set */
+	struct h2_guard guard;
+	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
+	bool send_pending;
+	size_t resp_pending;            /* response bytes buffered over all streams */
+	int64_t last_progress_us;       /* the last DATA byte written */
+	bool settings_sent;             /* our first SETTINGS left (patched on the way out) */
+	bool notice_sent, goaway_final;
+	int64_t notice_us;
+	unsigned logged;                /* defences logged on this connection, a bit per kind */
+	bool tls;
+	char peer_ip[64];
+	struct evbuffer *tmp;
+	uint8_t *stage;                 /* during session_send: frames gathered for one append */
+	size_t staged, stagecap;
+	nghttp2_nv *nv;                 /* scratch for submits (nghttp2 copies the list) */
+	size_t nvcap;
+	char *names;                    /* scratch for the bytes of a head nghttp2 copies */
+	size_t namescap;
+	unsigned reqids;                /* X-Request-Id fields sent: see unique_flags */
+};
+
+/* h2_session.c */
+/* Schedule a send (nghttp2 runs from a clean stack, never from a responder call). */
+void h2s_kick(struct h2_session *s);
+/* The data provider of every response: pulls from the stream's pending response. */
+ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                         uint32_t *flags, nghttp2_data_source *src, void *arg);
+
+/* h2_responder.c */
+extern const struct responder h2_responder;
+/* A connection-specific field (RFC 9113 §8.2.2): never sent to an HTTP/2 peer. */
+bool h2s_connection_field(const char *n, size_t len);
+void h2s_rsp_end(void *arg, bool complete, bool close);
+
+#endif

@@ -1,0 +1,211 @@
+/*
+ * config_json: GET /config, the effective configuration as JSON, rendered from the schema
+ * tables so that every key appears under its YAML name with its loaded (or default) value.
+ * Secrets never leave: admin.token becomes "<redacted>" and a redis store URL keeps all but
+ * its password. Output is pretty-printed, two spaces an indent, and ends with a newline.
+ */
+#include "config/config.h"
+#include "config/config_impl.h"
+#include "http/grpc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct json {
+	FILE *f;
+	int depth;
+	bool had[16];               /* the container at each depth already has an item */
+};
+
+static void json_string(struct json *j, const char *s)
+{
+	size_t n = strlen(s), cap = 6 * n + 1;
+	char *buf = xmalloc(cap);
+
+	json_escape(buf, cap, s, n);
+	fprintf(j->f, "\"%s\"", buf);
+	free(buf);
+}
+
+/* Starts an item of the current container: separator, newline, indent, "key": */
+static void json_item(struct json *j, const char *key)
+{
+	if (j->had[j->depth])
+		fputc(',', j->f);
+	j->had[j->depth] = true;
+	fprintf(j->f, "\n%*s", 2 * j->depth, "");
+	if (key) {
+		json_string(j, key);
+		fputs(": ", j->f);
+	}
+}
+
+static void json_open(struct json *j, char c)
+{
+	fputc(c, j->f);
+	j->had[++j->depth] = false;
+}
+
+static void json_close(struct json *j, char c)
+{
+	bool had = j->had[j->depth--];
+	if (had)
+		fprintf(j->f, "\n%*s", 2 * j->depth, "");
+	fputc(c, j->f);
+}
+
+static void json_strings(struct json *j, char *const *v, int n)
+{
+	fputc('[', j->f);
+	for (int i = 0; i < n; i++) {
+		if (i)
+			fputs(", ", j->f);
+		if (v[i])
+			json_string(j, v[i]);
+		else
+			fputs("null", j->f);
+	}
+	fputc(']', j->f);
+}
+
+void emit_secret(struct json *j, const struct key *k, const void *base)
+{
+	const char *s = *CFIELD(base, k->off, char *);
+	json_string(j, s && *s ? "<redacted>" : "");
+}
+
+void emit_store(struct json *j, const struct key *k, const void *base)
+{
+	const char *s = *CFIELD(base, k->off, char *);
+	struct store_url u;
+	struct strbuf b = { 0 };
+
+	if (!s || !store_split(s, &u) || !u.pass) {
+		json_string(j, s ? s : "");
+		return;
+	}
+	/* keep everything but the password, so an operator can still see where it points */
+	sb_printf(&b, "%.*s<redacted>%s", (int)(u.pass - s), s, u.pass + u.pass_len);
+	json_string(j, b.s);
+	free(b.s);
+}
+
+void emit_workers(struct json *j, const struct key *k, const void *base)
+{
+	fprintf(j->f, "%d", *CFIELD(base, k->off, int));
+}
+
+void emit_retry_on(struct json *j, const struct key *k, const void *base)
+{
+	const struct cfg_retry *r = base;
+	bool first = true;
+
+	fputc('[', j->f);
+	for (int w = 0; cfg_retry_on_words[w]; w++)
+		if (r->on_flags & (1u << w)) {
+			fputs(first ? "" : ", ", j->f);
+			json_string(j, cfg_retry_on_words[w]);
+			first = false;
+		}
+	for (int s = 400; s <= 599; s++)
+		if (cfg_retry_on_status(r, s)) {
+			fprintf(j->f, "%s%d", first ? "" : ", ", s);
+			first = false;
+		}
+	for (int c = 0; c < GRPC_NCODES; c++)
+		if (cfg_retry_on_grpc(r, c)) {
+			fputs(first ? "" : ", ", j->f);
+			json_string(j, grpc_status_name(c));
+			first = false;
+		}
+	fputc(']', j->f);
+}
+
+static void json_block(struct json *j, const struct block *b, const void *base)
+{
+	char buf[64];
+
+	json_open(j, '{');
+	for (const struct key *k = b->keys; k->name; k++) {
+		json_item(j, k->name);
+		if (k->emit) {
+			k->emit(j, k, base);
+			continue;
+		}
+		switch (k->type) {
+		case K_STR: {
+			const char *s = *CFIELD(base, k->off, char *);
+			if (s)
+				json_string(j, s);
+			else
+				fputs("null", j->f);
+			break;
+		}
+		case K_BOOL:
+			fputs(*CFIELD(base, k->off, bool) ? "true" : "false", j->f);
+			break;
+		case K_INT:
+			fprintf(j->f, "%d", *CFIELD(base, k->off, int));
+			break;
+		case K_I64:
+		case K_SIZE:
+			fprintf(j->f, "%lld", (long long)*CFIELD(base, k->off, int64_t));
+			break;
+		case K_NUM:
+			fprintf(j->f, "%.15g", *CFIELD(base, k->off, double));
+			break;
+		case K_DUR:
+			format_duration(*CFIELD(base, k->off, int64_t), buf, sizeof buf);
+			json_string(j, buf);
+			break;
+		case K_ENUM:
+			json_string(j, k->names[*CFIELD(base, k->off, int)]);
+			break;
+		case K_STRS:
+			json_strings(j, *(char **const *)(const void *)((const char *)base + k->off),
+			             *CFIELD(base, k->off2, int));
+			break;
+		case K_BLOCK:
+			if ((k->flags & KF_GIVEN) && !*CFIELD(base, k->off2, bool))
+				fputs("null", j->f);
+			else
+				json_block(j, k->sub, (const char *)base + k->off);
+			break;
+		case K_LIST:
+		case K_NAMED: {
+			const char *arr = *CFIELD(base, k->off, char *);
+			int n = *CFIELD(base, k->off2, int);
+			json_open(j, k->type == K_LIST ? '[' : '{');
+			for (int i = 0; i < n; i++) {
+				const char *elem = arr + (size_t)i * k->sub->size;
+				json_item(j, k->type == K_NAMED ? *CFIELD(elem, k->sub->name_off, char *) : NULL);
+				json_block(j, k->sub, elem);
+			}
+			json_close(j, k->type == K_LIST ? ']' : '}');
+			break;
+		}
+		case K_CUSTOM:
+			fputs("null", j->f);
+			break;
+		}
+	}
+	json_close(j, '}');
+}
+
+char *config_to_json(const struct config *c)
+{
+	char *out = NULL;
+	size_t len = 0;
+	struct json j = { 0 };
+
+	j.f = open_memstream(&out, &len);
+	if (!j.f) {
+		fprintf(stderr, "retrygate: out of memory (open_memstream)\n");
+		abort();
+	}
+	json_block(&j, &cfg_root_block, c);
+	fputc('\n', j.f);
+	fclose(j.f);
+	return out;
+}

@@ -1,0 +1,343 @@
+/*
+ * config_values: the checks of single string values the schema tables name (tokens, names,
+ * listen addresses, endpoints, host patterns, path prefixes, SNI, the idempotency store URL).
+ * Each normalises its value in place where the schema says so and returns NULL, or what was
+ * expected, for the loader's FILE:LINE:COL message.
+ */
+#include "config/config.h"
+#include "config/config_impl.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ string checks */
+
+static bool char_is_tchar(int c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	       (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static bool str_is_visible(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s <= 0x20 || (unsigned char)*s >= 0x7f)
+			return false;
+	return true;
+}
+
+/* DNS-ish: dot-separated labels of letters, digits, '-' and '_', 1-63 each, 253 in all.
+ * Also accepts dotted IPv4. */
+static bool hostname_ok(const char *h)
+{
+	size_t label = 0, n = strlen(h);
+
+	if (n == 0 || n > 253)
+		return false;
+	for (; *h; h++) {
+		char c = *h;
+		if (c == '.') {
+			if (label == 0)
+				return false;
+			label = 0;
+		} else if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		           c == '-' || c == '_') {
+			if (++label > 63)
+				return false;
+		} else
+			return false;
+	}
+	return label > 0;
+}
+
+const char *check_nonempty(char *s, char *buf, size_t cap)
+{
+	return *s ? NULL : "empty (expected a file path)";
+}
+
+const char *check_visible(char *s, char *buf, size_t cap)
+{
+	return str_is_visible(s) ? NULL : "contains a space or a non-printable character "
+	                                  "(expected printable ASCII)";
+}
+
+const char *check_name(char *s, char *buf, size_t cap)
+{
+	char q[80];
+	size_t n = strlen(s);
+
+	for (const char *p = s; *p; p++)
+		if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+		      strchr("-_.:", *p))) {
+			snprintf(buf, cap, "bad name %s (expected letters, digits, '-', '_', '.' or ':')",
+			         cfg_quote(s, q, sizeof q));
+			return buf;
+		}
+	if (n == 0 || n > 128)
+		return "bad name length (expected 1 to 128 characters)";
+	return NULL;
+}
+
+const char *check_token(char *s, char *buf, size_t cap)
+{
+	char q[80];
+
+	for (const char *p = s; *p; p++)
+		if (!char_is_tchar((unsigned char)*p))
+			goto bad;
+	if (*s)
+		return NULL;
+bad:
+	snprintf(buf, cap, "%s is not an HTTP token (expected a name such as POST or Idempotency-Key)",
+	         cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* a literal IP and a port, as a listener binds it: names are not resolved here */
+bool listen_parse(const char *s, int *family, unsigned char addr[16], int *port)
+{
+	char host[HOST_MAX];
+
+	if (split_host_port(s, host, sizeof host, port) < 0)
+		return false;
+	memset(addr, 0, 16);
+	if (s[0] == '[') {
+		*family = AF_INET6;
+		return inet_pton(AF_INET6, host, addr) == 1;
+	}
+	*family = AF_INET;
+	return inet_pton(AF_INET, host, addr) == 1;
+}
+
+const char *check_listen(char *s, char *buf, size_t cap)
+{
+	unsigned char addr[16];
+	int family, port;
+	char q[80];
+
+	if (listen_parse(s, &family, addr, &port))
+		return NULL;
+	snprintf(buf, cap, "bad address %s (expected IP:port such as 127.0.0.1:15001 or [::1]:15001)",
+	         cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* admin.listen: "" turns the admin listener off */
+const char *check_admin_listen(char *s, char *buf, size_t cap)
+{
+	return *s ? check_listen(s, buf, cap) : NULL;
+}
+
+const char *check_endpoint(char *s, char *buf, size_t cap)
+{
+	char host[HOST_MAX], q[80];
+	int port;
+
+	if (split_host_port(s, host, sizeof host, &port) == 0 && (s[0] == '[' || hostname_ok(host)))
+		return NULL;
+	snprintf(buf, cap, "bad endpoint %s (expected host:port with port 1-65535, IPv6 in brackets)",
+	         cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* Route host pattern: lower-cased in place; "*" alone means any host. */
+const char *check_host(char *s, char *buf, size_t cap)
+{
+	static const char expect[] = "(expected a name like payments or *.example.com)";
+	unsigned char addr[16];
+	char q[80], *p = s;
+
+	if (!strcmp(s, "*"))
+		return NULL;
+	for (; *p; p++)
+		if (*p >= 'A' && *p <= 'Z')
+			*p = (char)(*p - 'A' + 'a');
+	if (s[0] == '[') {
+		size_t n = strlen(s);
+		char v6[HOST_MAX];
+		if (n > 2 && n < sizeof v6 && s[n - 1] == ']') {
+			memcpy(v6, s + 1, n - 2);
+			v6[n - 2] = '\0';
+			if (inet_pton(AF_INET6, v6, addr) == 1)
+				return NULL;
+		}
+		snprintf(buf, cap, "bad IPv6 host %s %s", cfg_quote(s, q, sizeof q), expect);
+		return buf;
+	}
+	p = !strncmp(s, "*.", 2) ? s + 2 : s;
+	if (strchr(p, '*'))
+		snprintf(buf, cap, "host %s: a wildcard is only allowed as the whole first label %s",
+		         cfg_quote(s, q, sizeof q), expect);
+	else if (strchr(p, ':'))
+		snprintf(buf, cap, "host %s must not include a port %s", cfg_quote(s, q, sizeof q), expect);
+	else if (!hostname_ok(p))
+		snprintf(buf, cap, "bad host %s %s", cfg_quote(s, q, sizeof q), expect);
+	else
+		return NULL;
+	return buf;
+}
+
+const char *check_path_prefix(char *s, char *buf, size_t cap)
+{
+	char q[80];
+
+	if (s[0] == '/' && str_is_visible(s) && !strchr(s, '#'))
+		return NULL;
+	snprintf(buf, cap, "bad path prefix %s (expected a path starting with \"/\", printable, "
+	         "without spaces or '#')", cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* health.active.path: "" (no probes) or an origin-form path */
+const char *check_probe_path(char *s, char *buf, size_t cap)
+{
+	return *s ? check_path_prefix(s, buf, cap) : NULL;
+}
+
+/* resolvers: a DNS server, "IP:port" (the port may not be left out: say 53) */
+const char *check_resolver(char *s, char *buf, size_t cap)
+{
+	return check_listen(s, buf, cap);
+}
+
+const char *check_sni(char *s, char *buf, size_t cap)
+{
+	char q[80];
+
+	if (hostname_ok(s))
+		return NULL;
+	snprintf(buf, cap, "bad server name %s (expected a DNS name)", cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* ------------------------------------------------------------------ the idempotency store URL */
+
+/* Decodes %XX escapes of N bytes at S into a new string; NULL when an escape is malformed. */
+static char *percent_decode(const char *s, size_t n)
+{
+	char *out = xmalloc(n + 1), *o = out;
+
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] != '%') {
+			*o++ = s[i];
+			continue;
+		}
+		unsigned v = 0;
+		for (int k = 1; k <= 2; k++) {
+			char c = i + (size_t)k < n ? s[i + (size_t)k] : 0;
+			int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 :
+			        (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+			if (d < 0) {
+				free(out);
+				return NULL;
+			}
+			v = v * 16 + (unsigned)d;
+		}
+		if (v == 0) {
+			free(out);
+			return NULL;
+		}
+		*o++ = (char)v;
+		i += 2;
+	}
+	*o = '\0';
+	return out;
+}
+
+bool store_split(const char *s, struct store_url *u)
+{
+	const char *rest, *at, *hp, *slash, *colon;
+	size_t hplen;
+
+	memset(u, 0, sizeof *u);
+	if (!strcmp(s, "memory"))
+		return true;
+	if (strncmp(s, "redis://", 8) != 0)
+		return false;
+	u->redis = true;
+	u->port = 6379;
+	rest = s + 8;
+	at = strrchr(rest, '@');
+	hp = rest;
+	if (at) {
+		colon = memchr(rest, ':', (size_t)(at - rest));
+		if (!colon || colon + 1 == at)
+			return false;   /* userinfo must be user:password or :password */
+		u->user = rest;
+		u->user_len = (size_t)(colon - rest);
+		u->pass = colon + 1;
+		u->pass_len = (size_t)(at - colon - 1);
+		for (int k = 0; k < 2; k++) {
+			char *d = k ? percent_decode(u->pass, u->pass_len) :
+			              percent_decode(u->user, u->user_len);
+			if (!d)
+				return false;
+			free(d);
+		}
+		hp = at + 1;
+	}
+	slash = strchr(hp, '/');
+	hplen = slash ? (size_t)(slash - hp) : strlen(hp);
+	if (slash) {
+		const char *d = slash + 1;
+		long db = 0;
+		if (!*d || strlen(d) > 6)
+			return false;
+		for (; *d; d++) {
+			if (*d < '0' || *d > '9')
+				return false;
+			db = db * 10 + (*d - '0');
+		}
+		u->db = (int)db;
+	}
+	if (hplen == 0 || hplen >= sizeof u->host)
+		return false;
+	if (memchr(hp, ':', hplen) || hp[0] == '[') {
+		char tmp[HOST_MAX];
+		memcpy(tmp, hp, hplen);
+		tmp[hplen] = '\0';
+		if (split_host_port(tmp, u->host, sizeof u->host, &u->port) < 0)
+			return false;
+		return hp[0] == '[' || hostname_ok(u->host);
+	}
+	memcpy(u->host, hp, hplen);
+	u->host[hplen] = '\0';
+	return hostname_ok(u->host);
+}
+
+const char *check_store(char *s, char *buf, size_t cap)
+{
+	struct store_url u;
+	char q[80];
+
+	if (store_split(s, &u))
+		return NULL;
+	/* the URL may hold a password: do not echo it */
+	if (!strncmp(s, "redis://", 8))
+		snprintf(buf, cap, "bad redis URL (expected redis://[user:password@]host:port[/db])");
+	else
+		snprintf(buf, cap, "unknown store %s (expected \"memory\" or "
+		         "\"redis://[user:password@]host:port[/db]\")", cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
+/* A redis URL decoded into its parts (the host, the port and db, user and password
+ * percent-decoded; *USER NULL when the URL names none). False when URL is not one. */
+bool redis_url_decode(const char *url, char **host, int *port, int *db, char **user,
+                             char **pass)
+{
+	struct store_url u;
+
+	if (!url || !store_split(url, &u) || !u.redis)
+		return false;
+	*host = xstrdup(u.host);
+	*port = u.port;
+	*db = u.db;
+	if (u.user) {
+		*user = u.user_len ? percent_decode(u.user, u.user_len) : NULL;
+		*pass = percent_decode(u.pass, u.pass_len);
+	}
+	return true;
+}

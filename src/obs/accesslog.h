@@ -1,0 +1,74 @@
+/*
+ * accesslog: one JSON line per request (access_log: "off" | "stdout" | a path), buffered per
+ * worker and written in whole lines; SIGUSR1 reopens the file (log rotation).
+ *
+ * struct access_rec is filled along the request's way without copying: it points into the
+ * request head, which outlives the exchange's call to accesslog_write().
+ */
+#ifndef RG_ACCESSLOG_H
+#define RG_ACCESSLOG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/retry.h"
+
+struct http_head;
+struct cfg_route;
+
+#define ACCESS_MAX_ATTEMPTS 8
+
+struct access_rec {
+	const struct http_head *req;
+	const char *reqid;
+	uint64_t sid;
+	const char *peer;
+	const char *route_host, *route_prefix, *upstream;
+	int status;
+	int attempts;
+	enum refusal refused;
+	const char *reason;             /* retrygate's own reason, if it answered itself */
+	struct {
+		const char *ep;
+		const char *outcome;
+		int status;
+		const char *fault;
+		int grpc_status;            /* -1: none (not gRPC, or no grpc-status seen) */
+	} att[ACCESS_MAX_ATTEMPTS];
+	int natt;
+	int64_t deadline_given_us, deadline_left_us, duration_us, body_bytes;
+	const char *key; size_t keylen;
+	bool client_abort;
+	bool ok_response;               /* an upstream response was relayed */
+	bool non_idempotent;
+	enum outcome last_out;
+};
+
+/* REQ may be NULL: a request refused before its head was understood (malformed, oversized,
+ * header timeout) gets a line with no method, path or route, outcome "failed". */
+void access_begin(struct access_rec *r, uint64_t sid, const char *peer, const struct http_head *req,
+                  const char *reqid);
+void access_set_route(struct access_rec *r, const struct cfg_route *route, const char *upstream);
+void access_set_key(struct access_rec *r, const char *key, size_t len);
+void access_add_attempt(struct access_rec *r, const char *ep);
+void access_set_outcome(struct access_rec *r, const char *outcome);
+void access_set_status(struct access_rec *r, int status);
+/* The last attempt's SPEC §11 fault kind ("abort", ...): the line names it in that try. */
+void access_set_fault(struct access_rec *r, const char *kind);
+/* The grpc-status (0..16, grpc.h) of the attempt access_add_attempt began, from its
+ * Trailers-Only head or its trailers (SPEC §10): that try gets "grpc_status": CODE and
+ * "grpc_status_name": "unavailable" beside its "status". A code outside 0..16 is ignored. */
+void access_set_grpc_status(struct access_rec *r, int code);
+
+/* "ok", "failed" or "unknown" (a non-idempotent request whose last attempt ended in reset or
+ * timeout: it may have been executed). */
+const char *access_outcome(const struct access_rec *r);
+
+int accesslog_open(const char *spec);    /* 0 or -1 */
+void accesslog_reopen(void);
+void accesslog_close(void);
+void accesslog_write(const struct access_rec *r);
+void accesslog_flush(void);
+
+#endif

@@ -1,0 +1,120 @@
+/*
+ * exchange_fault: SPEC §11 faults applied to an exchange's attempts (see exchange_impl.h). The
+ * draw and the rules are faults.c's (pure); here a drawn fault becomes the outcome the retry
+ * rules then judge like the real thing: connect-failure and abort without sending anything,
+ * a delay before the send (cut by the per-try timeout: a timeout), lost-response after it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "base/clock.h"
+#include "proxy/exchange_impl.h"
+#include "policy/faults.h"
+#include "base/loop.h"
+#include "http/respond.h"
+#include "obs/stats.h"
+#include "state/upstream.h"
+#include "base/util.h"
+
+/* SPEC §11: the attempt's one draw, when this upstream's faults are on. An experiment past
+ * stop.after injects nothing more, before the watcher has switched it off. */
+const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now)
+{
+	const struct cfg_faults *f = &ex->up->faults;
+	if (f->nrules == 0 || ex->req->upgrade ||
+	    !atomic_load_explicit(&ex->st->faults_on, memory_order_relaxed))
+		return NULL;
+	int64_t since = atomic_load_explicit(&ex->st->faults_since_us, memory_order_relaxed);
+	if (f->stop_after_us > 0 && now - since >= f->stop_after_us)
+		return NULL;
+	return faults_pick(f, ex->req->method, ex->req->path, ex->req->path_len,
+	                   rand_next(&ex->loop->rng));
+}
+
+/* A fault that sends nothing: its outcome (or, for a delay, the send) comes from fault_ev,
+ * never from inside start_attempt. A delay the per-try timeout cuts is a timeout (SPEC §11);
+ * one the deadline cuts ends in deadline_cb. */
+void ex_fault_arm(struct exchange *ex, int64_t now)
+{
+	int64_t per_try = ex->up->retry.per_try_timeout_us;
+	int64_t remaining = ex->deadline_us - now;
+	int64_t after = 0;
+	ex->fault_cut = OUT_NONE;
+	if (ex->fault->kind == FAULT_DELAY) {
+		after = ex->fault->delay_us;
+		if (per_try < remaining && after >= per_try) {
+			after = per_try;
+			ex->fault_cut = OUT_TIMEOUT;
+		}
+	}
+	ex->fault_pending = true;
+	struct timeval tv = clock_tv(after);
+	evtimer_add(&ex->fault_ev, &tv);
+}
+
+/* abort: the response the upstream did not send (no body). */
+static const struct http_head *fault_response(struct exchange *ex)
+{
+	const struct cfg_fault_rule *r = ex->fault;
+	struct http_head *h = &ex->fault_head;
+	memset(h, 0, sizeof(*h));
+	int n = 0;
+	ex->fault_hdrs[n++] = (struct http_hdr){ .name = "X-Retrygate-Fault", .nlen = 17,
+	                                         .value = "abort", .vlen = 5 };
+	if (r->retry_after && *r->retry_after)
+		ex->fault_hdrs[n++] = (struct http_hdr){ .name = "Retry-After", .nlen = 11,
+		                                         .value = r->retry_after,
+		                                         .vlen = (uint32_t)strlen(r->retry_after) };
+	h->status = r->status;
+	h->reason = respond_status_text(r->status);
+	h->reason_len = strlen(h->reason);
+	h->version = 11;
+	h->hdrs = ex->fault_hdrs;
+	h->nhdrs = n;
+	h->content_length = 0;
+	h->keep_alive = true;
+	return h;
+}
+
+void ex_fault_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state != X_ATTEMPT || !ex->fault_pending)
+		return;
+	ex->fault_pending = false;
+	enum outcome out = OUT_CONNECT_FAILURE;
+	switch (ex->fault->kind) {
+	case FAULT_DELAY:
+		if (ex->fault_cut == OUT_NONE) {
+			ex_send_attempt(ex, ex->att_ep);
+			return;
+		}
+		out = ex->fault_cut;
+		break;
+	case FAULT_ABORT: {
+		const struct http_head *h = fault_response(ex);
+		STAT_INC(ex->us->responses[h->status / 100]);
+		access_set_status(&ex->log, h->status);
+		ex->last_out = OUT_STATUS;
+		ex->last_att_status = h->status;
+		if (cfg_retry_on_status(&ex->up->retry, h->status)) {
+			ex_decide(ex, OUT_STATUS, h, false);
+			return;
+		}
+		ex_retry_after_hint(ex, h, clock_now_us());
+		ex_relay_from(ex, NULL, h, RR_NONE);
+		ex_relay_complete(ex);
+		return;
+	}
+	default:
+		break;
+	}
+	STAT_INC(ex->us->outcomes[out]);
+	access_set_outcome(&ex->log, outcome_name(out));
+	ex_decide(ex, out, NULL, false);
+}
+

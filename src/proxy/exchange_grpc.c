@@ -1,0 +1,185 @@
+/*
+ * exchange_grpc: SPEC §10 applied to a gRPC call's attempts (see exchange_impl.h). A 200 head
+ * names no outcome yet: Trailers-Only names it at once; any other head is held until the
+ * first message commits the call (gRFC A6: relayed, never retried) or trailers that follow
+ * with no message name its grpc-status, which is then judged like an HTTP status by the same
+ * ex_decide(). grpc-retry-pushback-ms is the Retry-After of such an outcome. The per-try
+ * timeout runs on while a head is held.
+ */
+#include <stdlib.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "upstream/attempt.h"
+#include "base/clock.h"
+#include "config/config.h"
+#include "proxy/exchange_impl.h"
+#include "http/grpc.h"
+#include "base/loop.h"
+#include "obs/stats.h"
+#include "state/upstream.h"
+#include "base/util.h"
+
+/* A gRPC status for passive health: the server-side failures count as a 5xx would (as Envoy
+ * maps them: UNAVAILABLE 503, INTERNAL/UNKNOWN/DATA_LOSS 500, DEADLINE_EXCEEDED 504), and a
+ * pushback is a Retry-After. Everything else is the service answering. */
+static void report_health_grpc(struct exchange *ex, int code)
+{
+	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
+	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
+	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200,
+	                 failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor);
+}
+
+/* SPEC §10: with retry_after.honor, a non-negative grpc-retry-pushback-ms puts a hold on the
+ * endpoint that answered, whether or not a retry follows. Returns it in µs, or -1 for none. */
+int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now)
+{
+	if (!ex->up->retry.retry_after_honor || ex->pushback_us < 0)
+		return -1;
+	if (ex->pushback_us > 0)
+		upstream_hold(ex->att_ep, now + ex->pushback_us);
+	return ex->pushback_us;
+}
+
+/* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:
+ * counted and logged per attempt. Returns the code, or -1 when there is none. */
+int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
+{
+	int code = -1;
+	int64_t pb = -1;
+	for (int i = 0; i < n; i++) {
+		if (str_ieq(f[i].name, f[i].nlen, "grpc-status", 11)) {
+			code = grpc_status_parse(f[i].value, f[i].vlen);
+		} else if (str_ieq(f[i].name, f[i].nlen, "grpc-retry-pushback-ms", 22)) {
+			int64_t us;
+			pb = grpc_pushback_parse(f[i].value, f[i].vlen, &us) ? us : -2;
+		}
+	}
+	if (code < 0)
+		return -1;
+	ex->att_grpc = code;
+	ex->pushback_us = pb;
+	STAT_INC(ex->us->grpc_responses[code]);
+	access_set_grpc_status(&ex->log, code);
+	if (ex->state == X_ATTEMPT)
+		report_health_grpc(ex, code);   /* a committed call reported when it committed */
+	return code;
+}
+
+/* The gRPC attempt A's outcome is its grpc-status (ex->att_grpc): from Trailers-Only head H,
+ * or from trailers T[N] that followed held head H with no DATA. Retry, or relay it whole. */
+static void grpc_decide(struct exchange *ex, struct attempt *a, const struct http_head *h,
+                        const struct http_hdr *t, int n)
+{
+	if (cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)) {
+		ex->dec_trailers = t;
+		ex->dec_ntrailers = n;
+		ex_decide(ex, OUT_STATUS, h, false);
+		ex->dec_trailers = NULL;
+		ex->dec_ntrailers = 0;
+		return;
+	}
+	ex_grpc_pushback_hold(ex, clock_now_us());     /* not retried, but it may set a hold */
+	ex_relay_from(ex, a, h, RR_NONE);
+	if (n > 0)
+		ex_relay_trailers(ex, t, n);
+}
+
+/* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. */
+static void grpc_hold(struct exchange *ex, const struct http_head *h)
+{
+	ex->held = xcalloc(1, sizeof(*ex->held));
+	saved_keep(&ex->held->head, h, NULL);
+	evtimer_assign(&ex->held->ev, ex->loop->base, ex_grpc_hold_cb, ex);
+	ex->grpc_wait = true;
+	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
+	 * timer stopped when the head came) */
+	int64_t now = clock_now_us();
+	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
+	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
+		struct timeval tv = clock_tv(left > 0 ? left : 0);
+		evtimer_add(&ex->held->ev, &tv);
+	}
+}
+
+void ex_grpc_unhold(struct exchange *ex)
+{
+	ex->grpc_wait = false;
+	if (!ex->held)
+		return;
+	evtimer_del(&ex->held->ev);
+	saved_clear(&ex->held->head);
+	free(ex->held);
+	ex->held = NULL;
+}
+
+/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
+ * (retried only where a timeout may be, rule 4). */
+void ex_grpc_hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (!ex->grpc_wait || !ex->att || ex->state != X_ATTEMPT)
+		return;
+	ex_grpc_unhold(ex);
+	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
+	ex_report_health(ex, OUT_TIMEOUT, NULL);
+	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
+	ex_decide(ex, OUT_TIMEOUT, NULL, false);
+}
+
+/* A gRPC call's 200 head H from attempt A. True when it was taken here: held, or its
+ * Trailers-Only status decided; false: no grpc-status, an HTTP outcome after all. */
+bool ex_grpc_head(struct exchange *ex, struct attempt *a, const struct http_head *h)
+{
+	if (!h->end_stream) {
+		grpc_hold(ex, h);
+		return true;
+	}
+	if (ex_grpc_outcome(ex, h->hdrs, h->nhdrs) >= 0) {
+		grpc_decide(ex, a, h, NULL, 0);
+		return true;
+	}
+	ex_report_health(ex, OUT_STATUS, h);
+	return false;
+}
+
+/* The first response message of the held attempt A commits the call. */
+void ex_grpc_commit(struct exchange *ex, struct attempt *a)
+{
+	ex_report_health_as(ex, OUT_STATUS, 200, false);
+	ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
+	ex_grpc_unhold(ex);
+}
+
+/* Trailers T[N] right after the held head (linkerd2#7701): their status is the outcome. */
+void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_hdr *t, int n)
+{
+	if (ex_grpc_outcome(ex, t, n) >= 0) {
+		grpc_decide(ex, a, &ex->held->head.h, t, n);
+	} else {
+		ex_report_health_as(ex, OUT_STATUS, 200, false);
+		ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
+		ex_relay_trailers(ex, t, n);
+	}
+	ex_grpc_unhold(ex);
+}
+
+/* The held attempt A ended with OUT. True when taken here: headers then an empty end (no
+ * message, no status: relayed, the client judges it). A cut is a reset for the caller. */
+bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out)
+{
+	if (out != OUT_NONE) {
+		ex_grpc_unhold(ex);
+		return false;
+	}
+	ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
+	ex_grpc_unhold(ex);
+	ex->relay = NULL;
+	attempt_free(a);
+	ex_relay_complete(ex);
+	return true;
+}

@@ -1,0 +1,296 @@
+/*
+ * exchange_reply: how an exchange ends (see exchange_impl.h): the response that reaches the
+ * client — an upstream's, relayed with this hop's markers, or one retrygate makes (SPEC §5) —,
+ * the 1xx and 101 heads, and once per request the accounting, the reconciliation record of an
+ * unknown outcome (§12) and the access-log line.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "upstream/attempt.h"
+#include "base/clock.h"
+#include "proxy/exchange_impl.h"
+#include "http/grpc.h"
+#include "proxy/idem_job.h"
+#include "base/loop.h"
+#include "obs/reconcile.h"
+#include "http/respond.h"
+#include "obs/stats.h"
+#include "state/upstream.h"
+#include "base/util.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+void ex_release_slots(struct exchange *ex)
+{
+	if (ex->slot_in_flight) {
+		upstream_release_in_flight(ex->st);
+		ex->slot_in_flight = false;
+	}
+	if (ex->slot_retry) {
+		upstream_release_retry_slot(ex->st);
+		ex->slot_retry = false;
+	}
+}
+
+/* The one close rule of the exchange: the connection cannot carry another request when the
+ * request body was not read whole — unless it is still streaming to the upstream whose
+ * response this is (OURS: retrygate answers itself, so nothing will read the rest). */
+bool ex_body_left_unread(const struct exchange *ex, bool ours)
+{
+	return reqbody_left_unread(&ex->rb, ours);
+}
+
+static const char *own_refusal(const struct exchange *ex)
+{
+	return ex->refused != RR_NONE && ex->refused != RR_NOT_LISTED ? refusal_name(ex->refused)
+	                                                              : NULL;
+}
+
+/* ------------------------------------------------------------------ finishing */
+
+/* Stop everything the exchange runs: timers, attempts, slots, the kept response, the claim.
+ * Used once, by ex_finish() or exchange_abort(). */
+void ex_end(struct exchange *ex)
+{
+	ex_set_state(ex, X_DONE);
+	ex_release_slots(ex);
+	ex_timers_stop(ex);
+	ex->fault_pending = false;
+	attempt_free(ex->att);
+	attempt_free(ex->relay);
+	ex->att = ex->relay = NULL;
+	saved_clear(&ex->saved);
+	ex_grpc_unhold(ex);
+	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
+	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
+	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached, ex->resp_complete))
+		STAT_INC(ex->us->idem[IS_STORED]);
+}
+
+/* The access-log line: once per request, however it ended. */
+void ex_log_request(struct exchange *ex, int64_t now)
+{
+	ex->log.status = ex->resp_status;
+	ex->log.attempts = ex->attempts;
+	ex->log.refused = ex->refused;
+	ex->log.non_idempotent = ex->mclass == MC_OTHER;
+	ex->log.last_out = ex->last_out;
+	ex->log.duration_us = now - ex->t0_us;
+	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
+	accesslog_write(&ex->log);
+}
+
+/* SPEC §12: the unknown outcome goes to the reconciliation queue, once (count_end runs once). */
+static void record_unknown(struct exchange *ex)
+{
+	struct reconcile_rec r = {
+		.id = ex->reqid,
+		.upstream = ex->up->name,
+		.method = ex->req->method,
+		.path = ex->req->path,
+		.path_len = ex->req->path_len,
+		.key = ex->log.key,
+		.key_len = ex->log.keylen,
+		.attempts = ex->attempts,
+		.last_outcome = outcome_name(ex->last_out),
+		.endpoint = ex->att_ep ? ex->att_ep->name : "",
+	};
+	reconcile_record(&r);
+	STAT_INC(ex->us->reconcile_recorded);
+}
+
+void ex_count_end(struct exchange *ex, int64_t now)
+{
+	int c = ex->resp_status / 100;
+	if (c >= 1 && c <= 5)
+		STAT_INC(g_gstats[ex->loop->id].requests[c]);
+	if (ex->us && ex->attempts > 0)
+		stats_observe_duration(ex->us, now - ex->t0_us);
+	/* a gRPC error travels in a 200: its status says whether the call failed (SPEC §11's
+	 * success rate counts it as a 5xx) */
+	bool failed = ex->resp_status >= 500 || (ex->client_grpc >= 0 && !grpc_definite(ex->client_grpc));
+	if (ex->us && ex->resp_status > 0)
+		stats_window_response(ex->us, now, failed);
+	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
+	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT)) {
+		STAT_INC(ex->us->unknown_outcomes);
+		record_unknown(ex);
+	}
+}
+
+/* COMPLETE: the response went out whole; CLOSE: the connection must not be reused. */
+void ex_finish(struct exchange *ex, bool complete, bool close)
+{
+	if (ex->state == X_DONE)
+		return;
+	ex_end(ex);
+	int64_t now = clock_now_us();
+	ex_count_end(ex, now);
+	ex_log_request(ex, now);
+	ex->rsp.end(ex->rsp.arg, complete, close || ex->close_after);
+}
+
+void ex_finish_error(struct exchange *ex, int status, const char *reason, bool close,
+                         const char *retry_after)
+{
+	struct made_response m;
+	bool cl = close || ex->close_after || ex_body_left_unread(ex, true);
+	if (ex->grpc) {
+		/* SPEC §10: a gRPC client gets a gRPC error (Trailers-Only), never a bare HTTP one */
+		respond_grpc_error(&m, reason, ex->up ? ex->up->name : "", ex->attempts, own_refusal(ex));
+		m.head.close = cl;
+		int pb;
+		ex->client_grpc = grpc_status_for_reason(reason, &pb);
+		status = 200;
+	} else {
+		respond_error(&m, status, reason, ex->up ? ex->up->name : "", ex->attempts,
+		              own_refusal(ex), retry_after, cl);
+	}
+	respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])), ex->reqid);
+	ex->resp_status = status;
+	ex->log.reason = reason;
+	ex->head_sent = true;
+	ex->close_after = m.head.close;
+	respond_send(&ex->rsp, &m.head, m.body, m.body_len);
+	ex_finish(ex, true, false);
+}
+
+/* ------------------------------------------------------------------ response to the client */
+
+void ex_send_head(struct exchange *ex, const struct http_head *h, enum refusal reason)
+{
+	const char *refused = reason != RR_NONE && reason != RR_NOT_LISTED ? refusal_name(reason) : NULL;
+	if (ex_body_left_unread(ex, false))
+		ex->close_after = true;
+	struct relayed_head rh;
+	respond_relayed(&rh, h, ex->attempts, refused, ex->close_after, false);
+	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
+	if (h->end_stream && ex->grpc)
+		ex->client_grpc = ex->att_grpc;
+	idem_job_record_head(ex->idem, &rh.head);
+	ex->head_sent = true;
+	ex->resp_status = h->status;
+	ex->log.ok_response = true;
+	ex->rsp.head(ex->rsp.arg, &rh.head);
+}
+
+void ex_relay_body(struct exchange *ex, struct evbuffer *data)
+{
+	if (evbuffer_get_length(data) == 0)
+		return;
+	idem_job_record_body(ex->idem, data);
+	ex->rsp.body(ex->rsp.arg, data);
+}
+
+/* The response of attempt A goes to the client. */
+void ex_relay_from(struct exchange *ex, struct attempt *a, const struct http_head *h,
+                       enum refusal reason)
+{
+	ex_set_state(ex, X_RELAY);
+	ex->relay = a;
+	if (ex->att == a)
+		ex->att = NULL;
+	ex_send_head(ex, h, reason);
+}
+
+/* Trailer fields after the body (HTTP/2 to HTTP/2; the HTTP/1 codec drops them). */
+void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n)
+{
+	if (ex->grpc)
+		ex->client_grpc = ex->att_grpc;
+	idem_job_record_trailers(ex->idem, t, n);
+	ex->rsp.trailers(ex->rsp.arg, t, n);
+}
+
+void ex_relay_complete(struct exchange *ex)
+{
+	ex->resp_complete = true;
+	ex_finish(ex, true, false);
+}
+
+void ex_relay_saved(struct exchange *ex, enum refusal reason)
+{
+	struct saved_response *s = &ex->saved;
+	if (s->complete && s->ntrailers == 0)
+		s->h.content_length = (int64_t)evbuffer_get_length(s->body);
+	if (ex->grpc)
+		ex->att_grpc = s->grpc_status;      /* the status the client gets is the kept one's */
+	ex_set_state(ex, X_RELAY);
+	ex_send_head(ex, &s->h, reason);
+	ex_relay_body(ex, s->body);
+	if (s->complete) {
+		if (s->ntrailers > 0)
+			ex_relay_trailers(ex, s->trailers, s->ntrailers);
+		ex_relay_complete(ex);
+		return;
+	}
+	/* its attempt is still collecting (or paused, full): from now on it streams to the client */
+	ex->relay = s->a;
+	s->a = NULL;
+	s->valid = false;
+	attempt_resume(ex->relay);
+}
+
+void ex_deliver_last(struct exchange *ex)
+{
+	if (ex->saved.valid) {
+		ex_relay_saved(ex, ex->refused);
+		return;
+	}
+	switch (ex->last_out) {
+	case OUT_CONNECT_FAILURE:
+		ex_finish_error(ex, 502, "connect-failure", false, NULL);
+		break;
+	case OUT_TIMEOUT:
+		ex_finish_error(ex, 504, "timeout", false, NULL);
+		break;
+	default:
+		ex_finish_error(ex, 502, ex->last_bad ? "bad-response" : "reset", false, NULL);
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------ 1xx and 101 */
+
+/* 101 to an Upgrade request: relay the head, hand the raw connection to the codec. */
+void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_head *h)
+{
+	STAT_INC(ex->us->responses[1]);
+	access_set_status(&ex->log, 101);
+	struct relayed_head rh;
+	respond_relayed(&rh, h, ex->attempts, NULL, false, true);
+	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
+	struct stream *ubev = attempt_take_bev(a);
+	ex->att = NULL;
+	attempt_free(a);
+	ex->resp_status = 101;
+	ex->last_out = OUT_STATUS;
+	ex->log.ok_response = true;
+	ex->head_sent = true;
+	ex_end(ex);
+	int64_t now = clock_now_us();
+	ex_count_end(ex, now);
+	ex_log_request(ex, now);
+	ex->rsp.tunnel(ex->rsp.arg, &rh.head, ubev);
+}
+
+/* 1xx: 100 only for a client that asked (and that we did not answer ourselves), 103 always;
+ * the codec drops them where its protocol does not allow them. */
+void ex_relay_informational(struct exchange *ex, const struct http_head *h)
+{
+	if (ex->head_sent)
+		return;
+	bool asked = h->status == 100 && ex->req->expect_continue && ex->rb.mode == BODY_STREAM;
+	if (!asked && h->status != 103)
+		return;
+	struct resp_head rh = {
+		.status = h->status, .reason = h->reason, .reason_len = h->reason_len,
+		.hdrs = h->hdrs, .nhdrs = h->status == 103 ? h->nhdrs : 0, .content_length = -1,
+	};
+	ex->rsp.informational(ex->rsp.arg, &rh);
+}
+

@@ -1,0 +1,56 @@
+/*
+ * idem_job: SPEC §6 enforcement for one request at this hop: name the request (scope and
+ * fingerprint), claim its key, record the response that goes to the client (head fields,
+ * body and trailers up to max_response), and settle the claim when the exchange ends — the
+ * claim follows the last attempt (idem_disposition, which also knows §10's definite gRPC
+ * codes). One job per enforced request; the exchange owns it.
+ */
+#ifndef RG_IDEM_JOB_H
+#define RG_IDEM_JOB_H
+
+#include <stdbool.h>
+
+#include "idempotency/idempotency.h"
+
+struct loop;
+struct http_head;
+struct evbuffer;
+struct resp_head;
+struct http_hdr;
+struct idem_job;
+
+/* Is this request enforced here: enabled, method listed, and a non-empty key? */
+bool idem_job_applies(const struct cfg_idempotency *ic, const char *method, bool has_key);
+
+/* Claim the key of REQ (BODY: its whole buffered body). FN gets the answer later, from the
+ * loop; IDEM_CLAIMED makes the job the key's owner. NULL (with *ERR) when the store cannot be
+ * had at all: answer 503 idempotency-store-unavailable. */
+struct idem_job *idem_job_claim(struct loop *loop, const struct cfg_idempotency *ic,
+                                const char *upstream, const struct http_head *req,
+                                struct evbuffer *body, idem_claim_fn fn, void *arg,
+                                const char **err);
+
+bool idem_job_owns(const struct idem_job *j);
+
+/* The response going to the client: its fields (our own markers are not stored), body bytes
+ * (copied, DATA untouched) and trailer fields as relayed (pseudo-headers and
+ * connection-specific fields are not stored). Only while the job owns the key. Body and
+ * trailers together count against max_response: past it the response is relayed, not stored
+ * (the key stays claimed until ttl). */
+void idem_job_record_head(struct idem_job *j, const struct resp_head *h);
+void idem_job_record_body(struct idem_job *j, struct evbuffer *data);
+void idem_job_record_trailers(struct idem_job *j, const struct http_hdr *t, int n);
+
+/* Settle the claim once (the exchange ends). LAST_STATUS: the last attempt's response status
+ * (0: none); GRPC_STATUS: that response's grpc-status, from its trailers or from its head
+ * for a Trailers-Only response (-1: not a gRPC response; a gRPC call whose response carried
+ * none is GRPC_UNKNOWN, as its client reads it); REACHED: some attempt may have reached the
+ * upstream; COMPLETE: the relayed response went out whole. idem_disposition() decides.
+ * Returns true when a response was stored. */
+bool idem_job_settle(struct idem_job *j, int last_status, int grpc_status, bool reached,
+                     bool complete);
+
+/* Cancels a pending claim; settles nothing (call idem_job_settle first). */
+void idem_job_free(struct idem_job *j);
+
+#endif

@@ -1,0 +1,277 @@
+/*
+ * pool: idle upstream connections, per worker. See pool.h. Everything
+ * here belongs to one worker thread; the only shared things it reads are the registry's
+ * forget epoch and, through upstream_ep_live(), whether a slot still holds a serial.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/util.h>
+
+#include "base/clock.h"
+#include "http/http.h"
+#include "base/log.h"
+#include "upstream/pool.h"
+#include "state/upstream.h"
+#include "net/stream.h"
+#include "base/util.h"
+#include "base/loop.h"
+
+/* the loop's pools: [upstream state id][endpoint index] */
+struct pool_table {
+	struct pool_ep ***pools;
+	int npools;
+	uint64_t forget_epoch;          /* the registry's, at the last sweep */
+	bool draining;                  /* no connection is parked any more */
+};
+
+static struct pool_table *pool_table(struct loop *l)
+{
+	if (!l->pools) {
+		l->pools = xcalloc(1, sizeof(*l->pools));
+	}
+	return l->pools;
+}
+
+static void upconn_free_cb(void *p);
+static void pool_unlink(struct upconn *c);
+
+static void pe_free(struct pool_ep *pe)
+{
+	free(pe->name);
+	free(pe);
+}
+
+/* Close the idle connections of PE and free it (its endpoint is forgotten: nothing but this
+ * table knows it). */
+static void pe_retire(struct pool_table *t, struct pool_ep *pe)
+{
+	struct upconn *c;
+	while ((c = TAILQ_FIRST(&pe->idle)))
+		upconn_close(c);
+	pe_free(pe);
+}
+
+/* Retire the pools whose endpoint the registry forgot since the last sweep. */
+static void pool_sweep(struct pool_table *t)
+{
+	uint64_t epoch = upstream_forget_epoch();
+	if (epoch == t->forget_epoch)
+		return;
+	t->forget_epoch = epoch;
+	for (int i = 0; i < t->npools; i++)
+		for (int e = 0; t->pools[i] && e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = t->pools[i][e];
+			if (pe && !upstream_ep_live(i, e, pe->serial)) {
+				t->pools[i][e] = NULL;
+				pe_retire(t, pe);
+			}
+		}
+}
+
+struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
+{
+	struct pool_table *t = pool_table(l);
+	pool_sweep(t);
+	int id = ep->up->id;
+	if (id >= t->npools) {
+		int n = id + 8;
+		t->pools = xrealloc(t->pools, sizeof(*t->pools) * (size_t)n);
+		for (int i = t->npools; i < n; i++)
+			t->pools[i] = NULL;
+		t->npools = n;
+	}
+	if (!t->pools[id])
+		t->pools[id] = xcalloc(MAX_ENDPOINTS, sizeof(struct pool_ep *));
+	struct pool_ep *pe = t->pools[id][ep->index];
+	if (pe && pe->serial != ep->serial) {
+		/* the slot's endpoint was forgotten and the index given to a new one */
+		pe_retire(t, pe);
+		pe = NULL;
+	}
+	if (!pe) {
+		pe = xcalloc(1, sizeof(*pe));
+		TAILQ_INIT(&pe->idle);
+		TAILQ_INIT(&pe->waiters);
+		pe->name = xstrdup(ep->name);
+		pe->serial = ep->serial;
+		memcpy(&pe->addr, &ep->addr, sizeof(pe->addr));
+		pe->addrlen = ep->addrlen;
+		pe->up_id = id;
+		pe->index = ep->index;
+		pe->loop = l;
+		t->pools[id][ep->index] = pe;
+	}
+	return pe;
+}
+
+static void upconn_free_cb(void *p)
+{
+	struct upconn *c = p;
+	if (c->parser)
+		http_msg_free(c->parser);
+	c->magic = 0;
+	free(c);
+}
+
+static void pool_unlink(struct upconn *c)
+{
+	if (!c->idle)
+		return;
+	struct pool_ep *pe = c->pe;
+	TAILQ_REMOVE(&pe->idle, c, link);
+	pe->nidle--;
+	c->idle = false;
+	if (c->idle_ev) {
+		event_free(c->idle_ev);
+		c->idle_ev = NULL;
+	}
+}
+
+void upconn_close(struct upconn *c)
+{
+	if (c->closed)
+		return;         /* idempotent: the second close of a connection is a no-op */
+	c->closed = true;
+	pool_unlink(c);
+	if (c->bev) {
+		stream_free(c->bev);
+		c->bev = NULL;
+	}
+	loop_defer_free(c->loop, upconn_free_cb, c);
+}
+
+/* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
+static void idle_read_cb(struct stream *bev, void *arg)
+{
+	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
+	upconn_close(arg);
+}
+
+static void idle_event_cb(struct stream *bev, short what, void *arg)
+{
+	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
+	upconn_close(arg);
+}
+
+static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
+	upconn_close(arg);
+}
+
+void pool_put(struct upconn *c)
+{
+	struct pool_ep *pe = pool_ep_get(c->loop, c->ep);
+	if (pe->nidle >= POOL_MAX_IDLE || pool_table(c->loop)->draining ||
+	    evbuffer_get_length(stream_input(c->bev)) > 0) {
+		upconn_close(c);
+		return;
+	}
+	c->pe = pe;
+	c->idle = true;
+	c->idle_since_us = clock_now_us();
+	stream_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
+	stream_enable(c->bev, EV_READ);
+	c->idle_ev = evtimer_new(c->loop->base, idle_timeout_cb, c);
+	struct timeval tv = clock_tv(POOL_IDLE_US);
+	evtimer_add(c->idle_ev, &tv);
+	TAILQ_INSERT_HEAD(&pe->idle, c, link);    /* LIFO: the most recently used is warmest */
+	pe->nidle++;
+}
+
+/* The peer may have closed while we were not looking (the read event not yet run): peek. */
+static bool conn_alive(struct upconn *c)
+{
+	char b;
+	evutil_socket_t fd = stream_fd(c->bev);
+	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0 || n > 0)
+		return false;
+	return errno == EAGAIN || errno == EWOULDBLOCK;
+}
+
+struct upconn *pool_get(struct pool_ep *pe)
+{
+	int64_t now = clock_now_us();
+	struct upconn *c;
+	while ((c = TAILQ_FIRST(&pe->idle))) {
+		pool_unlink(c);
+		/* A close that came in while we were not looking shows on a peek. A connection
+		 * parked within the last POOL_PEEK_AFTER_US was just used: servers close idle
+		 * connections after seconds, so the peek (a system call) is skipped for it. */
+		int64_t idle = now - c->idle_since_us;
+		if (idle > POOL_REUSE_MAX_US || (idle > POOL_PEEK_AFTER_US && !conn_alive(c))) {
+			upconn_close(c);
+			continue;
+		}
+		stream_disable(c->bev, EV_READ);
+		stream_setcb(c->bev, NULL, NULL, NULL, NULL);
+		c->uses++;
+		return c;
+	}
+	return NULL;
+}
+
+/* The address is the endpoint's own (upstream.c keeps one per slot and serial): known now. */
+void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
+{
+	wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
+}
+
+void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
+{
+	struct pool_waiter *x;
+	TAILQ_FOREACH(x, &pe->waiters, link) {
+		if (x == wt) {
+			TAILQ_REMOVE(&pe->waiters, wt, link);
+			return;
+		}
+	}
+}
+
+void pool_drain(struct loop *l)
+{
+	struct pool_table *t = pool_table(l);
+	t->draining = true;
+	for (int i = 0; i < t->npools; i++)
+		for (int e = 0; t->pools[i] && e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = t->pools[i][e];
+			struct upconn *c;
+			while (pe && (c = TAILQ_FIRST(&pe->idle)))
+				upconn_close(c);
+		}
+}
+
+void pool_free_all(struct loop *l)
+{
+	struct pool_table *t = l->pools;
+	if (!t)
+		return;
+	for (int i = 0; i < t->npools; i++) {
+		if (!t->pools[i])
+			continue;
+		for (int e = 0; e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = t->pools[i][e];
+			if (!pe)
+				continue;
+			struct upconn *c;
+			while ((c = TAILQ_FIRST(&pe->idle))) {
+				pool_unlink(c);
+				stream_free(c->bev);
+				c->bev = NULL;
+				upconn_free_cb(c);
+			}
+			pe_free(pe);
+		}
+		free(t->pools[i]);
+	}
+	free(t->pools);
+	free(t);
+	l->pools = NULL;
+}
