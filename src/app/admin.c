@@ -19,7 +19,7 @@
 #include "app/admin.h"
 #include "config/config.h"
 #include "policy/faults.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "net/listener.h"
 #include "base/log.h"
 #include "http/h1_write.h"

@@ -20,7 +20,7 @@
 #include "base/clock.h"
 #include "config/config.h"
 #include "state/faults_watch.h"
-#include "app/health.h"
+#include "app/health_cli.h"
 #include "idempotency/idempotency.h"
 #include "net/listener.h"
 #include "base/log.h"

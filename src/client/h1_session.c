@@ -28,7 +28,7 @@
 #include "base/clock.h"
 #include "config/config.h"
 #include "proxy/exchange.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/log.h"
 #include "client/h1_session.h"
 #include "http/h1_write.h"
@@ -258,7 +258,7 @@ static void rsp_body(void *arg, struct evbuffer *data)
 	if (s->state == S_CLOSED || s->resp_bodyless || n == 0)
 		evbuffer_drain(data, n);
 	else if (s->resp_chunked)
-		http_chunk_encode(stream_output(s->bev), data, n);
+		h1_chunk_encode(stream_output(s->bev), data, n);
 	else
 		evbuffer_add_buffer(stream_output(s->bev), data);
 }
@@ -276,7 +276,7 @@ static void rsp_end(void *arg, bool complete, bool close)
 		return;
 	s->ex_done = true;
 	if (complete && s->resp_chunked)
-		http_chunk_last(stream_output(s->bev));
+		h1_chunk_last(stream_output(s->bev));
 	/* a cut response is never completed: the close tells the client it is truncated */
 	if (!complete || close || s->resp_close || s->close_after) {
 		session_close_after_flush(s);

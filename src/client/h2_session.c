@@ -33,7 +33,7 @@
 #include "base/h2_mem.h"
 #include "client/h2_session.h"
 #include "client/h2_session_impl.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/log.h"
 #include "base/loop.h"
 #include "http/respond.h"

@@ -15,7 +15,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "client/h2_guard.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "http/responder.h"
 #include "client/session.h"
 

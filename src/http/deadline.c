@@ -9,7 +9,7 @@
 #include "http/deadline.h"
 #include "http/grpc.h"
 #include "http/h1_write.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/util.h"
 
 #include <stdbool.h>

@@ -11,7 +11,7 @@
 #include "http/forward.h"
 #include "http/grpc.h"
 #include "http/h1_write.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/util.h"
 
 static bool named(const struct http_hdr *h, const char *name, size_t nlen)

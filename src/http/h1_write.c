@@ -1,12 +1,13 @@
 /*
- * h1_write: HTTP/1.1 head lines without printf (see h1_write.h).
+ * h1_write: HTTP/1.1 head lines without printf, and the chunked body writer (see h1_write.h).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
 
 #include "http/h1_write.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "http/responder.h"
 
 size_t h1_fmt_int(char *p, int64_t v)
@@ -101,4 +102,35 @@ void h1_response_head(struct evbuffer *b, const struct resp_head *h, const char 
 	else if (conn == H1_CONN_KEEP_ALIVE)
 		evbuffer_add(b, "Connection: keep-alive\r\n", 24);
 	evbuffer_add(b, "\r\n", 2);
+}
+
+#define CHUNK_STEP ((size_t)1 << 30)
+
+void h1_chunk_encode(struct evbuffer *out, struct evbuffer *src, size_t n)
+{
+	static const char hex[] = "0123456789abcdef";
+	char line[24];
+	size_t len = 0, i;
+
+	n = n < evbuffer_get_length(src) ? n : evbuffer_get_length(src);
+	if (n == 0)             /* a zero-size chunk would end the body */
+		return;
+	for (i = sizeof(size_t) * 2; i-- > 0;)
+		if (len > 0 || ((n >> (i * 4)) & 0xf) != 0)
+			line[len++] = hex[(n >> (i * 4)) & 0xf];
+	line[len++] = '\r';
+	line[len++] = '\n';
+	evbuffer_add(out, line, len);
+	while (n > 0) {          /* evbuffer_remove_buffer() counts in int */
+		size_t step = n < CHUNK_STEP ? n : CHUNK_STEP;
+		if (evbuffer_remove_buffer(src, out, step) != (int)step)
+			abort();        /* step was available: libevent broke its contract */
+		n -= step;
+	}
+	evbuffer_add(out, "\r\n", 2);
+}
+
+void h1_chunk_last(struct evbuffer *out)
+{
+	evbuffer_add(out, "0\r\n\r\n", 5);
 }

@@ -1,7 +1,8 @@
 /*
  * h1_write: HTTP/1.1 head lines written with memcpy into one stack buffer and one
  * evbuffer_add each, never printf: these run for every request and every response, and
- * printf-style formatting was a visible share of the per-request CPU. Pure serialisation:
+ * printf-style formatting was a visible share of the per-request CPU; and the chunked body
+ * writer, the framing of a body of unknown length. Pure serialisation:
  * no policy (which fields go out is the caller's decision).
  */
 #ifndef RG_H1_WRITE_H
@@ -23,6 +24,10 @@ void h1_field_int(struct evbuffer *b, const char *name, size_t nlen, int64_t v);
 
 #define H1_FIELD_STR(b, lit, v, vlen) h1_field((b), lit, sizeof(lit) - 1, (v), (vlen))
 #define H1_FIELD_INT(b, lit, v) h1_field_int((b), lit, sizeof(lit) - 1, (v))
+
+/* Append "<hex>\r\n<data>\r\n" for N bytes of SRC (moved, not copied), or the last chunk. */
+void h1_chunk_encode(struct evbuffer *out, struct evbuffer *src, size_t n);
+void h1_chunk_last(struct evbuffer *out);
 
 /* "HTTP/1.1 STATUS REASON\r\n" (the reason is cut at 256 bytes) */
 void h1_status_line(struct evbuffer *b, int status, const char *reason, size_t rlen);

@@ -14,7 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "http/responder.h"
 
 struct idem_response;

@@ -19,7 +19,7 @@
 #include "obs/accesslog.h"
 #include "config/config.h"
 #include "http/grpc.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/util.h"
 
 #define ACCESS_FLUSH_BYTES (64 * 1024)

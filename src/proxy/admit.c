@@ -7,7 +7,7 @@
 #include "proxy/admit.h"
 #include "config/config.h"
 #include "http/grpc.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "proxy/route.h"
 #include "base/util.h"

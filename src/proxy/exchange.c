@@ -37,7 +37,7 @@
 #include "proxy/exchange_impl.h"
 #include "policy/faults.h"
 #include "http/forward.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "base/log.h"
 #include "policy/outlier.h"

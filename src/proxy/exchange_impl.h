@@ -18,7 +18,7 @@
 #include "config/config.h"
 #include "http/deadline.h"
 #include "http/forward.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "proxy/reqbody.h"
 #include "http/responder.h"
 #include "policy/retry.h"

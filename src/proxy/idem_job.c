@@ -6,7 +6,7 @@
 
 #include <event2/buffer.h>
 
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "base/loop.h"
 #include "http/responder.h"

@@ -10,7 +10,7 @@
 
 #include <stdbool.h>
 
-#include "http/http.h"
+#include "http/h1_parser.h"
 
 struct attempt;
 struct evbuffer;

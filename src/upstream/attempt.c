@@ -25,7 +25,8 @@
 
 #include "upstream/attempt.h"
 #include "base/clock.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
+#include "http/h1_write.h"
 #include "base/log.h"
 #include "upstream/h2_conn.h"
 #include "upstream/pool.h"
@@ -295,7 +296,7 @@ static void conn_write_request(struct attempt *a)
 	if (a->pending && evbuffer_get_length(a->pending) > 0)
 		evbuffer_add_buffer(out, a->pending);
 	if (a->streaming && a->body_ended && a->chunked)
-		http_chunk_last(out);
+		h1_chunk_last(out);
 	out_counted(a, before);
 }
 
@@ -621,7 +622,7 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 		return;
 	size_t before = a->c ? out_len(a) : 0;
 	if (a->chunked)
-		http_chunk_encode(dst, data, n);
+		h1_chunk_encode(dst, data, n);
 	else
 		evbuffer_add_buffer(dst, data);
 	if (a->c)
@@ -647,11 +648,11 @@ void attempt_send_body_end(struct attempt *a)
 	if (a->state == A_DONE || !a->chunked)
 		return;
 	if (!a->c) {
-		http_chunk_last(a->pending);
+		h1_chunk_last(a->pending);
 		return;
 	}
 	size_t before = out_len(a);
-	http_chunk_last(stream_output(a->c->bev));
+	h1_chunk_last(stream_output(a->c->bev));
 	out_counted(a, before);
 }
 

@@ -24,7 +24,7 @@
 #include "upstream/h2_conn.h"
 #include "base/h2_mem.h"
 #include "base/clock.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/loop.h"
 #include "upstream/pool.h"
 #include "net/stream.h"

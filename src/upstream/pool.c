@@ -14,7 +14,7 @@
 #include <event2/util.h>
 
 #include "base/clock.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "base/log.h"
 #include "upstream/pool.h"
 #include "state/upstream.h"

@@ -19,7 +19,7 @@
 
 #include <event2/buffer.h>
 
-#include "http/http.h"
+#include "http/h1_parser.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -16,7 +16,7 @@
 
 #include "obs/accesslog.h"
 #include "http/grpc.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 
 /* Writes R through a fresh log file and returns its one line (caller frees). */
 static char *line_of(const struct access_rec *r)

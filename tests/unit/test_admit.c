@@ -20,7 +20,7 @@
 
 #include "proxy/admit.h"
 #include "config/config.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 
 static const char *yaml =
 	"listeners:\n"

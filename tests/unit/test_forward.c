@@ -15,7 +15,7 @@
 #include <event2/buffer.h>
 
 #include "http/forward.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 
 struct row {
 	const char *why;

@@ -23,7 +23,8 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "http/http.h"
+#include "http/h1_parser.h"
+#include "http/h1_write.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define TRACE_MAX 4096
@@ -1287,9 +1288,9 @@ static void test_chunk_encode(void **state)
 	size_t n;
 
 	evbuffer_add(src, "hello", 5);
-	http_chunk_encode(out, src, 5);
-	http_chunk_encode(out, src, 5);         /* nothing left: no zero-size chunk */
-	http_chunk_last(out);
+	h1_chunk_encode(out, src, 5);
+	h1_chunk_encode(out, src, 5);         /* nothing left: no zero-size chunk */
+	h1_chunk_last(out);
 	n = evbuffer_get_length(out);
 	evbuffer_remove(out, buf, n);
 	assert_int_equal(n, 15);
@@ -1297,7 +1298,7 @@ static void test_chunk_encode(void **state)
 
 	memset(big, 'z', sizeof big);
 	evbuffer_add(src, big, sizeof big);
-	http_chunk_encode(out, src, 1000);      /* clamped to what src holds */
+	h1_chunk_encode(out, src, 1000);      /* clamped to what src holds */
 	n = evbuffer_get_length(out);
 	evbuffer_copyout(out, buf, 5);
 	assert_memory_equal(buf, "12c\r\n", 5);
@@ -1307,7 +1308,7 @@ static void test_chunk_encode(void **state)
 	/* what the writer makes, the parser reads back */
 	evbuffer_add_printf(in, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n");
 	evbuffer_add_buffer(in, out);
-	http_chunk_last(in);
+	h1_chunk_last(in);
 	assert_int_equal(http_msg_feed(m, in, out, SIZE_MAX), HTTP_HEAD);
 	while (http_msg_feed(m, in, out, 7) == HTTP_BODY)
 		;

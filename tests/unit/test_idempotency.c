@@ -37,7 +37,7 @@
 #include <hiredis/hiredis.h>
 
 #include "base/clock.h"
-#include "http/http.h"
+#include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "idempotency/idempotency.h"
 #include "base/loop.h"

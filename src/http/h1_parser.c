@@ -1,5 +1,6 @@
 /*
- * http: HTTP/1.x message parsing for one direction of one connection (contract in http.h).
+ * h1_parser: HTTP/1.x message parsing for one direction of one connection (contract in
+ * h1_parser.h).
  *
  * Bytes flow like this. A head is parsed by llhttp straight from the caller's evbuffer chains;
  * the bytes llhttp consumed are copied once into hbuf, which the msg owns and reuses from
@@ -21,7 +22,7 @@
  * as "GET ", and a well-formed version llhttp rejects (HTTP/1.2) is rewritten to 1.1 in hbuf
  * and the request line parsed again.
  */
-#include "http/http.h"
+#include "http/h1_parser.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -1507,32 +1508,4 @@ int http_head_count(const struct http_head *h, const char *name)
 		if (ieqn(h->hdrs[i].name, h->hdrs[i].nlen, name, n))
 			c++;
 	return c;
-}
-
-void http_chunk_encode(struct evbuffer *out, struct evbuffer *src, size_t n)
-{
-	static const char hex[] = "0123456789abcdef";
-	char line[24];
-	size_t len = 0, i;
-
-	n = min_sz(n, evbuffer_get_length(src));
-	if (n == 0)             /* a zero-size chunk would end the body */
-		return;
-	for (i = sizeof(size_t) * 2; i-- > 0;)
-		if (len > 0 || ((n >> (i * 4)) & 0xf) != 0)
-			line[len++] = hex[(n >> (i * 4)) & 0xf];
-	line[len++] = '\r';
-	line[len++] = '\n';
-	evbuffer_add(out, line, len);
-	while (n > 0) {
-		size_t step = min_sz(n, BODY_STEP);
-		move_body(src, out, step);
-		n -= step;
-	}
-	evbuffer_add(out, "\r\n", 2);
-}
-
-void http_chunk_last(struct evbuffer *out)
-{
-	evbuffer_add(out, "0\r\n\r\n", 5);
 }

@@ -1,5 +1,5 @@
 /*
- * health: `retrygate --health URL`, a container HEALTHCHECK that needs no other tool: one
+ * health_cli: `retrygate --health URL`, a container HEALTHCHECK that needs no other tool: one
  * blocking GET to an http:// or https://host[:port]/path URL (the admin /ready, say), exit 0
  * on a 2xx, else 1. https verifies no certificate: it is a liveness probe of a local address,
  * not a client to trust. Runs only in its own short-lived process, never in the proxy.
@@ -17,7 +17,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "app/health.h"
+#include "app/health_cli.h"
 #include "base/util.h"
 
 #define HEALTH_TIMEOUT_S 2

@@ -1,5 +1,5 @@
 /*
- * http: HTTP/1.x message parsing on top of llhttp 9 (every lenient flag off), plus the checks
+ * h1_parser: HTTP/1.x message parsing on top of llhttp 9 (every lenient flag off), plus the checks
  * llhttp leaves to us (SPEC §5, §8). One struct http_msg parses one direction of one
  * connection, message after message. It never writes to a socket: the caller feeds it an
  * evbuffer and gets events back; decoded body bytes are moved into the caller's evbuffer, so
@@ -10,8 +10,8 @@
  * 501 not-implemented, 505 version-not-supported) and the precedence 400 > 414/431 > 501/505.
  * Response side: anything invalid is HTTP_ERROR (the caller answers 502 bad-response).
  */
-#ifndef RG_HTTP_H
-#define RG_HTTP_H
+#ifndef RG_H1_PARSER_H
+#define RG_H1_PARSER_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -114,9 +114,5 @@ int http_method_class(const char *s, size_t n);
 const char *http_head_get(const struct http_head *h, const char *name, size_t *len);
 /* How many header lines are named NAME. */
 int http_head_count(const struct http_head *h, const char *name);
-
-/* Append "<hex>\r\n<data>\r\n" for N bytes of SRC (moved, not copied), or the last chunk. */
-void http_chunk_encode(struct evbuffer *out, struct evbuffer *src, size_t n);
-void http_chunk_last(struct evbuffer *out);
 
 #endif
