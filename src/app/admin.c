@@ -30,7 +30,7 @@
 #include "base/util.h"
 
 struct admin_conn {
-	struct bufferevent *bev;
+	struct bufferevent *strm;
 	struct http_msg *req;
 	struct evbuffer *sink;
 	bool loopback;
@@ -68,7 +68,7 @@ static int hex_value(char ch)
 static void conn_free(struct admin_conn *c)
 {
 	LIST_REMOVE(c, link);
-	bufferevent_free(c->bev);
+	bufferevent_free(c->strm);
 	http_msg_free(c->req);
 	evbuffer_free(c->sink);
 	free(c);
@@ -77,7 +77,7 @@ static void conn_free(struct admin_conn *c)
 static void respond(struct admin_conn *c, int status, const char *ctype, struct evbuffer *body,
                     bool close)
 {
-	struct evbuffer *o = bufferevent_get_output(c->bev);
+	struct evbuffer *o = bufferevent_get_output(c->strm);
 	evbuffer_add_printf(o, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
 	                    status, respond_status_text(status), ctype, evbuffer_get_length(body),
 	                    close ? "Connection: close\r\n" : "");
@@ -382,10 +382,10 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 	evbuffer_free(b);
 }
 
-static void admin_read_cb(struct bufferevent *bev, void *arg)
+static void admin_read_cb(struct bufferevent *strm, void *arg)
 {
 	struct admin_conn *c = arg;
-	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer *in = bufferevent_get_input(strm);
 	for (;;) {
 		enum http_event ev = http_msg_feed(c->req, in, c->sink, 64 * 1024);
 		switch (ev) {
@@ -411,25 +411,25 @@ static void admin_read_cb(struct bufferevent *bev, void *arg)
 			http_msg_error(c->req, &st, &reason, &detail);
 			struct made_response m;
 			respond_error(&m, st, reason, "", 0, NULL, NULL, true);
-			h1_response_head(bufferevent_get_output(bev), &m.head, respond_status_text(st),
+			h1_response_head(bufferevent_get_output(strm), &m.head, respond_status_text(st),
 			                 H1_LENGTH, H1_CONN_CLOSE);
-			evbuffer_add(bufferevent_get_output(bev), m.body, m.body_len);
-			bufferevent_disable(bev, EV_READ);
-			bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+			evbuffer_add(bufferevent_get_output(strm), m.body, m.body_len);
+			bufferevent_disable(strm, EV_READ);
+			bufferevent_setwatermark(strm, EV_WRITE, 0, 0);
 			return;
 		}
 		}
 	}
 }
 
-static void admin_write_cb(struct bufferevent *bev, void *arg)
+static void admin_write_cb(struct bufferevent *strm, void *arg)
 {
 	struct admin_conn *c = arg;
-	if (!(bufferevent_get_enabled(bev) & EV_READ))
+	if (!(bufferevent_get_enabled(strm) & EV_READ))
 		conn_free(c);
 }
 
-static void admin_event_cb(struct bufferevent *bev, short what, void *arg)
+static void admin_event_cb(struct bufferevent *strm, short what, void *arg)
 {
 	conn_free(arg);
 }
@@ -439,7 +439,7 @@ static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, stru
 {
 	struct admin_conn *c = xcalloc(1, sizeof(*c));
 	struct event_base *base = evconnlistener_get_base(evl);
-	c->bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->strm = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
 	struct http_limits lim = { 16 * 1024, 8 * 1024 };
 	c->req = http_msg_new(HTTP_REQUEST_KIND, &lim);
 	c->sink = evbuffer_new();
@@ -454,10 +454,10 @@ static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, stru
 		              (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr) && s6->sin6_addr.s6_addr[12] == 127);
 	}
 	LIST_INSERT_HEAD(&admin_conns, c, link);
-	bufferevent_setcb(c->bev, admin_read_cb, admin_write_cb, admin_event_cb, c);
+	bufferevent_setcb(c->strm, admin_read_cb, admin_write_cb, admin_event_cb, c);
 	struct timeval tv = { 60, 0 };
-	bufferevent_set_timeouts(c->bev, &tv, &tv);
-	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	bufferevent_set_timeouts(c->strm, &tv, &tv);
+	bufferevent_enable(c->strm, EV_READ | EV_WRITE);
 }
 
 int admin_start(struct event_base *base, const struct config *cfg)

@@ -37,7 +37,7 @@ _Atomic bool g_draining;
 
 struct worker_conn {
 	struct worker *w;
-	struct session *s;              /* HTTP/1, until it hands the connection to ... */
+	struct h1_session *s;              /* HTTP/1, until it hands the connection to ... */
 	struct h2_session *h2;          /* ... an HTTP/2 session */
 	struct listener *lst;
 	TAILQ_ENTRY(worker_conn) link;

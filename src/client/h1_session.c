@@ -48,7 +48,7 @@
 
 enum sstate { S_HEAD, S_BODY, S_WAIT, S_TUNNEL, S_CLOSING, S_CLOSED };
 
-struct session {
+struct h1_session {
 	uint32_t magic;
 	enum sstate state;
 	uint64_t id;
@@ -57,7 +57,7 @@ struct session {
 	char *lname;                    /* the listener's name: its config is looked up by it */
 	struct runtime *rt;             /* the config of the current request */
 	struct cfg_listener *lcfg;
-	struct stream *bev;
+	struct stream *strm;
 	struct http_msg *req;
 	struct exchange *ex;
 	struct tunnel *tunnel;
@@ -74,20 +74,20 @@ struct session {
 	char peer_ip[64];
 };
 
-static void session_process(struct session *s);
+static void session_process(struct h1_session *s);
 
 /* The one writer of the state (DESIGN rule 2). */
-DEFINE_STATE_SETTER(set_state, session, sstate, S_CLOSED)
+DEFINE_STATE_SETTER(set_state, h1_session, sstate, S_CLOSED)
 
 static void session_free_cb(void *p)
 {
-	struct session *s = p;
+	struct h1_session *s = p;
 	s->magic = 0;
 	free(s->lname);
 	free(s);
 }
 
-void h1_session_close(struct session *s, const char *why)
+void h1_session_close(struct h1_session *s, const char *why)
 {
 	if (s->state == S_CLOSED)
 		return;
@@ -101,9 +101,9 @@ void h1_session_close(struct session *s, const char *why)
 		tunnel_free(s->tunnel);
 		s->tunnel = NULL;
 	}
-	if (s->bev)
-		stream_free(s->bev);
-	s->bev = NULL;
+	if (s->strm)
+		stream_free(s->strm);
+	s->strm = NULL;
 	event_free(s->timer);
 	event_free(s->resume_ev);
 	http_msg_free(s->req);
@@ -118,14 +118,14 @@ void h1_session_close(struct session *s, const char *why)
 /* SPEC §9: an HTTP/2 client. -1: not one; 0: cannot tell yet (a partial preface); 1: one. */
 #define H2_PREFACE "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define H2_PREFACE_LEN 24
-static int speaks_h2(struct session *s, struct evbuffer *in)
+static int speaks_h2(struct h1_session *s, struct evbuffer *in)
 {
 	if (s->served || !s->own.on_h2 || !s->lcfg->http2)
 		return -1;
 	if (s->tls) {
 		const unsigned char *p = NULL;
 		unsigned int n = 0;
-		SSL_get0_alpn_selected(stream_ssl(s->bev), &p, &n);
+		SSL_get0_alpn_selected(stream_ssl(s->strm), &p, &n);
 		return n == 2 && memcmp(p, "h2", 2) == 0 ? 1 : -1;
 	}
 	char b[H2_PREFACE_LEN];
@@ -138,36 +138,36 @@ static int speaks_h2(struct session *s, struct evbuffer *in)
 }
 
 /* The connection is HTTP/2: its stream goes to the owner, this session ends silently. */
-static void hand_off_h2(struct session *s)
+static void hand_off_h2(struct h1_session *s)
 {
 	struct h2_handoff h = {
-		.bev = s->bev, .lname = s->lname, .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls,
+		.strm = s->strm, .lname = s->lname, .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls,
 	};
-	s->bev = NULL;
+	s->strm = NULL;
 	s->handed_off = true;
 	h1_session_close(s, "http/2");     /* the strings stay until the deferred free */
 	s->own.on_h2(s->own.closed_arg, &h);
 }
 
 /* Stop reading; close once the output has been flushed. */
-static void session_close_after_flush(struct session *s)
+static void session_close_after_flush(struct h1_session *s)
 {
 	if (s->state == S_CLOSED)
 		return;
 	set_state(s, S_CLOSING);
-	stream_disable(s->bev, EV_READ);
+	stream_disable(s->strm, EV_READ);
 	evtimer_del(s->timer);
-	if (evbuffer_get_length(stream_output(s->bev)) == 0) {
+	if (evbuffer_get_length(stream_output(s->strm)) == 0) {
 		h1_session_close(s, "done");
 		return;
 	}
-	stream_setwatermark(s->bev, EV_WRITE, 0, 0);
+	stream_setwatermark(s->strm, EV_WRITE, 0, 0);
 	/* a client that never reads its last response must not hold us forever */
 	struct timeval tv = clock_tv(s->lcfg ? s->lcfg->limits.idle_timeout_us : 10000000);
 	evtimer_add(s->timer, &tv);
 }
 
-static void refuse_ex(struct session *s, int status, const char *reason, const char *detail,
+static void refuse_ex(struct h1_session *s, int status, const char *reason, const char *detail,
                       bool log)
 {
 	slog(LOG_INFO, s->id, "refused %d %s: %s", status, reason, detail ? detail : "");
@@ -182,21 +182,21 @@ static void refuse_ex(struct session *s, int status, const char *reason, const c
 	}
 	struct made_response m;
 	respond_error(&m, status, reason, "", 0, NULL, NULL, true);
-	h1_response_head(stream_output(s->bev), &m.head, respond_status_text(status), H1_LENGTH,
+	h1_response_head(stream_output(s->strm), &m.head, respond_status_text(status), H1_LENGTH,
 	                 H1_CONN_CLOSE);
-	evbuffer_add(stream_output(s->bev), m.body, m.body_len);
+	evbuffer_add(stream_output(s->strm), m.body, m.body_len);
 	int c = status / 100;
 	if (c >= 1 && c <= 5)
 		STAT_INC(g_gstats[s->loop->id].requests[c]);
 	session_close_after_flush(s);
 }
 
-static void refuse(struct session *s, int status, const char *reason, const char *detail)
+static void refuse(struct h1_session *s, int status, const char *reason, const char *detail)
 {
 	refuse_ex(s, status, reason, detail, true);
 }
 
-static void arm_idle(struct session *s)
+static void arm_idle(struct h1_session *s)
 {
 	s->head_timer = false;
 	struct timeval tv = clock_tv(s->lcfg->limits.idle_timeout_us);
@@ -205,26 +205,26 @@ static void arm_idle(struct session *s)
 
 /* ------------------------------------------------------------------ the HTTP/1 responder */
 
-static const struct http_head *cur_req(const struct session *s)
+static const struct http_head *cur_req(const struct h1_session *s)
 {
 	return http_msg_head(s->req);
 }
 
 static void rsp_informational(void *arg, const struct resp_head *h)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	/* HTTP/1.0 has no interim responses; none after the final head */
 	if (s->state == S_CLOSED || cur_req(s)->version != 11 || s->resp_started)
 		return;
-	h1_response_head(stream_output(s->bev), h, respond_status_text(h->status), H1_NO_BODY,
+	h1_response_head(stream_output(s->strm), h, respond_status_text(h->status), H1_NO_BODY,
 	                 H1_CONN_NONE);
 }
 
 /* The one place that decides framing and whether the connection outlives the response. */
 static void rsp_head(void *arg, const struct resp_head *h)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSED)
 		return;
@@ -247,20 +247,20 @@ static void rsp_head(void *arg, const struct resp_head *h)
 	}
 	enum h1_conn conn = s->resp_close ? H1_CONN_CLOSE
 	                    : req->version == 10 ? H1_CONN_KEEP_ALIVE : H1_CONN_NONE;
-	h1_response_head(stream_output(s->bev), h, respond_status_text(h->status), fr, conn);
+	h1_response_head(stream_output(s->strm), h, respond_status_text(h->status), fr, conn);
 }
 
 static void rsp_body(void *arg, struct evbuffer *data)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	size_t n = evbuffer_get_length(data);
 	if (s->state == S_CLOSED || s->resp_bodyless || n == 0)
 		evbuffer_drain(data, n);
 	else if (s->resp_chunked)
-		h1_chunk_encode(stream_output(s->bev), data, n);
+		h1_chunk_encode(stream_output(s->strm), data, n);
 	else
-		evbuffer_add_buffer(stream_output(s->bev), data);
+		evbuffer_add_buffer(stream_output(s->strm), data);
 }
 
 static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
@@ -270,13 +270,13 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 
 static void rsp_end(void *arg, bool complete, bool close)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSED)
 		return;
 	s->ex_done = true;
 	if (complete && s->resp_chunked)
-		h1_chunk_last(stream_output(s->bev));
+		h1_chunk_last(stream_output(s->strm));
 	/* a cut response is never completed: the close tells the client it is truncated */
 	if (!complete || close || s->resp_close || s->close_after) {
 		session_close_after_flush(s);
@@ -287,14 +287,14 @@ static void rsp_end(void *arg, bool complete, bool close)
 
 static size_t rsp_queued(void *arg)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
-	return s->bev ? evbuffer_get_length(stream_output(s->bev)) : 0;
+	return s->strm ? evbuffer_get_length(stream_output(s->strm)) : 0;
 }
 
 static void rsp_want_body(void *arg)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_BODY)
 		event_active(s->resume_ev, EV_TIMEOUT, 0);
@@ -307,17 +307,17 @@ static void tunnel_closed_cb(void *arg)
 
 static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upstream)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
-	h1_response_head(stream_output(s->bev), h, "Switching Protocols", H1_NO_BODY, H1_CONN_NONE);
+	h1_response_head(stream_output(s->strm), h, "Switching Protocols", H1_NO_BODY, H1_CONN_NONE);
 	s->ex_done = true;
 	set_state(s, S_TUNNEL);
 	evtimer_del(s->timer);
-	s->tunnel = tunnel_new(s->loop, s->bev, upstream, tunnel_closed_cb, s);
+	s->tunnel = tunnel_new(s->loop, s->strm, upstream, tunnel_closed_cb, s);
 }
 
 /* The config the next request is served with: refreshed per request. */
-static bool session_refresh_config(struct session *s)
+static bool session_refresh_config(struct h1_session *s)
 {
 	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
 	if (rt == s->rt)
@@ -328,7 +328,7 @@ static bool session_refresh_config(struct session *s)
 	return s->lcfg != NULL;
 }
 
-static void start_exchange(struct session *s, const struct http_head *h)
+static void start_exchange(struct h1_session *s, const struct http_head *h)
 {
 	evtimer_del(s->timer);
 	s->head_timer = false;
@@ -361,7 +361,7 @@ static void start_exchange(struct session *s, const struct http_head *h)
 }
 
 /* The response is queued: forget the exchange and look at the next request. */
-static void next_request(struct session *s)
+static void next_request(struct h1_session *s)
 {
 	exchange_free(s->ex);
 	s->ex = NULL;
@@ -371,9 +371,9 @@ static void next_request(struct session *s)
 	arm_idle(s);
 }
 
-static void session_process(struct session *s)
+static void session_process(struct h1_session *s)
 {
-	struct evbuffer *in = stream_input(s->bev);
+	struct evbuffer *in = stream_input(s->strm);
 	for (;;) {
 		if (s->state == S_CLOSING || s->state == S_CLOSED || s->state == S_TUNNEL)
 			return;
@@ -382,7 +382,7 @@ static void session_process(struct session *s)
 				return;     /* pipelined bytes wait in the input buffer */
 			/* a client that pipelines without reading: its responses pile up here, so
 			 * take the next request only once they drained (write_cb resumes us) */
-			if (evbuffer_get_length(stream_output(s->bev)) > CLIENT_HIGH)
+			if (evbuffer_get_length(stream_output(s->strm)) > CLIENT_HIGH)
 				return;
 			next_request(s);
 		}
@@ -467,22 +467,22 @@ static void session_process(struct session *s)
 
 static void resume_cb(evutil_socket_t fd, short what, void *arg)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	session_process(s);
 }
 
-static void read_cb(struct stream *bev, void *arg)
+static void read_cb(struct stream *strm, void *arg)
 {
 	session_process(arg);
 }
 
-static void write_cb(struct stream *bev, void *arg)
+static void write_cb(struct stream *strm, void *arg)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSING) {
-		if (evbuffer_get_length(stream_output(bev)) == 0)
+		if (evbuffer_get_length(stream_output(strm)) == 0)
 			h1_session_close(s, "flushed");
 		return;
 	}
@@ -492,15 +492,15 @@ static void write_cb(struct stream *bev, void *arg)
 		event_active(s->resume_ev, EV_TIMEOUT, 0);     /* held back by CLIENT_HIGH */
 }
 
-static void event_cb(struct stream *bev, short what, void *arg)
+static void event_cb(struct stream *strm, short what, void *arg)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (what & BEV_EVENT_CONNECTED)
 		return;     /* a TLS handshake completed: nothing to do */
 	if (s->state == S_CLOSING && !(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF)) {
 		/* the client half-closed while we flush: keep flushing */
-		stream_disable(bev, EV_READ);
+		stream_disable(strm, EV_READ);
 		return;
 	}
 	h1_session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
@@ -508,7 +508,7 @@ static void event_cb(struct stream *bev, short what, void *arg)
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
-	struct session *s = arg;
+	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_CLOSING) {
 		h1_session_close(s, "flush timeout");
@@ -523,10 +523,11 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	h1_session_close(s, "idle");
 }
 
-struct session *h1_session_new(struct loop *loop, const struct session_owner *own, const char *lname,
-                            uint64_t sid, int fd, const struct sockaddr *peer, int peerlen)
+struct h1_session *h1_session_new(struct loop *loop, const struct session_owner *own,
+                                  const char *lname, uint64_t sid, int fd,
+                                  const struct sockaddr *peer, int peerlen)
 {
-	struct session *s = xcalloc(1, sizeof(*s));
+	struct h1_session *s = xcalloc(1, sizeof(*s));
 	s->magic = SESSION_MAGIC;
 	s->loop = loop;
 	s->own = *own;
@@ -541,42 +542,42 @@ struct session *h1_session_new(struct loop *loop, const struct session_owner *ow
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	SSL_CTX *tls = s->rt->ltls[s->lcfg - s->rt->cfg->listeners];
-	s->bev = stream_new(loop, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
+	s->strm = stream_new(loop, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
 	s->tls = tls != NULL;
 	/* the request parser (its head arrays are most of a connection's memory) comes with the
 	 * first byte: an idle connection costs a few hundred bytes of ours */
 	s->body_tmp = evbuffer_new();
 	s->timer = evtimer_new(loop->base, timer_cb, s);
 	s->resume_ev = event_new(loop->base, -1, 0, resume_cb, s);
-	stream_setcb(s->bev, read_cb, write_cb, event_cb, s);
+	stream_setcb(s->strm, read_cb, write_cb, event_cb, s);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
-	stream_setwatermark(s->bev, EV_READ, 0, (size_t)s->lcfg->limits.max_header_bytes + 64 * 1024);
-	stream_setwatermark(s->bev, EV_WRITE, CLIENT_LOW, 0);
+	stream_setwatermark(s->strm, EV_READ, 0, (size_t)s->lcfg->limits.max_header_bytes + 64 * 1024);
+	stream_setwatermark(s->strm, EV_WRITE, CLIENT_LOW, 0);
 	/* a client that stops reading its responses holds nothing for longer than idle_timeout */
-	stream_set_write_timeout(s->bev, s->lcfg->limits.idle_timeout_us);
-	stream_enable(s->bev, EV_READ | EV_WRITE);
+	stream_set_write_timeout(s->strm, s->lcfg->limits.idle_timeout_us);
+	stream_enable(s->strm, EV_READ | EV_WRITE);
 	set_state(s, S_HEAD);
 	arm_idle(s);
 	return s;
 }
 
 /* Bytes the client sent that we have not read yet (the kernel's receive buffer). */
-static bool unread_input(struct session *s)
+static bool unread_input(struct h1_session *s)
 {
 	char b;
-	int fd = stream_fd(s->bev);
+	int fd = stream_fd(s->strm);
 	return fd >= 0 && recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
-void h1_session_drain(struct session *s, bool close_idle)
+void h1_session_drain(struct h1_session *s, bool close_idle)
 {
 	s->close_after = true;      /* every response from now on says Connection: close */
 	if (!close_idle || s->state != S_HEAD || (s->req && http_msg_head_bytes(s->req) > 0) ||
-	    evbuffer_get_length(stream_input(s->bev)) > 0)
+	    evbuffer_get_length(stream_input(s->strm)) > 0)
 		return;
 	/* a request already on its way is served (with Connection: close), never reset */
 	if (unread_input(s)) {
-		stream_trigger_read(s->bev);
+		stream_trigger_read(s->strm);
 		return;
 	}
 	h1_session_close(s, "draining");

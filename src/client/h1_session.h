@@ -15,14 +15,15 @@
 
 struct loop;
 struct runtime;
-struct session;
+struct h1_session;
 
 /* Takes ownership of FD. LNAME: the listener's name (its config is looked up by it). */
-struct session *h1_session_new(struct loop *loop, const struct session_owner *own, const char *lname,
-                            uint64_t sid, int fd, const struct sockaddr *peer, int peerlen);
+struct h1_session *h1_session_new(struct loop *loop, const struct session_owner *own,
+                                  const char *lname, uint64_t sid, int fd,
+                                  const struct sockaddr *peer, int peerlen);
 /* Drain: the connection closes after its next response; with CLOSE_IDLE, a connection with no
  * request in progress (none read, none waiting unread in the socket) closes now. */
-void h1_session_drain(struct session *s, bool close_idle);
-void h1_session_close(struct session *s, const char *why);
+void h1_session_drain(struct h1_session *s, bool close_idle);
+void h1_session_close(struct h1_session *s, const char *why);
 
 #endif

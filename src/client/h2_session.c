@@ -343,8 +343,8 @@ static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
 /* The frames gathered so far go to the output, in order. */
 static void stage_flush(struct h2_session *s)
 {
-	if (s->staged > 0 && s->bev) {
-		evbuffer_add(stream_output(s->bev), s->stage, s->staged);
+	if (s->staged > 0 && s->strm) {
+		evbuffer_add(stream_output(s->strm), s->stage, s->staged);
 		s->staged = 0;
 	}
 }
@@ -373,7 +373,7 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
-	struct evbuffer *out = stream_output(s->bev);
+	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
 	if (s->stage && s->settings_sent) {
@@ -431,7 +431,7 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 	MAGIC_CHECK(s, H2S_MAGIC);
 	struct h2_stream *st = src->ptr;
 	MAGIC_CHECK(st, H2ST_MAGIC);
-	struct evbuffer *out = stream_output(s->bev);
+	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
 	if (s->stage && length <= STAGE_SMALL_DATA) {
@@ -772,8 +772,8 @@ void h2_session_close(struct h2_session *s, const char *why)
 	}
 	nghttp2_session_del(s->ng);     /* after the rcbufs went back: they use its allocator */
 	s->ng = NULL;
-	stream_free(s->bev);
-	s->bev = NULL;
+	stream_free(s->strm);
+	s->strm = NULL;
 	event_free(s->send_ev);
 	event_free(s->idle_ev);
 	event_free(s->hdr_ev);
@@ -843,8 +843,8 @@ static void flush(struct h2_session *s)
 		set_state(s, H_CLOSING);
 	if (s->state == H_CLOSING) {
 		/* the GOAWAY (if any) is in the output: close once it left */
-		stream_disable(s->bev, EV_READ);
-		if (evbuffer_get_length(stream_output(s->bev)) == 0)
+		stream_disable(s->strm, EV_READ);
+		if (evbuffer_get_length(stream_output(s->strm)) == 0)
 			h2_session_close(s, "done");
 		return;
 	}
@@ -859,11 +859,11 @@ static void send_ev_cb(evutil_socket_t fd, short what, void *arg)
 	flush(s);
 }
 
-static void read_cb(struct stream *bev, void *arg)
+static void read_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
-	struct evbuffer *in = stream_input(bev);
+	struct evbuffer *in = stream_input(strm);
 	while (s->state < H_CLOSING && evbuffer_get_length(in) > 0) {
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -911,14 +911,14 @@ static void read_cb(struct stream *bev, void *arg)
 	flush(s);
 }
 
-static void write_cb(struct stream *bev, void *arg)
+static void write_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
 	flush(s);
 }
 
-static void event_cb(struct stream *bev, short what, void *arg)
+static void event_cb(struct stream *strm, short what, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2S_MAGIC);
@@ -984,7 +984,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	s->lname = xstrdup(h->lname);
 	s->id = h->sid;
 	s->tls = h->tls;
-	s->bev = h->bev;
+	s->strm = h->strm;
 	snprintf(s->peer_ip, sizeof(s->peer_ip), "%s", h->peer_ip);
 	TAILQ_INIT(&s->streams);
 	s->rt = runtime_ref(own->runtime(own->runtime_arg));
@@ -1031,13 +1031,13 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]));
 	nghttp2_session_set_local_window_size(s->ng, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
 
-	stream_setcb(s->bev, read_cb, write_cb, event_cb, s);
-	stream_setwatermark(s->bev, EV_READ, 0, 256 * 1024);
-	stream_setwatermark(s->bev, EV_WRITE, OUT_LOW, 0);
-	stream_set_write_timeout(s->bev, lim->idle_timeout_us);
-	stream_enable(s->bev, EV_READ | EV_WRITE);
+	stream_setcb(s->strm, read_cb, write_cb, event_cb, s);
+	stream_setwatermark(s->strm, EV_READ, 0, 256 * 1024);
+	stream_setwatermark(s->strm, EV_WRITE, OUT_LOW, 0);
+	stream_set_write_timeout(s->strm, lim->idle_timeout_us);
+	stream_enable(s->strm, EV_READ | EV_WRITE);
 	/* the preface (and more) may already be in the input: read it from the loop */
-	stream_trigger_read(s->bev);
+	stream_trigger_read(s->strm);
 	h2s_kick(s);
 	return s;
 }

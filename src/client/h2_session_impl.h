@@ -97,7 +97,7 @@ struct h2_session {
 	char *lname;
 	struct runtime *rt;
 	struct cfg_listener *lcfg;
-	struct stream *bev;
+	struct stream *strm;
 	nghttp2_session *ng;
 	TAILQ_HEAD(, h2_stream) streams;
 	int nstreams;

@@ -16,7 +16,7 @@ struct stream;
 /* The connection an HTTP/1 session hands over: the stream (taken; its input still holds
  * every byte read so far), and who the client is. Valid during the callback only. */
 struct h2_handoff {
-	struct stream *bev;
+	struct stream *strm;
 	const char *lname;
 	uint64_t sid;
 	const char *peer_ip;

@@ -42,7 +42,7 @@ struct stream {
 	struct loop *loop;
 	struct event_base *base;
 	int fd;
-	struct bufferevent *bev;        /* TLS streams only */
+	struct bufferevent *strm;        /* TLS streams only */
 	struct evbuffer *in, *out;
 	struct event *io;               /* plain: the socket, edge-triggered, registered once */
 	struct event *soon;             /* plain: flush the output, read, report */
@@ -346,21 +346,21 @@ static void out_changed_cb(struct evbuffer *buf, const struct evbuffer_cb_info *
 
 /* ---------------------------------------------------------------- TLS: bufferevent */
 
-static void tls_read_cb(struct bufferevent *bev, void *arg)
+static void tls_read_cb(struct bufferevent *strm, void *arg)
 {
 	struct stream *s = arg;
 	if (s->rd)
 		s->rd(s, s->arg);
 }
 
-static void tls_write_cb(struct bufferevent *bev, void *arg)
+static void tls_write_cb(struct bufferevent *strm, void *arg)
 {
 	struct stream *s = arg;
 	if (s->wr)
 		s->wr(s, s->arg);
 }
 
-static void tls_event_cb(struct bufferevent *bev, short what, void *arg)
+static void tls_event_cb(struct bufferevent *strm, short what, void *arg)
 {
 	struct stream *s = arg;
 	if (s->ev)
@@ -377,21 +377,21 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 	s->base = base;
 	s->fd = fd;
 	if (ssl) {
-		s->bev = bufferevent_openssl_socket_new(base, fd, ssl,
+		s->strm = bufferevent_openssl_socket_new(base, fd, ssl,
 		                                        mode == STREAM_TLS_ACCEPT ? BUFFEREVENT_SSL_ACCEPTING
 		                                                                  : BUFFEREVENT_SSL_CONNECTING,
 		                                        BEV_OPT_CLOSE_ON_FREE);
-		if (!s->bev) {
+		if (!s->strm) {
 			SSL_free(ssl);
 			if (fd >= 0)
 				close(fd);
 			free(s);
 			return NULL;
 		}
-		bufferevent_openssl_set_allow_dirty_shutdown(s->bev, 1);
-		bufferevent_setcb(s->bev, tls_read_cb, tls_write_cb, tls_event_cb, s);
-		s->in = bufferevent_get_input(s->bev);
-		s->out = bufferevent_get_output(s->bev);
+		bufferevent_openssl_set_allow_dirty_shutdown(s->strm, 1);
+		bufferevent_setcb(s->strm, tls_read_cb, tls_write_cb, tls_event_cb, s);
+		s->in = bufferevent_get_input(s->strm);
+		s->out = bufferevent_get_output(s->strm);
 		if (fd >= 0)
 			loop_fd_seen(loop, fd);
 		return s;
@@ -412,9 +412,9 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 
 int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 {
-	if (s->bev) {
-		int rc = bufferevent_socket_connect(s->bev, (struct sockaddr *)sa, salen);
-		loop_fd_seen(s->loop, bufferevent_getfd(s->bev));
+	if (s->strm) {
+		int rc = bufferevent_socket_connect(s->strm, (struct sockaddr *)sa, salen);
+		loop_fd_seen(s->loop, bufferevent_getfd(s->strm));
 		return rc;
 	}
 	int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -438,7 +438,7 @@ int stream_connect(struct stream *s, const struct sockaddr *sa, int salen)
 static void stream_free_cb(void *arg)
 {
 	struct stream *s = arg;
-	if (!s->bev) {
+	if (!s->strm) {
 		evbuffer_free(s->in);
 		evbuffer_free(s->out);
 	}
@@ -450,9 +450,9 @@ void stream_free(struct stream *s)
 	if (!s || s->freed)
 		return;
 	s->freed = true;
-	if (s->bev) {
-		bufferevent_setcb(s->bev, NULL, NULL, NULL, NULL);
-		bufferevent_free(s->bev);
+	if (s->strm) {
+		bufferevent_setcb(s->strm, NULL, NULL, NULL, NULL);
+		bufferevent_free(s->strm);
 		s->in = s->out = NULL;
 	} else {
 		if (s->io)
@@ -484,23 +484,23 @@ struct evbuffer *stream_output(struct stream *s) { return s->out; }
 
 SSL *stream_ssl(struct stream *s)
 {
-	return s->bev ? bufferevent_openssl_get_ssl(s->bev) : NULL;
+	return s->strm ? bufferevent_openssl_get_ssl(s->strm) : NULL;
 }
 
 int stream_fd(struct stream *s)
 {
-	return s->bev ? bufferevent_getfd(s->bev) : s->fd;
+	return s->strm ? bufferevent_getfd(s->strm) : s->fd;
 }
 
 unsigned long stream_tls_error(struct stream *s)
 {
-	return s->bev ? bufferevent_get_openssl_error(s->bev) : 0;
+	return s->strm ? bufferevent_get_openssl_error(s->strm) : 0;
 }
 
 void stream_enable(struct stream *s, short what)
 {
-	if (s->bev) {
-		bufferevent_enable(s->bev, what);
+	if (s->strm) {
+		bufferevent_enable(s->strm, what);
 		return;
 	}
 	if ((what & EV_READ) && !s->reading) {
@@ -512,8 +512,8 @@ void stream_enable(struct stream *s, short what)
 
 void stream_disable(struct stream *s, short what)
 {
-	if (s->bev) {
-		bufferevent_disable(s->bev, what);
+	if (s->strm) {
+		bufferevent_disable(s->strm, what);
 		return;
 	}
 	if (what & EV_READ)
@@ -522,8 +522,8 @@ void stream_disable(struct stream *s, short what)
 
 void stream_setwatermark(struct stream *s, short what, size_t low, size_t high)
 {
-	if (s->bev) {
-		bufferevent_setwatermark(s->bev, what, low, high);
+	if (s->strm) {
+		bufferevent_setwatermark(s->strm, what, low, high);
 		return;
 	}
 	if (what & EV_READ) {
@@ -537,8 +537,8 @@ void stream_setwatermark(struct stream *s, short what, size_t low, size_t high)
 
 void stream_trigger_read(struct stream *s)
 {
-	if (s->bev) {
-		bufferevent_trigger(s->bev, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+	if (s->strm) {
+		bufferevent_trigger(s->strm, EV_READ, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 		return;
 	}
 	s->trigger = true;
@@ -548,8 +548,8 @@ void stream_trigger_read(struct stream *s)
 void stream_set_write_timeout(struct stream *s, int64_t us)
 {
 	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
-	if (s->bev) {
-		bufferevent_set_timeouts(s->bev, NULL, us > 0 ? &tv : NULL);
+	if (s->strm) {
+		bufferevent_set_timeouts(s->strm, NULL, us > 0 ? &tv : NULL);
 		return;
 	}
 	s->wr_timeout = tv;

@@ -23,9 +23,9 @@ struct tunnel {
 	bool ending, freed;
 };
 
-static struct stream *other(struct tunnel *t, struct stream *bev)
+static struct stream *other(struct tunnel *t, struct stream *strm)
 {
-	return bev == t->c ? t->u : t->c;
+	return strm == t->c ? t->u : t->c;
 }
 
 static void end(struct tunnel *t)
@@ -45,23 +45,23 @@ static void move(struct tunnel *t, struct stream *from)
 	}
 }
 
-static void read_cb(struct stream *bev, void *arg)
+static void read_cb(struct stream *strm, void *arg)
 {
-	move(arg, bev);
+	move(arg, strm);
 }
 
-static void write_cb(struct stream *bev, void *arg)
+static void write_cb(struct stream *strm, void *arg)
 {
 	struct tunnel *t = arg;
 	if (t->ending) {
-		if (evbuffer_get_length(stream_output(bev)) == 0)
+		if (evbuffer_get_length(stream_output(strm)) == 0)
 			end(t);
 		return;
 	}
-	stream_enable(other(t, bev), EV_READ);
+	stream_enable(other(t, strm), EV_READ);
 }
 
-static void event_cb(struct stream *bev, short what, void *arg)
+static void event_cb(struct stream *strm, short what, void *arg)
 {
 	struct tunnel *t = arg;
 	if (what & BEV_EVENT_CONNECTED)
@@ -71,8 +71,8 @@ static void event_cb(struct stream *bev, short what, void *arg)
 		return;
 	}
 	/* EOF: flush what this side sent to the other, then close both */
-	struct stream *to = other(t, bev);
-	move(t, bev);
+	struct stream *to = other(t, strm);
+	move(t, strm);
 	t->ending = true;
 	stream_disable(t->c, EV_READ);
 	stream_disable(t->u, EV_READ);

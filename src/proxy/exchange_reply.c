@@ -264,7 +264,7 @@ void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_h
 	struct relayed_head rh;
 	respond_relayed(&rh, h, ex->attempts, NULL, false, true);
 	respond_request_id(&rh.head, rh.fields, (int)(sizeof(rh.fields) / sizeof(rh.fields[0])), ex->reqid);
-	struct stream *ubev = attempt_take_bev(a);
+	struct stream *ubev = attempt_take_stream(a);
 	ex->att = NULL;
 	attempt_free(a);
 	ex->resp_status = 101;

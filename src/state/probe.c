@@ -40,7 +40,7 @@ struct probe {
 	nghttp2_session *ng;
 	int status;                     /* HTTP/2: the response's :status, 0 until it came */
 	bool ended;                     /* HTTP/2: the stream closed (a verdict is due) */
-	struct bufferevent *bev;
+	struct bufferevent *strm;
 	struct event *timer;
 	LIST_ENTRY(probe) link;         /* in p_active */
 };
@@ -67,8 +67,8 @@ static void probe_free(struct probe *p)
 	LIST_REMOVE(p, link);
 	if (p->ng)
 		nghttp2_session_del(p->ng);
-	if (p->bev)
-		bufferevent_free(p->bev);
+	if (p->strm)
+		bufferevent_free(p->strm);
 	if (p->timer)
 		event_free(p->timer);
 	p->magic = 0;
@@ -130,7 +130,7 @@ static bool h2_flush(struct probe *p)
 	const uint8_t *data;
 	ssize_t n;
 	while ((n = nghttp2_session_mem_send(p->ng, &data)) > 0)
-		bufferevent_write(p->bev, data, (size_t)n);
+		bufferevent_write(p->strm, data, (size_t)n);
 	return n == 0;
 }
 
@@ -179,11 +179,11 @@ static void h2_read(struct probe *p, struct evbuffer *in)
 		probe_end(p, false, "stream closed without a status");
 }
 
-static void probe_read_cb(struct bufferevent *bev, void *arg)
+static void probe_read_cb(struct bufferevent *strm, void *arg)
 {
 	struct probe *p = arg;
 	MAGIC_CHECK(p, PROBE_MAGIC);
-	struct evbuffer *in = bufferevent_get_input(bev);
+	struct evbuffer *in = bufferevent_get_input(strm);
 	if (p->h2) {
 		h2_read(p, in);
 		return;
@@ -204,7 +204,7 @@ static void probe_read_cb(struct bufferevent *bev, void *arg)
 	probe_end(p, st >= 200 && st <= 299, st ? why : "not HTTP");
 }
 
-static void probe_event_cb(struct bufferevent *bev, short what, void *arg)
+static void probe_event_cb(struct bufferevent *strm, short what, void *arg)
 {
 	struct probe *p = arg;
 	MAGIC_CHECK(p, PROBE_MAGIC);
@@ -222,26 +222,26 @@ static void probe_timeout_cb(evutil_socket_t fd, short what, void *arg)
 
 static void probe_send(struct probe *p)
 {
-	p->bev = bufferevent_socket_new(p_base, -1, BEV_OPT_CLOSE_ON_FREE);
+	p->strm = bufferevent_socket_new(p_base, -1, BEV_OPT_CLOSE_ON_FREE);
 	p->timer = evtimer_new(p_base, probe_timeout_cb, p);
 	LIST_INSERT_HEAD(&p_active, p, link);
-	if (!p->bev || !p->timer) {
+	if (!p->strm || !p->timer) {
 		probe_end(p, false, "out of sockets");
 		return;
 	}
 	struct timeval tv = clock_tv(p->timeout_us);
 	evtimer_add(p->timer, &tv);
-	bufferevent_setcb(p->bev, probe_read_cb, NULL, probe_event_cb, p);
-	bufferevent_enable(p->bev, EV_READ);
+	bufferevent_setcb(p->strm, probe_read_cb, NULL, probe_event_cb, p);
+	bufferevent_enable(p->strm, EV_READ);
 	if (p->h2) {
 		if (!h2_start(p)) {
 			probe_end(p, false, "cannot start HTTP/2");
 			return;
 		}
 	} else {
-		bufferevent_write(p->bev, p->req, strlen(p->req));
+		bufferevent_write(p->strm, p->req, strlen(p->req));
 	}
-	if (bufferevent_socket_connect(p->bev, (struct sockaddr *)&p->addr, p->addrlen) < 0)
+	if (bufferevent_socket_connect(p->strm, (struct sockaddr *)&p->addr, p->addrlen) < 0)
 		probe_end(p, false, "connect failed");
 }
 

@@ -89,14 +89,14 @@ DEFINE_STATE_SETTER(set_state, attempt, astate, A_DONE)
 /* Some of the request left on the HTTP/1 connection attached now. */
 static bool conn_wrote(const struct attempt *a)
 {
-	return a->c && a->c->bev && evbuffer_get_length(stream_output(a->c->bev)) < a->queued;
+	return a->c && a->c->strm && evbuffer_get_length(stream_output(a->c->strm)) < a->queued;
 }
 
 /* Around an add to the connection's output: its length before, then count what the add put
  * on it (see queued). */
 static size_t out_len(const struct attempt *a)
 {
-	return evbuffer_get_length(stream_output(a->c->bev));
+	return evbuffer_get_length(stream_output(a->c->strm));
 }
 
 static void out_counted(struct attempt *a, size_t before)
@@ -114,8 +114,8 @@ size_t attempt_send_pending(const struct attempt *a)
 	if (a->h2)
 		return a->h2s ? h2_stream_pending(a->h2s) : 0;
 	size_t n = a->pending ? evbuffer_get_length(a->pending) : 0;
-	if (a->c && a->c->bev)
-		n += evbuffer_get_length(stream_output(a->c->bev));
+	if (a->c && a->c->strm)
+		n += evbuffer_get_length(stream_output(a->c->strm));
 	return n;
 }
 
@@ -134,7 +134,7 @@ static void conn_detach(struct attempt *a, bool reuse)
 	a->wrote_any = a->wrote_any || conn_wrote(a);
 	a->c = NULL;
 	a->queued = 0;
-	stream_setcb(c->bev, NULL, NULL, NULL, NULL);
+	stream_setcb(c->strm, NULL, NULL, NULL, NULL);
 	if (reuse)
 		pool_put(c);
 	else
@@ -213,12 +213,12 @@ static void arm_head_timer(struct attempt *a)
 	timer_arm(a, a->start_us + a->head_timeout_us - clock_now_us());
 }
 
-static void read_cb(struct stream *bev, void *arg)
+static void read_cb(struct stream *strm, void *arg)
 {
 	attempt_process(arg);
 }
 
-static void write_cb(struct stream *bev, void *arg)
+static void write_cb(struct stream *strm, void *arg)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
@@ -230,15 +230,15 @@ static void replace_conn(struct attempt *a);
 
 /* A TLS 1.3 server checks our client certificate after we count as connected: its refusal
  * comes as an alert instead of a response, and the request was never processed. */
-static bool peer_refused_tls(struct stream *bev)
+static bool peer_refused_tls(struct stream *strm)
 {
 	bool refused = false;
-	for (unsigned long e; (e = stream_tls_error(bev)) != 0;)
+	for (unsigned long e; (e = stream_tls_error(strm)) != 0;)
 		refused = refused || tls_error_is_peer_refusal(e);
 	return refused;
 }
 
-static void event_cb(struct stream *bev, short what, void *arg)
+static void event_cb(struct stream *strm, short what, void *arg)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
@@ -246,7 +246,7 @@ static void event_cb(struct stream *bev, short what, void *arg)
 		return;
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
-		setsockopt(stream_fd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		setsockopt(stream_fd(strm), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		set_state(a, A_WAITING);
 		arm_head_timer(a);
 		return;
@@ -266,7 +266,7 @@ static void event_cb(struct stream *bev, short what, void *arg)
 		attempt_end(a, OUT_CONNECT_FAILURE, false, "closed before the request was written");
 		return;
 	}
-	if ((what & BEV_EVENT_ERROR) && a->state == A_WAITING && peer_refused_tls(bev)) {
+	if ((what & BEV_EVENT_ERROR) && a->state == A_WAITING && peer_refused_tls(strm)) {
 		attempt_end(a, OUT_CONNECT_FAILURE, false, "TLS handshake refused by the upstream "
 		            "(client certificate)");
 		return;
@@ -277,18 +277,18 @@ static void event_cb(struct stream *bev, short what, void *arg)
 
 static void conn_setup(struct attempt *a)
 {
-	struct stream *bev = a->c->bev;
-	stream_setcb(bev, read_cb, write_cb, event_cb, a);
+	struct stream *strm = a->c->strm;
+	stream_setcb(strm, read_cb, write_cb, event_cb, a);
 	if (a->c->parser)
 		http_msg_expect(a->c->parser, a->is_head);
-	a->queued = evbuffer_get_length(stream_output(bev));    /* a pooled one's is empty */
-	stream_enable(bev, EV_READ | EV_WRITE);
+	a->queued = evbuffer_get_length(stream_output(strm));    /* a pooled one's is empty */
+	stream_enable(strm, EV_READ | EV_WRITE);
 }
 
 /* Queue the head and whatever body we have. */
 static void conn_write_request(struct attempt *a)
 {
-	struct evbuffer *out = stream_output(a->c->bev);
+	struct evbuffer *out = stream_output(a->c->strm);
 	size_t before = out_len(a);
 	evbuffer_add_buffer(out, a->head);
 	if (a->body)
@@ -318,9 +318,9 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 {
 	set_state(a, A_CONNECTING);
 	SSL *ssl = a->tls ? tls_client_ssl(a->tls, a->sni, a->verify) : NULL;
-	struct stream *bev = (!a->tls || ssl) ? stream_new(a->loop, -1, ssl,
+	struct stream *strm = (!a->tls || ssl) ? stream_new(a->loop, -1, ssl,
 	                                                   ssl ? STREAM_TLS_CONNECT : STREAM_PLAIN) : NULL;
-	if (!bev) {
+	if (!strm) {
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "out of sockets");
 		return;
 	}
@@ -328,12 +328,12 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 	c->magic = UPCONN_MAGIC;
 	c->loop = a->loop;
 	c->ep = a->ep;
-	c->bev = bev;
+	c->strm = strm;
 	a->c = c;
 	a->reused = false;
 	conn_setup(a);
 	/* the request is queued now; it leaves once connected */
-	if (stream_connect(bev, sa, salen) < 0) {
+	if (stream_connect(strm, sa, salen) < 0) {
 		conn_detach(a, false);
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "connect failed");
 		return;
@@ -353,7 +353,7 @@ static void start_fresh(struct attempt *a)
  * (SPEC §4: discarded and replaced, with no outcome). The head is still ours: rebuild. */
 static void replace_conn(struct attempt *a)
 {
-	struct evbuffer *out = stream_output(a->c->bev);
+	struct evbuffer *out = stream_output(a->c->strm);
 	struct evbuffer *again = evbuffer_new();
 	a->queued = 0;      /* taken back, not written: the detach below must not count it */
 	evbuffer_add_buffer(again, out);    /* nothing was drained: the whole request is here */
@@ -617,7 +617,7 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 		return;
 	}
 	/* once a connection exists its output queues bytes until connected */
-	struct evbuffer *dst = a->c ? stream_output(a->c->bev) : a->pending;
+	struct evbuffer *dst = a->c ? stream_output(a->c->strm) : a->pending;
 	if (n == 0)
 		return;
 	size_t before = a->c ? out_len(a) : 0;
@@ -652,15 +652,15 @@ void attempt_send_body_end(struct attempt *a)
 		return;
 	}
 	size_t before = out_len(a);
-	h1_chunk_last(stream_output(a->c->bev));
+	h1_chunk_last(stream_output(a->c->strm));
 	out_counted(a, before);
 }
 
 void attempt_pause(struct attempt *a)
 {
 	a->paused = true;
-	if (a->c && a->c->bev)
-		stream_disable(a->c->bev, EV_READ);
+	if (a->c && a->c->strm)
+		stream_disable(a->c->strm, EV_READ);
 }
 
 void attempt_resume(struct attempt *a)
@@ -672,28 +672,28 @@ void attempt_resume(struct attempt *a)
 		h2_deliver(a);
 		return;
 	}
-	if (a->c && a->c->bev) {
-		stream_enable(a->c->bev, EV_READ);
+	if (a->c && a->c->strm) {
+		stream_enable(a->c->strm, EV_READ);
 		/* bytes (or an EOF) already buffered would get no new read event */
-		stream_trigger_read(a->c->bev);
+		stream_trigger_read(a->c->strm);
 	}
 }
 
-struct stream *attempt_take_bev(struct attempt *a)
+struct stream *attempt_take_stream(struct attempt *a)
 {
 	if (!a->c || a->h2)
 		return NULL;
 	struct upconn *c = a->c;
-	struct stream *bev = c->bev;
+	struct stream *strm = c->strm;
 	a->wrote_any = a->wrote_any || conn_wrote(a);
 	a->queued = 0;
-	stream_setcb(bev, NULL, NULL, NULL, NULL);
-	c->bev = NULL;
+	stream_setcb(strm, NULL, NULL, NULL, NULL);
+	c->strm = NULL;
 	a->c = NULL;
 	upconn_close(c);
 	set_state(a, A_DONE);
 	timer_stop(a);
-	return bev;
+	return strm;
 }
 
 /* Complete response: pool the connection if both directions ended cleanly. */
@@ -701,7 +701,7 @@ static void attempt_complete(struct attempt *a, bool keep_alive)
 {
 	bool reuse = keep_alive && !a->eof && a->c &&
 	             (!a->streaming || a->body_ended) &&
-	             evbuffer_get_length(stream_output(a->c->bev)) == 0 &&
+	             evbuffer_get_length(stream_output(a->c->strm)) == 0 &&
 	             (!a->pending || evbuffer_get_length(a->pending) == 0);
 	set_state(a, A_DONE);
 	timer_stop(a);
@@ -729,7 +729,7 @@ static void attempt_process(struct attempt *a)
 			c->parser = http_msg_new(HTTP_RESPONSE_KIND, &lim);
 			http_msg_expect(c->parser, a->is_head);
 		}
-		struct evbuffer *in = stream_input(c->bev);
+		struct evbuffer *in = stream_input(c->strm);
 		enum http_event ev = http_msg_feed(c->parser, in, a->decoded, a->paused ? 0 : BODY_CHUNK);
 		switch (ev) {
 		case HTTP_NEED_MORE:

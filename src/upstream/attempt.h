@@ -90,6 +90,6 @@ bool attempt_wrote_any(const struct attempt *a);
 const char *attempt_peer(const struct attempt *a);
 
 /* Upgrade: after a 101 head, take the raw connection (and bytes already read) for a tunnel. */
-struct stream *attempt_take_bev(struct attempt *a);
+struct stream *attempt_take_stream(struct attempt *a);
 
 #endif

@@ -86,7 +86,7 @@ struct h2_conn {
 	bool verify;
 	struct pool_ep *pe;
 	struct pool_waiter wt;
-	struct stream *bev;
+	struct stream *strm;
 	struct evbuffer_cb_entry *out_cb;
 	nghttp2_session *ng;
 	uint64_t queued, drained;       /* bytes serialized into / written out of the output */
@@ -292,12 +292,12 @@ static void conn_close(struct h2_conn *c)
 		pool_resolve_cancel(c->pe, &c->wt);
 		c->wt.fn = NULL;
 	}
-	if (c->bev) {
+	if (c->strm) {
 		if (c->out_cb)
-			evbuffer_remove_cb_entry(stream_output(c->bev), c->out_cb);
-		stream_setcb(c->bev, NULL, NULL, NULL, NULL);
-		stream_free(c->bev);
-		c->bev = NULL;
+			evbuffer_remove_cb_entry(stream_output(c->strm), c->out_cb);
+		stream_setcb(c->strm, NULL, NULL, NULL, NULL);
+		stream_free(c->strm);
+		c->strm = NULL;
 	}
 	loop_defer_free(c->loop, conn_free_cb, c);
 }
@@ -328,8 +328,8 @@ static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed)
 /* A connection that may take no new stream and has none left closes. */
 static void conn_maybe_retire(struct h2_conn *c)
 {
-	if (c->state == C_GOAWAY && c->nstreams == 0 && c->busy == 0 && c->bev &&
-	    evbuffer_get_length(stream_output(c->bev)) == 0)
+	if (c->state == C_GOAWAY && c->nstreams == 0 && c->busy == 0 && c->strm &&
+	    evbuffer_get_length(stream_output(c->strm)) == 0)
 		conn_close(c);
 }
 
@@ -357,13 +357,13 @@ static void conn_flush(struct h2_conn *c)
 {
 	if (c->state != C_READY && c->state != C_GOAWAY)
 		return;
-	if (!c->bev)
+	if (!c->strm)
 		return;
 	if (c->busy) {
 		c->want_flush = true;
 		return;
 	}
-	struct evbuffer *out = stream_output(c->bev);
+	struct evbuffer *out = stream_output(c->strm);
 	/* frames are gathered here and appended together: nghttp2 hands them over one at a time,
 	 * and an append costs more than the copy (the output's callback) */
 	uint8_t stage[8192];
@@ -688,13 +688,13 @@ static ssize_t body_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 
 /* ---------------------------------------------------------------- input and events */
 
-static void conn_read_cb(struct stream *bev, void *arg)
+static void conn_read_cb(struct stream *strm, void *arg)
 {
 	struct h2_conn *c = arg;
 	MAGIC_CHECK(c, H2C_MAGIC);
 	if (c->state == C_DEAD)
 		return;
-	struct evbuffer *in = stream_input(bev);
+	struct evbuffer *in = stream_input(strm);
 	c->busy++;
 	while (evbuffer_get_length(in) > 0 && c->state != C_DEAD) {
 		struct evbuffer_iovec v;
@@ -714,7 +714,7 @@ static void conn_read_cb(struct stream *bev, void *arg)
 	conn_flush(c);
 }
 
-static void conn_write_cb(struct stream *bev, void *arg)
+static void conn_write_cb(struct stream *strm, void *arg)
 {
 	struct h2_conn *c = arg;
 	MAGIC_CHECK(c, H2C_MAGIC);
@@ -722,11 +722,11 @@ static void conn_write_cb(struct stream *bev, void *arg)
 		conn_flush(c);
 }
 
-static bool alpn_is_h2(struct stream *bev, SSL_CTX *tls)
+static bool alpn_is_h2(struct stream *strm, SSL_CTX *tls)
 {
 	if (!tls)
 		return true;
-	SSL *ssl = stream_ssl(bev);
+	SSL *ssl = stream_ssl(strm);
 	const unsigned char *p = NULL;
 	unsigned int n = 0;
 	if (ssl)
@@ -734,7 +734,7 @@ static bool alpn_is_h2(struct stream *bev, SSL_CTX *tls)
 	return n == 2 && memcmp(p, "h2", 2) == 0;
 }
 
-static void conn_event_cb(struct stream *bev, short what, void *arg)
+static void conn_event_cb(struct stream *strm, short what, void *arg)
 {
 	struct h2_conn *c = arg;
 	MAGIC_CHECK(c, H2C_MAGIC);
@@ -742,8 +742,8 @@ static void conn_event_cb(struct stream *bev, short what, void *arg)
 		return;
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
-		setsockopt(stream_fd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (!alpn_is_h2(bev, c->tls)) {
+		setsockopt(stream_fd(strm), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		if (!alpn_is_h2(strm, c->tls)) {
 			conn_fail(c, "the endpoint did not select h2 (ALPN)", true);
 			return;
 		}
@@ -764,7 +764,7 @@ static void conn_event_cb(struct stream *bev, short what, void *arg)
 		return;
 	}
 	/* whatever is still buffered may be the server's last frames (a GOAWAY, a response) */
-	conn_read_cb(bev, c);
+	conn_read_cb(strm, c);
 	if (c->state != C_DEAD)
 		conn_fail(c, "upstream closed the HTTP/2 connection", false);
 }
@@ -815,18 +815,18 @@ static void conn_resolved_cb(void *arg, const struct sockaddr *sa, int salen, co
 		if (ssl)
 			SSL_set_alpn_protos(ssl, (const unsigned char *)"\x02h2", 3);
 	}
-	struct stream *bev = (!c->tls || ssl) ?
+	struct stream *strm = (!c->tls || ssl) ?
 	        stream_new(c->loop, -1, ssl, ssl ? STREAM_TLS_CONNECT : STREAM_PLAIN) : NULL;
-	if (!bev) {
+	if (!strm) {
 		conn_fail(c, "out of sockets", true);
 		return;
 	}
-	c->bev = bev;
-	stream_setcb(bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
-	c->out_cb = evbuffer_add_cb(stream_output(bev), out_drained_cb, c);
-	stream_enable(bev, EV_READ | EV_WRITE);
+	c->strm = strm;
+	stream_setcb(strm, conn_read_cb, conn_write_cb, conn_event_cb, c);
+	c->out_cb = evbuffer_add_cb(stream_output(strm), out_drained_cb, c);
+	stream_enable(strm, EV_READ | EV_WRITE);
 	conn_set_state(c, C_CONNECTING);
-	if (stream_connect(bev, sa, salen) < 0)
+	if (stream_connect(strm, sa, salen) < 0)
 		conn_fail(c, "connect failed", true);
 }
 

@@ -139,21 +139,21 @@ void upconn_close(struct upconn *c)
 		return;         /* idempotent: the second close of a connection is a no-op */
 	c->closed = true;
 	pool_unlink(c);
-	if (c->bev) {
-		stream_free(c->bev);
-		c->bev = NULL;
+	if (c->strm) {
+		stream_free(c->strm);
+		c->strm = NULL;
 	}
 	loop_defer_free(c->loop, upconn_free_cb, c);
 }
 
 /* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
-static void idle_read_cb(struct stream *bev, void *arg)
+static void idle_read_cb(struct stream *strm, void *arg)
 {
 	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
 	upconn_close(arg);
 }
 
-static void idle_event_cb(struct stream *bev, short what, void *arg)
+static void idle_event_cb(struct stream *strm, short what, void *arg)
 {
 	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
 	upconn_close(arg);
@@ -169,15 +169,15 @@ void pool_put(struct upconn *c)
 {
 	struct pool_ep *pe = pool_ep_get(c->loop, c->ep);
 	if (pe->nidle >= POOL_MAX_IDLE || pool_table(c->loop)->draining ||
-	    evbuffer_get_length(stream_input(c->bev)) > 0) {
+	    evbuffer_get_length(stream_input(c->strm)) > 0) {
 		upconn_close(c);
 		return;
 	}
 	c->pe = pe;
 	c->idle = true;
 	c->idle_since_us = clock_now_us();
-	stream_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
-	stream_enable(c->bev, EV_READ);
+	stream_setcb(c->strm, idle_read_cb, NULL, idle_event_cb, c);
+	stream_enable(c->strm, EV_READ);
 	c->idle_ev = evtimer_new(c->loop->base, idle_timeout_cb, c);
 	struct timeval tv = clock_tv(POOL_IDLE_US);
 	evtimer_add(c->idle_ev, &tv);
@@ -189,7 +189,7 @@ void pool_put(struct upconn *c)
 static bool conn_alive(struct upconn *c)
 {
 	char b;
-	evutil_socket_t fd = stream_fd(c->bev);
+	evutil_socket_t fd = stream_fd(c->strm);
 	ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
 	if (n == 0 || n > 0)
 		return false;
@@ -210,8 +210,8 @@ struct upconn *pool_get(struct pool_ep *pe)
 			upconn_close(c);
 			continue;
 		}
-		stream_disable(c->bev, EV_READ);
-		stream_setcb(c->bev, NULL, NULL, NULL, NULL);
+		stream_disable(c->strm, EV_READ);
+		stream_setcb(c->strm, NULL, NULL, NULL, NULL);
 		c->uses++;
 		return c;
 	}
@@ -263,8 +263,8 @@ void pool_free_all(struct loop *l)
 			struct upconn *c;
 			while ((c = TAILQ_FIRST(&pe->idle))) {
 				pool_unlink(c);
-				stream_free(c->bev);
-				c->bev = NULL;
+				stream_free(c->strm);
+				c->strm = NULL;
 				upconn_free_cb(c);
 			}
 			pe_free(pe);

@@ -43,7 +43,7 @@ struct upconn {
 	struct loop *loop;
 	struct ep_state *ep;            /* valid only while an attempt holds the connection */
 	struct pool_ep *pe;             /* while idle: the pool it is parked in */
-	struct stream *bev;
+	struct stream *strm;
 	struct http_msg *parser;
 	int64_t idle_since_us;
 	struct event *idle_ev;

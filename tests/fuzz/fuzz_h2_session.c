@@ -130,7 +130,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	struct session_owner own = { .runtime = rt_cb, .on_closed = closed_cb };
 	struct h2_handoff h = {
-		.bev = stream_new(&L, sv[0], NULL, STREAM_PLAIN), .lname = "f", .sid = 1,
+		.strm = stream_new(&L, sv[0], NULL, STREAM_PLAIN), .lname = "f", .sid = 1,
 		.peer_ip = "127.0.0.1", .tls = (data[0] & 2) != 0,
 	};
 	closed = 0;
