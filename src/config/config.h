@@ -249,4 +249,19 @@ static inline bool cfg_retry_on_grpc(const struct cfg_retry *r, int code)
 	return (r->on_grpc >> code) & 1u;
 }
 
+/* The backoff cap before retry n, as retry.backoff means it: min(max, base * 2^(n-1)),
+ * saturating; n below 1 counts as 1; 0 when base or max is not positive. The retry policy
+ * draws its jitter under it; the --check report prints it. */
+static inline int64_t cfg_backoff_cap(const struct cfg_retry *r, int n)
+{
+	int64_t cap = r->backoff_base_us;
+	if (cap <= 0 || r->backoff_max_us <= 0)
+		return 0;
+	/* base * 2^(n-1), doubling only while below max: at most 63 steps for any n, and no
+	 * overflow even for n = INT_MAX */
+	for (int i = 1; i < n && cap < r->backoff_max_us; i++)
+		cap = cap > INT64_MAX / 2 ? INT64_MAX : cap * 2;
+	return cap < r->backoff_max_us ? cap : r->backoff_max_us;
+}
+
 #endif

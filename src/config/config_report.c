@@ -7,7 +7,6 @@
 #include "config/config.h"
 #include "config/config_impl.h"
 #include "http/grpc.h"
-#include "policy/retry.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -62,7 +61,7 @@ static bool report_deadline(FILE *out, const struct cfg_upstream *u, int n, cons
 
 	for (int i = 1; i <= n; i++) {
 		if (i > 1)
-			start += r->per_try_timeout_us + retry_backoff_cap(r, i - 1);
+			start += r->per_try_timeout_us + cfg_backoff_cap(r, i - 1);
 		if (start + u->deadline.min_us > d)
 			break;
 		started = i;
@@ -160,7 +159,7 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 	        u->max_retries_in_flight);
 	report_health(out, u);
 	for (int i = 1; i < n; i++)
-		backoffs += retry_backoff_cap(r, i);
+		backoffs += cfg_backoff_cap(r, i);
 	if (n > 1)
 		fprintf(out, "  latency        worst case %d x %s + %s backoff = %s; ", n,
 		        dur(r->per_try_timeout_us, a), dur(backoffs, b),

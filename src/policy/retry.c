@@ -73,21 +73,9 @@ static int64_t sat_sub(int64_t a, int64_t b)
 	return r;
 }
 
-int64_t retry_backoff_cap(const struct cfg_retry *r, int n)
-{
-	int64_t cap = r->backoff_base_us;
-	if (cap <= 0 || r->backoff_max_us <= 0)
-		return 0;
-	/* base * 2^(n-1), doubling only while below max: at most 63 steps for any n, and no
-	 * overflow even for n = INT_MAX */
-	for (int i = 1; i < n && cap < r->backoff_max_us; i++)
-		cap = cap > INT64_MAX / 2 ? INT64_MAX : cap * 2;
-	return cap < r->backoff_max_us ? cap : r->backoff_max_us;
-}
-
 int64_t retry_backoff(const struct cfg_retry *r, int n, uint64_t rand)
 {
-	int64_t cap = retry_backoff_cap(r, n);
+	int64_t cap = cfg_backoff_cap(r, n);
 	/* full jitter: uniform in [0, cap] inclusive. The multiply-high maps the 64 random bits
 	 * onto cap + 1 values using the high bits (the best ones of xorshift64*); its bias is
 	 * at most (cap + 1) / 2^64. */

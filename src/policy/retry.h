@@ -112,11 +112,7 @@ enum refusal retry_recheck_hold(const struct cfg_retry *r, const struct cfg_dead
                                 int64_t now_us, int64_t deadline_us, int64_t hold_until_us,
                                 int64_t *start_us);
 
-/* The backoff cap before retry n: min(max, base * 2^(n-1)), saturating; n below 1 counts as
- * 1; 0 when base or max is not positive. */
-int64_t retry_backoff_cap(const struct cfg_retry *r, int n);
-
-/* Backoff before retry n (n >= 1): uniform in [0, retry_backoff_cap(r, n)] (full jitter). */
+/* Backoff before retry n (n >= 1): uniform in [0, cfg_backoff_cap(r, n)] (full jitter). */
 int64_t retry_backoff(const struct cfg_retry *r, int n, uint64_t rand);
 
 enum method_class retry_method_class(const char *method);

@@ -647,7 +647,7 @@ static void test_backoff_cap_table(void **state)
 		struct cfg_retry r = base_retry();
 		r.backoff_base_us = t[i].base_us;
 		r.backoff_max_us = t[i].max_us;
-		int64_t got = retry_backoff_cap(&r, t[i].n);
+		int64_t got = cfg_backoff_cap(&r, t[i].n);
 		if (got != t[i].want)
 			print_error("%s: got %lld\n", t[i].why, (long long)got);
 		assert_int_equal(got, t[i].want);
