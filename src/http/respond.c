@@ -7,7 +7,6 @@
 
 #include "http/grpc.h"
 #include "http/h1_write.h"
-#include "idempotency/idempotency.h"
 #include "http/respond.h"
 #include "base/util.h"
 
@@ -37,7 +36,7 @@ const char *respond_status_text(int status)
 	}
 }
 
-static void set_field(struct http_hdr *f, const char *name, const char *value, size_t vlen)
+void respond_field(struct http_hdr *f, const char *name, const char *value, size_t vlen)
 {
 	f->name = name;
 	f->nlen = (uint32_t)strlen(name);
@@ -72,13 +71,13 @@ void respond_error(struct made_response *m, int status, const char *reason, cons
 	m->body_len = n;
 
 	int k = 0;
-	set_field(&m->fields[k++], "Content-Type", "application/json", 16);
-	set_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
-	set_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
+	respond_field(&m->fields[k++], "Content-Type", "application/json", 16);
+	respond_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
+	respond_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
 	if (refused)
-		set_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+		respond_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
 	if (retry_after)
-		set_field(&m->fields[k++], "Retry-After", retry_after, strlen(retry_after));
+		respond_field(&m->fields[k++], "Retry-After", retry_after, strlen(retry_after));
 	m->head = (struct resp_head){
 		.status = status,
 		.hdrs = m->fields,
@@ -100,16 +99,16 @@ void respond_grpc_error(struct made_response *m, const char *reason, const char 
 
 	/* lower-case as gRPC writes them; the HTTP/2 responder lowercases the rest */
 	int k = 0;
-	set_field(&m->fields[k++], "content-type", "application/grpc", 16);
-	set_field(&m->fields[k++], "grpc-status", m->code, clen);
+	respond_field(&m->fields[k++], "content-type", "application/grpc", 16);
+	respond_field(&m->fields[k++], "grpc-status", m->code, clen);
 	/* grpc-message is percent-encoded on the wire; a reason is [a-z-] and needs none */
-	set_field(&m->fields[k++], "grpc-message", reason, strlen(reason));
-	set_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
-	set_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
+	respond_field(&m->fields[k++], "grpc-message", reason, strlen(reason));
+	respond_field(&m->fields[k++], "X-Retrygate-Reason", reason, strlen(reason));
+	respond_field(&m->fields[k++], "X-Retrygate-Attempts", m->attempts, alen);
 	if (refused)
-		set_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+		respond_field(&m->fields[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
 	if (pushback_ms >= 0)
-		set_field(&m->fields[k++], "grpc-retry-pushback-ms", m->pushback,
+		respond_field(&m->fields[k++], "grpc-retry-pushback-ms", m->pushback,
 		          h1_fmt_int(m->pushback, pushback_ms));
 	m->head = (struct resp_head){
 		.status = 200,
@@ -141,9 +140,9 @@ static int relay_fields(const struct http_head *up, int attempts, const char *re
 			continue;
 		out[k++] = *x;
 	}
-	set_field(&out[k++], "X-Retrygate-Attempts", num, h1_fmt_int(num, attempts));
+	respond_field(&out[k++], "X-Retrygate-Attempts", num, h1_fmt_int(num, attempts));
 	if (refused)
-		set_field(&out[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
+		respond_field(&out[k++], "X-Retrygate-Retry-Refused", refused, strlen(refused));
 	return k;
 }
 
@@ -155,8 +154,8 @@ void respond_relayed(struct relayed_head *r, const struct http_head *up, int att
 	if (tunnel) {
 		size_t ulen = 0;
 		const char *u = http_head_get(up, "Upgrade", &ulen);
-		set_field(&r->fields[n++], "Connection", "upgrade", 7);
-		set_field(&r->fields[n++], "Upgrade", u ? u : "", u ? ulen : 0);
+		respond_field(&r->fields[n++], "Connection", "upgrade", 7);
+		respond_field(&r->fields[n++], "Upgrade", u ? u : "", u ? ulen : 0);
 	}
 	r->head = (struct resp_head){
 		.status = up->status,
@@ -182,69 +181,6 @@ void respond_send(const struct responder *rsp, const struct resp_head *h, const 
 	}
 }
 
-/* "Name: value\r\n" lines (as the idempotency job writes them) into at most CAP fields
- * pointing into P; returns the count. */
-static int parse_lines(const char *p, size_t len, struct http_hdr *out, int cap)
-{
-	const char *end = p + len;
-	int k = 0;
-	while (p < end && k < cap) {
-		const char *eol = memchr(p, '\n', (size_t)(end - p));
-		const char *le = eol ? eol : end;
-		const char *colon = memchr(p, ':', (size_t)(le - p));
-		if (colon) {
-			const char *v = colon + 1, *ve = le;
-			while (v < ve && (*v == ' ' || *v == '\t'))
-				v++;
-			while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
-				ve--;
-			struct http_hdr *f = &out[k++];
-			f->name = p;
-			f->nlen = (uint32_t)(colon - p);
-			f->value = v;
-			f->vlen = (uint32_t)(ve - v);
-			f->hop = false;
-		}
-		p = eol ? eol + 1 : end;
-	}
-	return k;
-}
-
-void respond_replay(struct replay_response *m, const struct idem_response *stored)
-{
-	int k = parse_lines(stored->headers, stored->headers_len, m->fields, HTTP_MAX_HEADERS);
-	bool grpc = false;
-	for (int i = 0; i < k; i++)
-		grpc = grpc || NAMED(&m->fields[i], "grpc-status");
-	m->ntrailers = stored->trailers_len
-	             ? parse_lines(stored->trailers, stored->trailers_len, m->trailers,
-	                           HTTP_MAX_HEADERS)
-	             : 0;
-	set_field(&m->fields[k++], "Idempotency-Replayed", "true", 4);
-	set_field(&m->fields[k++], "X-Retrygate-Attempts", "0", 1);
-	bool bodyless = stored->status == 204 || stored->status == 304;
-	/* Trailers-Only: the status was the whole answer, and it ended the stream (SPEC §10) */
-	bool trailers_only = grpc && stored->body_len == 0 && m->ntrailers == 0;
-	m->body_len = bodyless || trailers_only ? 0 : stored->body_len;
-	m->head = (struct resp_head){
-		.status = stored->status,
-		.hdrs = m->fields,
-		.nhdrs = k,
-		/* trailers follow a body of no announced length, as they did when relayed */
-		.content_length = bodyless || trailers_only || m->ntrailers ? -1
-		                                                            : (int64_t)stored->body_len,
-		.end_stream = trailers_only,
-	};
-}
-
-void respond_replay_send(const struct responder *rsp, const struct replay_response *m,
-                         const char *body)
-{
-	respond_send(rsp, &m->head, body, m->body_len);
-	if (m->ntrailers)
-		rsp->trailers(rsp->arg, m->trailers, m->ntrailers);
-}
-
 void respond_request_id(struct resp_head *h, struct http_hdr *fields, int cap, const char *reqid)
 {
 	if (!reqid || !*reqid)
@@ -258,7 +194,7 @@ void respond_request_id(struct resp_head *h, struct http_hdr *fields, int cap, c
 		k++;
 	}
 	if (k < cap)
-		set_field(&fields[k++], "X-Request-Id", reqid, strlen(reqid));
+		respond_field(&fields[k++], "X-Request-Id", reqid, strlen(reqid));
 	h->hdrs = fields;
 	h->nhdrs = k;
 }

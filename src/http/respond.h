@@ -2,8 +2,8 @@
  * respond: every response retrygate makes itself, built in one place as a protocol-neutral
  * resp_head + body that the client codec frames: the errors of SPEC §5 (a small JSON body
  * {"error":"REASON","upstream":"NAME","attempts":N} with X-Retrygate-Reason and
- * X-Retrygate-Attempts), the replay of a stored idempotent response (§6), and the fields of a
- * relayed upstream response with this hop's markers (§4).
+ * X-Retrygate-Attempts), and the fields of a relayed upstream response with this hop's
+ * markers (§4). The replay of a stored idempotent response (§6) is proxy/idem_job's.
  *
  * The structs hold the strings the resp_head points into: keep them alive (and in place)
  * until the head was written.
@@ -17,9 +17,10 @@
 #include "http/h1_parser.h"
 #include "http/responder.h"
 
-struct idem_response;
-
 const char *respond_status_text(int status);
+
+/* F names NAME (a literal or other lasting string) with VALUE of VLEN bytes, not hop-by-hop. */
+void respond_field(struct http_hdr *f, const char *name, const char *value, size_t vlen);
 
 struct made_response {
 	struct resp_head head;
@@ -64,28 +65,6 @@ void respond_relayed(struct relayed_head *r, const struct http_head *up, int att
 /* Send a whole response (head, then BODY of LEN bytes) through RSP. */
 void respond_send(const struct responder *rsp, const struct resp_head *h, const char *body,
                   size_t len);
-
-struct replay_response {
-	struct resp_head head;
-	struct http_hdr fields[HTTP_MAX_HEADERS + 3];
-	struct http_hdr trailers[HTTP_MAX_HEADERS];
-	int ntrailers;
-	size_t body_len;            /* the body bytes to send: 0 when the head says there is none */
-};
-
-/* A stored idempotent response (§6), with Idempotency-Replayed: true and
- * X-Retrygate-Attempts: 0 in its head, and its trailers (§10: gRPC's grpc-status) parsed into
- * TRAILERS. A response with trailers goes out as it was relayed, without a Content-Length,
- * the trailers after the body; one with neither body nor trailers whose head carries
- * grpc-status is gRPC Trailers-Only (head.end_stream); a 204 or 304 has no body. STORED stays
- * referenced. */
-void respond_replay(struct replay_response *m, const struct idem_response *stored);
-
-/* Sends M (after respond_replay, and respond_request_id on its head) through RSP: the head,
- * M->body_len bytes of BODY (the stored body), then the trailers if any. end() is the
- * caller's. */
-void respond_replay_send(const struct responder *rsp, const struct replay_response *m,
-                         const char *body);
 
 /* Every response to a request carries its X-Request-Id (the client's, else the one retrygate
  * made and sent upstream), so a caller that got a 502 can find its record (SPEC §12): any

@@ -715,14 +715,14 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		return;
 	case IDEM_REPLAY: {
 		STAT_INC(ex->us->idem[IS_REPLAYED]);
-		struct replay_response m;
-		respond_replay(&m, stored);
+		struct idem_replay m;
+		idem_replay(&m, stored);
 		respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])),
 		                   ex->reqid);
 		ex->resp_status = stored->status;
 		ex->log.reason = "idempotency-replayed";
 		ex->head_sent = true;
-		respond_replay_send(&ex->rsp, &m, stored->body);
+		idem_replay_send(&ex->rsp, &m, stored->body);
 		ex_finish(ex, true, false);
 		return;
 	}

@@ -9,6 +9,7 @@
 #include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "base/loop.h"
+#include "http/respond.h"
 #include "http/responder.h"
 #include "base/util.h"
 
@@ -230,4 +231,68 @@ void idem_job_free(struct idem_job *j)
 	if (j->trailers)
 		evbuffer_free(j->trailers);
 	free(j);
+}
+
+/* "Name: value\r\n" lines (as the idempotency job writes them) into at most CAP fields
+ * pointing into P; returns the count. */
+static int parse_lines(const char *p, size_t len, struct http_hdr *out, int cap)
+{
+	const char *end = p + len;
+	int k = 0;
+	while (p < end && k < cap) {
+		const char *eol = memchr(p, '\n', (size_t)(end - p));
+		const char *le = eol ? eol : end;
+		const char *colon = memchr(p, ':', (size_t)(le - p));
+		if (colon) {
+			const char *v = colon + 1, *ve = le;
+			while (v < ve && (*v == ' ' || *v == '\t'))
+				v++;
+			while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t'))
+				ve--;
+			struct http_hdr *f = &out[k++];
+			f->name = p;
+			f->nlen = (uint32_t)(colon - p);
+			f->value = v;
+			f->vlen = (uint32_t)(ve - v);
+			f->hop = false;
+		}
+		p = eol ? eol + 1 : end;
+	}
+	return k;
+}
+
+void idem_replay(struct idem_replay *m, const struct idem_response *stored)
+{
+	int k = parse_lines(stored->headers, stored->headers_len, m->fields, HTTP_MAX_HEADERS);
+	bool grpc = false;
+	for (int i = 0; i < k; i++)
+		grpc = grpc || (m->fields[i].nlen == 11 &&
+		                    str_ieq(m->fields[i].name, 11, "grpc-status", 11));
+	m->ntrailers = stored->trailers_len
+	             ? parse_lines(stored->trailers, stored->trailers_len, m->trailers,
+	                           HTTP_MAX_HEADERS)
+	             : 0;
+	respond_field(&m->fields[k++], "Idempotency-Replayed", "true", 4);
+	respond_field(&m->fields[k++], "X-Retrygate-Attempts", "0", 1);
+	bool bodyless = stored->status == 204 || stored->status == 304;
+	/* Trailers-Only: the status was the whole answer, and it ended the stream (SPEC §10) */
+	bool trailers_only = grpc && stored->body_len == 0 && m->ntrailers == 0;
+	m->body_len = bodyless || trailers_only ? 0 : stored->body_len;
+	m->head = (struct resp_head){
+		.status = stored->status,
+		.hdrs = m->fields,
+		.nhdrs = k,
+		/* trailers follow a body of no announced length, as they did when relayed */
+		.content_length = bodyless || trailers_only || m->ntrailers ? -1
+		                                                            : (int64_t)stored->body_len,
+		.end_stream = trailers_only,
+	};
+}
+
+void idem_replay_send(const struct responder *rsp, const struct idem_replay *m,
+                         const char *body)
+{
+	respond_send(rsp, &m->head, body, m->body_len);
+	if (m->ntrailers)
+		rsp->trailers(rsp->arg, m->trailers, m->ntrailers);
 }

@@ -3,20 +3,20 @@
  * fingerprint), claim its key, record the response that goes to the client (head fields,
  * body and trailers up to max_response), and settle the claim when the exchange ends — the
  * claim follows the last attempt (idem_disposition, which also knows §10's definite gRPC
- * codes). One job per enforced request; the exchange owns it.
+ * codes). One job per enforced request; the exchange owns it. And the other way: a stored
+ * response replayed to the client (idem_replay).
  */
 #ifndef RG_IDEM_JOB_H
 #define RG_IDEM_JOB_H
 
 #include <stdbool.h>
 
+#include "http/h1_parser.h"
+#include "http/responder.h"
 #include "idempotency/idempotency.h"
 
 struct loop;
-struct http_head;
 struct evbuffer;
-struct resp_head;
-struct http_hdr;
 struct idem_job;
 
 /* Is this request enforced here: enabled, method listed, and a non-empty key? */
@@ -49,6 +49,28 @@ void idem_job_record_trailers(struct idem_job *j, const struct http_hdr *t, int 
  * Returns true when a response was stored. */
 bool idem_job_settle(struct idem_job *j, int last_status, int grpc_status, bool reached,
                      bool complete);
+
+struct idem_replay {
+	struct resp_head head;
+	struct http_hdr fields[HTTP_MAX_HEADERS + 3];
+	struct http_hdr trailers[HTTP_MAX_HEADERS];
+	int ntrailers;
+	size_t body_len;            /* the body bytes to send: 0 when the head says there is none */
+};
+
+/* A stored idempotent response (§6), with Idempotency-Replayed: true and
+ * X-Retrygate-Attempts: 0 in its head, and its trailers (§10: gRPC's grpc-status) parsed into
+ * TRAILERS. A response with trailers goes out as it was relayed, without a Content-Length,
+ * the trailers after the body; one with neither body nor trailers whose head carries
+ * grpc-status is gRPC Trailers-Only (head.end_stream); a 204 or 304 has no body. STORED stays
+ * referenced. */
+void idem_replay(struct idem_replay *m, const struct idem_response *stored);
+
+/* Sends M (after idem_replay, and respond_request_id on its head) through RSP: the head,
+ * M->body_len bytes of BODY (the stored body), then the trailers if any. end() is the
+ * caller's. */
+void idem_replay_send(const struct responder *rsp, const struct idem_replay *m,
+                         const char *body);
 
 /* Cancels a pending claim; settles nothing (call idem_job_settle first). */
 void idem_job_free(struct idem_job *j);

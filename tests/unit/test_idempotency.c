@@ -985,8 +985,8 @@ static void test_replay(void **state)
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
 		const struct idem_response *st = &responses[rows[i].resp];
-		struct replay_response m;
-		respond_replay(&m, st);
+		struct idem_replay m;
+		idem_replay(&m, st);
 		/* the stored fields, then the replay's own two */
 		int n = m.head.nhdrs;
 		assert_true(n >= 2);
@@ -1001,7 +1001,7 @@ static void test_replay(void **state)
 		memset(&r, 0, sizeof r);
 		struct responder rsp = { .head = rr_head, .body = rr_body, .trailers = rr_trailers,
 		                         .arg = &r };
-		respond_replay_send(&rsp, &m, st->body);
+		idem_replay_send(&rsp, &m, st->body);
 		if (strcmp(r.log, rows[i].seq) != 0)
 			fail_msg("replay \"%s\": calls %s, want %s", rows[i].what, r.log, rows[i].seq);
 		assert_int_equal(r.end_stream, rows[i].end_stream);
