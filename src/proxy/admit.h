@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/deadline.h"
+#include "policy/deadline.h"
 #include "policy/retry.h"
 
 struct cfg_listener;

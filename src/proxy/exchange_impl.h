@@ -16,8 +16,8 @@
 
 #include "obs/accesslog.h"
 #include "config/config.h"
-#include "http/deadline.h"
-#include "http/forward.h"
+#include "policy/deadline.h"
+#include "proxy/forward.h"
 #include "http/h1_parser.h"
 #include "proxy/reqbody.h"
 #include "http/responder.h"

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "http/deadline.h"
+#include "policy/deadline.h"
 
 #define MS 1000LL
 #define S  1000000LL

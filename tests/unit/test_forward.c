@@ -14,7 +14,7 @@
 #include <cmocka.h>
 #include <event2/buffer.h>
 
-#include "http/forward.h"
+#include "proxy/forward.h"
 #include "http/h1_parser.h"
 
 struct row {

@@ -6,7 +6,7 @@
  * INT64_MAX µs at most) and is clamped to deadline.max by deadline_resolve(). Formatting
  * never rounds up, so a next hop is never promised more time than this hop has.
  */
-#include "http/deadline.h"
+#include "policy/deadline.h"
 #include "http/grpc.h"
 #include "http/h1_write.h"
 #include "http/h1_parser.h"

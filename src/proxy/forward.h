@@ -16,7 +16,7 @@
 
 #include <nghttp2/nghttp2.h>
 
-#include "http/deadline.h"
+#include "policy/deadline.h"
 
 struct evbuffer;
 struct http_head;

@@ -8,7 +8,7 @@
 
 #include <event2/buffer.h>
 
-#include "http/forward.h"
+#include "proxy/forward.h"
 #include "http/grpc.h"
 #include "http/h1_write.h"
 #include "http/h1_parser.h"
