@@ -582,3 +582,50 @@ def test_rg_factory_fixture(rg_factory, upstream, fake_bin):
     assert rg.get("/").status == 200 and rg.workdir.name == "rg0"
     with pytest.raises(TypeError):
         rg_factory({"workers": 1}, upstreams={})
+
+
+# ------------------------------------------------------------------------ include check
+
+CHECK_INCLUDES = os.path.join(REPO_ROOT, "tests", "tools", "check-includes.py")
+
+
+def check_includes(src):
+    return subprocess.run([sys.executable, CHECK_INCLUDES, str(src)], capture_output=True,
+                          text=True, timeout=30)
+
+
+def write_tree(root, files):
+    for path, text in files.items():
+        p = root / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def test_include_check_passes_the_tree_and_states_its_order():
+    r = check_includes(os.path.join(REPO_ROOT, "src"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "app > client > proxy > upstream" in r.stdout and r.stdout.rstrip().endswith("base")
+
+
+def test_include_check_refuses_an_upward_include_with_its_line(tmp_path):
+    write_tree(tmp_path, {
+        "base/util.h": "#pragma once\n",
+        "policy/retry.h": '#include "base/util.h"\n',
+        "policy/balance.c": '#include "policy/retry.h"\n\n#include "state/upstream.h"\n',
+        "state/upstream.h": '#include "policy/retry.h"\n',
+    })
+    r = check_includes(tmp_path)
+    assert r.returncode == 1
+    assert "policy/balance.c:3: policy/ includes state/, which is above it" in r.stdout
+    # downward only: without the upward line the same tree passes
+    (tmp_path / "policy/balance.c").write_text('#include "policy/retry.h"\n')
+    assert check_includes(tmp_path).returncode == 0
+
+
+def test_include_check_refuses_a_file_loop_and_an_unknown_folder(tmp_path):
+    write_tree(tmp_path, {"base/a.h": '#include "base/b.h"\n', "base/b.h": '#include "base/a.h"\n'})
+    r = check_includes(tmp_path)
+    assert r.returncode == 1 and "include loop: base/a -> base/b -> base/a" in r.stdout
+    write_tree(tmp_path, {"base/b.h": "\n", "misc/x.c": '#include "base/a.h"\n'})
+    r = check_includes(tmp_path)
+    assert r.returncode == 1 and "misc/: a folder the layer order does not name" in r.stdout
