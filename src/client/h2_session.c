@@ -708,6 +708,8 @@ static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 			defence(s, H2E_MALFORMED, "malformed request: stream reset");
 		return 0;
 	}
+	if (frame->hd.type == NGHTTP2_DATA)
+		h2_guard_data_sent(&s->guard, 1);
 	/* nrst_after: no stream lookup for the last frame of every response when none waits */
 	if (s->nrst_after > 0 &&
 	    (frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
@@ -739,8 +741,9 @@ static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void 
 	if (left > 0)
 		nghttp2_session_consume_connection(ng, left);
 	bool early = st->client_reset && !st->head_sent;
+	bool by_us = code != NGHTTP2_NO_ERROR && !st->client_reset;
 	stream_destroy(st);
-	if (h2_guard_stream_closed(&s->guard, early) && s->state < H_CLOSING) {
+	if (h2_guard_stream_closed(&s->guard, (uint32_t)id, early, by_us) && s->state < H_CLOSING) {
 		defence(s, H2E_RAPID_RESET, "most streams reset by the client before a response");
 		terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
 	}
@@ -859,6 +862,30 @@ static void send_ev_cb(evutil_socket_t fd, short what, void *arg)
 	flush(s);
 }
 
+/* The frame guard ended the connection: count, log once, GOAWAY with the RFC's code. */
+static void guard_verdict(struct h2_session *s, enum h2g_verdict g)
+{
+	switch (g) {
+	case H2G_FLOOD:
+		defence(s, H2E_FLOOD, "control or empty DATA frames over the limit in 10 s");
+		terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+		break;
+	case H2G_HEADER_BLOCK:
+		defence(s, H2E_HEADER_BLOCK, "header block over twice max_header_bytes");
+		terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+		break;
+	case H2G_PROTOCOL:
+		defence(s, H2E_MALFORMED, "HEADERS on an unexpected stream id, or PRIORITY on stream 0");
+		terminate(s, NGHTTP2_PROTOCOL_ERROR);
+		break;
+	case H2G_STREAM_CLOSED:
+	case H2G_OK:
+		defence(s, H2E_MALFORMED, "frames on closed streams");
+		terminate(s, NGHTTP2_STREAM_CLOSED);
+		break;
+	}
+}
+
 static void read_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
@@ -872,13 +899,12 @@ static void read_cb(struct stream *strm, void *arg)
 			v.iov_len = RECV_SLICE;
 		enum h2g_verdict g = h2_guard_feed(&s->guard, v.iov_base, v.iov_len, clock_now_us());
 		if (g != H2G_OK) {
-			if (g == H2G_FLOOD)
-				defence(s, H2E_FLOOD, "control or empty DATA frames over the limit in 10 s");
-			else
-				defence(s, H2E_HEADER_BLOCK, "header block over twice max_header_bytes");
-			terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
+			guard_verdict(s, g);
 			break;
 		}
+		for (uint32_t sid; h2_guard_take_reset(&s->guard, &sid);)
+			nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, (int32_t)sid,
+			                          NGHTTP2_STREAM_CLOSED);
 		ssize_t n = nghttp2_session_mem_recv(s->ng, v.iov_base, v.iov_len);
 		if (n < 0) {
 			if (n == NGHTTP2_ERR_FLOODED) {
