@@ -139,10 +139,11 @@ void redis_link_drop(struct redis_link *l, const char *what, const char *detail)
 {
 	redisAsyncContext *ac = l->ac;
 	redis_link_log_down(l, what, detail);
+	if (!ac)
+		return;     /* already down, or resolving: nothing to give up */
 	l->ac = NULL;
 	backoff(l);
-	if (ac)
-		redisAsyncFree(ac);     /* now, or when the hiredis callback we are in returns */
+	redisAsyncFree(ac);     /* now, or when the hiredis callback we are in returns */
 }
 
 /* ------------------------------------------------------------------ commands */
