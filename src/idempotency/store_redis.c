@@ -29,7 +29,7 @@
  * dropped, which fails every command in flight.
  *
  * Ownership of an op: the user holds it until its callback runs or it is cancelled
- * (`user_done`); hiredis holds it while a reply is pending (`in_redis`). It is freed when both
+ * (`user_done`); the link holds it while its callback is due (`in_redis`). It is freed when both
  * let go, so a cancelled or timed-out op whose reply is still due stays until the link calls
  * back (it calls back every command exactly once, with NULL when it fails).
  */
