@@ -19,6 +19,9 @@ ARCH      := $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo 
 ifeq ($(SANITIZE),)
 BUILD     ?= build
 OPT       := -O2
+else ifeq ($(SANITIZE),thread)
+BUILD     ?= build/tsan
+OPT       := -O1 -fsanitize=thread -fno-omit-frame-pointer -DRG_CHECK_MAGIC
 else
 BUILD     ?= build/san
 OPT       := -O1 -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all -DRG_CHECK_MAGIC
@@ -140,7 +143,7 @@ demo: deps $(BUILD)/retrygate
 	/usr/bin/python3 tests/tools/demo.py
 
 clean:
-	rm -rf build/obj build/unit build/san build/retrygate build/stripped build/fuzz
+	rm -rf build/obj build/unit build/san build/tsan build/retrygate build/stripped build/fuzz
 
 # ---------------------------------------------------------------- fuzzing (clang, libFuzzer)
 FUZZ_SECONDS ?= 60
