@@ -4,12 +4,13 @@
  * (the attempt_cbs it hands out), the deadline. The states (enum xstate, exchange_impl.h):
  *
  *   X_NEW --buffered body--> X_WAIT_BODY --body end--+
- *     |                                              v
- *     +--streamed body, or the body outgrew---> (X_CLAIM) --claimed--> start an attempt
+ *     |                           |                  v
+ *     +--no body, streamed body---|-------------> (X_CLAIM) --claimed--> start an attempt
+ *                                 +--outgrew retry.max_body (streams on)--> start an attempt
  *
  *   start an attempt --fault drawn--> X_FAULT_WAIT --delay over--> X_ATTEMPT
- *          |                              |
- *          +--------> X_ATTEMPT           +--abort, connect-failure, cut delay--> ex_decide()
+ *          |                              +--abort--> ex_judge_status()
+ *          +--------> X_ATTEMPT           +--connect-failure, cut delay--> ex_decide()
  *
  *   X_ATTEMPT --gRPC 200 head, no END_STREAM--> X_HELD --first message--> X_RELAY
  *       |                                          |
@@ -44,7 +45,6 @@
 #include "obs/accesslog.h"
 #include "proxy/admit.h"
 #include "upstream/attempt.h"
-#include "policy/balance.h"
 #include "base/clock.h"
 #include "config/config.h"
 #include "http/deadline.h"
@@ -55,7 +55,6 @@
 #include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "base/log.h"
-#include "policy/outlier.h"
 #include "base/loop.h"
 #include "obs/reconcile.h"
 #include "proxy/reqbody.h"
@@ -63,7 +62,6 @@
 #include "policy/retry.h"
 #include "proxy/saved_response.h"
 #include "obs/stats.h"
-#include "net/tls.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
