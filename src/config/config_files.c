@@ -3,6 +3,7 @@
  * certificates, keys and CAs are readable PEM, the access log's directory exists and can be
  * written. Only when the loader runs for --check (ld->check_files); a normal load leaves the
  * files to startup, which reads them anyway. Errors carry the mark of the key that names it.
+ * Called by config_schema.c's checks; calls go down only, to config_diag.c.
  */
 #include "config/config.h"
 #include "config/config_impl.h"

@@ -1,9 +1,17 @@
 /*
- * config_impl: what the config files share and nobody else may use. The YAML tree
- * (config_yaml.c), the loader engine and public API (config.c), the schema tables and their
- * checks (config_schema.c), the --check file checks (config_files.c), the /config JSON
- * (config_json.c) and the --check report (config_report.c) include config.h and this header,
- * which includes no config header itself, so that no include loop can form.
+ * config_impl: what the config files share and nobody else may use. They include config.h and
+ * this header, which includes no config header itself, so that no include loop can form.
+ * Calls go one way, down this list (a file calls only files below it; the loader reaches the
+ * tables' checks, parsers and emitters through the function pointers in the tables):
+ *
+ *   config.c          the loader engine and the public API of config.h
+ *   config_report.c   the --check report
+ *   config_schema.c   the tables, the checks across keys, the lookups by name
+ *   config_json.c     the /config JSON: the walk of the tables and the keys' own emitters
+ *   config_files.c    the --check file checks
+ *   config_values.c   checks of single values, the retry.on words
+ *   config_yaml.c     the YAML text as a tree
+ *   config_diag.c     a load's messages, values in them, the tree queries
  */
 #ifndef RG_CONFIG_IMPL_H
 #define RG_CONFIG_IMPL_H
@@ -11,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/util.h"
 
@@ -56,6 +65,8 @@ struct tree {
  * returns false (the tree may be partial and is still the caller's to free with tree_free). */
 bool tree_parse(struct load *ld, struct tree *t, const char *data, size_t len);
 void tree_free(struct tree *t);
+
+/* config_diag.c: the tree's queries */
 /* an untagged plain null: "", "~", "null", "Null", "NULL" */
 bool node_is_null(const struct node *n);
 /* "a mapping", "a sequence", "nothing" or "a scalar", for messages */
@@ -120,7 +131,7 @@ struct key {
 #define FIELD(p, off, type) ((type *)(void *)((char *)(p) + (off)))
 #define CFIELD(p, off, type) ((const type *)(const void *)((const char *)(p) + (off)))
 
-/* ------------------------------------------------------------------ the loader (config.c) */
+/* ------------------------------------------------------------------ a load (config.c, config_diag.c) */
 
 struct msg;
 
@@ -138,7 +149,8 @@ struct load {
 	const bool *check_bad;
 };
 
-/* Every message is "FILE:LINE:COL: path: what"; the loader sorts and prints them at the end. */
+/* config_diag.c. Every message is "FILE:LINE:COL: path: what"; load_report() sorts and prints
+ * them at the end. */
 void load_error(struct load *ld, int line, int col, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* at the mark of node V */
@@ -171,13 +183,13 @@ bool key_ok(const struct load *ld, const char *key);
 /* An error about KEY of block MAP: at its value when written, else at the block. */
 void key_error(struct load *ld, const struct node *map, const char *key, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* The errors of LD, sorted by position, to ERRS (NULL: nowhere), then freed. */
+void load_report(struct load *ld, FILE *errs);
 
 /* ------------------------------------------------------------------ the schema (config_schema.c) */
 
 /* the root of the tables: struct config */
 extern const struct block cfg_root_block;
-/* retry.on words, in the order of their RETRY_ON_* bits */
-extern const char *const cfg_retry_on_words[];
 /* faults.rules.kind words, in enum fault_kind order */
 extern const char *const cfg_fault_kind_words[];
 
@@ -191,6 +203,8 @@ struct store_url {
 };
 
 /* config_values.c: checks of single values, named by the schema tables */
+/* retry.on words, in the order of their RETRY_ON_* bits */
+extern const char *const cfg_retry_on_words[];
 const char *check_nonempty(char *s, char *buf, size_t cap);
 const char *check_visible(char *s, char *buf, size_t cap);
 const char *check_name(char *s, char *buf, size_t cap);
@@ -223,6 +237,9 @@ void files_check_log(struct load *ld, const struct node *map, const char *key, c
 
 /* ------------------------------------------------------------------ JSON (config_json.c) */
 
+/* The JSON of the block ROOT describes at BASE, pretty-printed, ending with a newline;
+ * malloc'ed. */
+char *json_render(const struct block *root, const void *base);
 /* the `emit` of keys whose JSON is not their type's: redacted or K_CUSTOM */
 void emit_secret(struct json *j, const struct key *k, const void *base);
 void emit_store(struct json *j, const struct key *k, const void *base);

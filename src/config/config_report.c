@@ -3,6 +3,7 @@
  * its policy allows (attempts, amplification, concurrency, latency against the deadlines,
  * Retry-After); then warnings: the loader's adjustments and policies that are legal but
  * probably not meant. Reads a loaded config only; prints to OUT, ends with "FILE: ok".
+ * Calls go down only, to config_values.c (the retry.on words).
  */
 #include "config/config.h"
 #include "config/config_impl.h"

@@ -1,8 +1,14 @@
 /*
  * config_schema: every key of SPEC §2 in one table per mapping level (name, type, field,
  * default as YAML text, range) and the `check` of each level for rules across keys; the
- * checks of single string values are config_values.c's. Adding a key is one line in a table here, its field in
- * config.h and its line in conf/retrygate.yaml (a unit test enforces the documentation).
+ * checks of single string values are config_values.c's. Adding a key is one line in a table
+ * here, its field in config.h and its line in conf/retrygate.yaml (a unit test enforces the
+ * documentation). The lookups by name of config.h live here too: a route's check resolves its
+ * upstream with them.
+ *
+ * config.c walks these tables and calls their functions through them; this file calls down
+ * only: config_json.c (emitters named in the tables), config_files.c, config_values.c,
+ * config_diag.c.
  *
  * Invariants of a config that config_load() returned (consumers rely on them):
  *  - at least one listener; each has a literal IP:port, unique among listeners and the admin
@@ -50,8 +56,6 @@ static void workers_parse(struct load *ld, const struct key *k, const struct nod
 	if (range_ok(ld, k, v, (double)n, v->str))
 		*FIELD(base, k->off, int) = (int)n;
 }
-
-const char *const cfg_retry_on_words[] = { "connect-failure", "reset", "timeout", NULL };
 
 static void retry_on_parse(struct load *ld, const struct key *k, const struct node *v, void *base)
 {
@@ -773,4 +777,22 @@ void config_schema_keys(void (*cb)(const char *dotted_path, void *arg), void *ar
 	sb_putn(&path, "", 0);
 	schema_walk(&cfg_root_block, &path, cb, arg);
 	free(path.s);
+}
+
+/* ------------------------------------------------------------------ lookups (config.h) */
+
+struct cfg_listener *config_listener(const struct config *c, const char *name)
+{
+	for (int i = 0; i < c->nlisteners; i++)
+		if (c->listeners[i].name && !strcmp(c->listeners[i].name, name))
+			return &c->listeners[i];
+	return NULL;
+}
+
+struct cfg_upstream *config_upstream(const struct config *c, const char *name)
+{
+	for (int i = 0; i < c->nupstreams; i++)
+		if (c->upstreams[i].name && !strcmp(c->upstreams[i].name, name))
+			return &c->upstreams[i];
+	return NULL;
 }

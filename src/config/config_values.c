@@ -2,7 +2,8 @@
  * config_values: the checks of single string values the schema tables name (tokens, names,
  * listen addresses, endpoints, host patterns, path prefixes, SNI, the idempotency store URL).
  * Each normalises its value in place where the schema says so and returns NULL, or what was
- * expected, for the loader's FILE:LINE:COL message.
+ * expected, for the loader's FILE:LINE:COL message. The retry.on words live here too, for the
+ * schema, the JSON and the report alike. Calls go down only, to config_diag.c.
  */
 #include "config/config.h"
 #include "config/config_impl.h"
@@ -11,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* the words of retry.on, in the order of their RETRY_ON_* bits */
+const char *const cfg_retry_on_words[] = { "connect-failure", "reset", "timeout", NULL };
 
 /* ------------------------------------------------------------------ string checks */
 

@@ -3,6 +3,8 @@
  * libyaml's events. Every node keeps the 1-based line and column of its mark; an alias is a
  * second reference to its anchored node, never to an ancestor, so the tree has no cycles.
  * Depth, anchors and the alias-expanded size are bounded; errors go to the loader's list.
+ * Called by config.c; calls go down only, to config_diag.c (which also holds the queries of
+ * the finished tree).
  */
 #include "config/config.h"
 #include "config/config_impl.h"
@@ -219,30 +221,3 @@ bool tree_parse(struct load *ld, struct tree *t, const char *data, size_t len)
 	}
 	return ok;
 }
-
-bool node_is_null(const struct node *n)
-{
-	return n->kind == N_SCALAR && n->plain &&
-	       (n->len == 0 || !strcmp(n->str, "~") || !strcmp(n->str, "null") ||
-	        !strcmp(n->str, "Null") || !strcmp(n->str, "NULL"));
-}
-
-const char *node_kind_name(const struct node *n)
-{
-	if (n->kind == N_MAP)
-		return "a mapping";
-	if (n->kind == N_SEQ)
-		return "a sequence";
-	return node_is_null(n) ? "nothing" : "a scalar";
-}
-
-const struct node *node_find(const struct node *map, const char *key)
-{
-	if (!map || map->kind != N_MAP)
-		return NULL;
-	for (int i = 0; i + 1 < map->nkids; i += 2)
-		if (map->kids[i]->kind == N_SCALAR && !strcmp(map->kids[i]->str, key))
-			return map->kids[i + 1];
-	return NULL;
-}
-

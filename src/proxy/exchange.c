@@ -1,23 +1,39 @@
 /*
- * exchange: one request, its attempts, and the retry loop between them (see exchange.h).
+ * exchange: one request, from its parsed head to the last byte of its response (see
+ * exchange.h). This file is the top of the exchange: the codec's side, the attempt's news
+ * (the attempt_cbs it hands out), the deadline. The states (enum xstate, exchange_impl.h):
  *
- *   X_WAIT_BODY --body end--> (X_CLAIM) --> X_ATTEMPT --head/failure--> ex_decide() --retry--> X_BACKOFF
- *        |                                     ^                          |                    |
- *        +--(streamed body)--------------------+                          +--relay--> X_RELAY  |
- *                                               +-------------backoff timer--------------------+
- *   and from anywhere: X_DONE (ex_finish(): the responder's end() reported once).
+ *   X_NEW --buffered body--> X_WAIT_BODY --body end--+
+ *     |                           |                  v
+ *     +--no body, streamed body---|-------------> (X_CLAIM) --claimed--> start an attempt
+ *                                 +--outgrew retry.max_body (streams on)--> start an attempt
  *
- * This file holds the state machine only: the decision is retry_decide(), the upstream
- * request is forward_h1_head() or, to an HTTP/2 upstream, forward_h2_headers(), every response
- * it makes is respond.c's, the client's wire format is the responder's, the idempotency claim
- * is an idem_job; how the exchange ends and what reaches the client is exchange_reply.c,
- * SPEC §11 faults are exchange_fault.c, SPEC §10 (a gRPC call's outcome) exchange_grpc.c.
+ *   start an attempt --fault drawn--> X_FAULT_WAIT --delay over--> X_ATTEMPT
+ *          |                              +--abort--> ex_judge_status()
+ *          +--------> X_ATTEMPT           +--connect-failure, cut delay--> ex_decide()
  *
- * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
- * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the
- * decision, through its wait, to its end. A response that was retried is kept (head and up
- * to retry.max_body of body) so that, if no later attempt produces a response, the client
- * still gets the last one any attempt produced (SPEC §4).
+ *   X_ATTEMPT --gRPC 200 head, no END_STREAM--> X_HELD --first message--> X_RELAY
+ *       |                                          |
+ *       |                                          +--trailers, end, per-try timer--> ex_decide()
+ *       +--head--> ex_judge_status() --relay--> X_RELAY
+ *       +--retried status, failure-------------------------------------------------> ex_decide()
+ *
+ *   ex_decide() --retry--> X_BACKOFF --backoff timer--> start an attempt
+ *        +--no retry--> X_RELAY (a response: relayed, or the one kept) or X_DONE (one of ours)
+ *
+ *   and from anywhere: X_DONE, only by ex_end() (ex_finish(): the responder's end() reported
+ *   once; ex_start_tunnel(); exchange_abort()). The deadline ends every state but X_RELAY.
+ *
+ * X_FAULT_WAIT and X_HELD are waits inside one attempt (a drawn fault's delay; a gRPC head
+ * whose outcome the next frame decides). Leaving either, to whatever state, undoes it in
+ * ex_set_state(): so the deadline, the client going away or a too-large body never look at
+ * them, they only change the state.
+ *
+ * Calls go down (exchange_impl.h lists the order): this file calls exchange_grpc.c,
+ * exchange_retry.c, exchange_reply.c and exchange_core.c, and none of them calls back into it
+ * except through the attempt_cbs in ex->att_cbs. The decision is retry_decide(), every
+ * response it makes is respond.c's, the client's wire format is the responder's, the
+ * idempotency claim is an idem_job.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +45,6 @@
 #include "obs/accesslog.h"
 #include "proxy/admit.h"
 #include "upstream/attempt.h"
-#include "policy/balance.h"
 #include "base/clock.h"
 #include "config/config.h"
 #include "policy/deadline.h"
@@ -40,7 +55,6 @@
 #include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "base/log.h"
-#include "policy/outlier.h"
 #include "base/loop.h"
 #include "obs/reconcile.h"
 #include "proxy/reqbody.h"
@@ -48,372 +62,12 @@
 #include "policy/retry.h"
 #include "proxy/saved_response.h"
 #include "obs/stats.h"
-#include "net/tls.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
-static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry);
 static void exchange_go(struct exchange *ex);
 
 static const struct attempt_cbs attempt_callbacks;
-
-/* The one writer of the state (DESIGN rule 2). */
-void ex_set_state(struct exchange *ex, enum xstate st)
-{
-	STATE_TERMINAL_CHECK(ex, st, X_DONE);
-	ex->state = st;
-}
-
-/* ------------------------------------------------------------------ timers */
-
-/* Assign EV (the exchange's timer BIT) the first time it is needed (see exchange_impl.h). */
-static void timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb)
-{
-	if (ex->timers & bit)
-		return;
-	evtimer_assign(ev, ex->loop->base, cb, ex);
-	ex->timers |= bit;
-}
-
-/* ------------------------------------------------------------------ endpoints */
-
-/* The address for an attempt, or NULL while no name of the upstream has one (SPEC §13). Only
- * a first attempt advances round-robin: a retry's choice never shifts where the next request
- * goes (otherwise every failure would steer the next first attempt to the failing endpoint). */
-static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
-{
-	struct ep_state *eps[MAX_ENDPOINTS];
-	int n = upstream_endpoints(ex->ub, eps);
-	if (n == 0)
-		return NULL;
-	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
-	                    : atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
-	return balance_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
-	                    ex->tried, now);
-}
-
-/* SPEC §13: the attempt's outcome (STATUS with OUT_STATUS; HINTED: it carried a Retry-After,
- * which sets a hold instead), for the passive health of its endpoint. */
-void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted)
-{
-	struct ep_state *eps[MAX_ENDPOINTS];
-	int neps = 0;
-	int64_t now = 0;
-	/* nearly every report is a success, which only clears the endpoint's count: the other
-	 * endpoints and the clock are gathered for a failure alone (outlier.h) */
-	if (outlier_is_failure(out, status, hinted)) {
-		neps = upstream_endpoints(ex->ub, eps);
-		now = clock_now_us();
-	}
-	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
-		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
-		     "failures in a row", ex->up->name, ex->att_ep->name,
-		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),
-		     ex->up->health.consecutive_failures);
-}
-
-void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
-{
-	size_t n;
-	bool hinted = h && (h->status == 429 || h->status == 503) &&
-	              http_head_get(h, "Retry-After", &n);
-	ex_report_health_as(ex, out, h ? h->status : 0, hinted);
-}
-
-/* ------------------------------------------------------------------ attempts */
-
-/* The facts of SPEC §4 rules 2, 4 and 5 that belong to the request, the same for every
- * question asked of retry.c. */
-static void request_facts(const struct exchange *ex, struct retry_facts *f)
-{
-	f->nested = ex->req_nested;
-	f->method = ex->mclass;
-	f->has_key = ex->has_key;
-	f->idempotent_path = ex->idem_path;
-	f->body_replayable = reqbody_replayable(&ex->rb, ex->up->retry.max_body);
-}
-
-/* No attempt can start: the deadline is too close, or no in-flight slot is free. */
-static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
-{
-	if (retry) {
-		ex->refused = why;
-		STAT_INC(ex->us->refused[why]);
-		ex_deliver_last(ex);
-	} else if (why == RR_DEADLINE) {
-		STAT_INC(ex->us->rejected[REJ_DEADLINE]);
-		ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
-	} else {
-		STAT_INC(ex->us->rejected[REJ_OVERLOADED]);
-		ex_finish_error(ex, 503, "overloaded", false, "1");
-	}
-}
-
-static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
-{
-	if (!ep) {
-		/* no address yet (the first lookup has not answered): nothing was sent */
-		ex->last_out = OUT_CONNECT_FAILURE;
-		access_set_outcome(&ex->log, "no-address");
-		if (retry)
-			ex_deliver_last(ex);
-		else
-			ex_finish_error(ex, 502, "connect-failure", false, NULL);
-		return;
-	}
-	int64_t now = clock_now_us();
-	int64_t remaining = ex->deadline_us - now;
-	if (remaining < ex->up->deadline.min_us || remaining < 1000) {
-		cannot_start(ex, retry, RR_DEADLINE);
-		return;
-	}
-	/* SPEC §4 rule 7: a retry takes its max_in_flight slot when it is sent; none free then:
-	 * it ends refused */
-	if (!upstream_take_in_flight(ex->st, ex->up->max_in_flight)) {
-		cannot_start(ex, retry, RR_RETRIES_IN_FLIGHT);
-		return;
-	}
-	ex->slot_in_flight = true;
-	if (!retry) {
-		STAT_INC(ex->us->requests);
-		budget_deposit(&ex->st->budget, &ex->up->retry, now);
-	} else {
-		STAT_INC(ex->us->retries);
-	}
-	ex->attempts++;
-	STAT_INC(ex->us->attempts);
-	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
-	ex->tried |= 1ull << ep->index;
-	ex->att_ep = ep;
-	ex->att_t0_us = now;
-	ex->last_att_status = 0;
-	ex->att_grpc = -1;
-	ex->pushback_us = -1;
-	ex_set_state(ex, X_ATTEMPT);
-	access_add_attempt(&ex->log, ep->name);
-	ex->fault = ex_fault_draw(ex, now);
-	if (ex->fault) {
-		STAT_INC(ex->us->faults_injected[ex->fault->kind]);
-		access_set_fault(&ex->log, faults_kind_name(ex->fault->kind));
-		if (ex->fault->kind != FAULT_LOST_RESPONSE) {
-			timer_assign(ex, &ex->fault_ev, EX_T_FAULT, ex_fault_cb);
-			ex_fault_arm(ex, now);
-			return;
-		}
-	}
-	ex_send_attempt(ex, ep);
-}
-
-/* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
- * rest), and X-Timeout-Ms says so. */
-void ex_send_attempt(struct exchange *ex, struct ep_state *ep)
-{
-	int64_t now = clock_now_us();
-	int64_t remaining = ex->deadline_us - now;
-	/* what a delay spent, in whole milliseconds: the microseconds between the attempt's start
-	 * and here would make the header 2999 or 3000 by chance (and never the same twice) */
-	int64_t spent = (now - ex->att_t0_us) / 1000 * 1000;
-	int64_t per_try = ex->up->retry.per_try_timeout_us - spent;
-	if (per_try < 1000)
-		per_try = 1000;
-	int64_t wait = per_try < remaining ? per_try : remaining;
-	struct forward_req fw = {
-		.req = ex->req,
-		.host_rewrite = ex->up->host_rewrite,
-		.endpoint = ep->host,
-		.peer_ip = ex->peer_ip,
-		.tls = ex->ci.tls,
-		.reqid = ex->reqid,
-		.dl_present = ex->dl_present,
-		.wait_us = wait,
-		.attempt = ex->attempts,
-		.nested = ex->req_nested,
-		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
-		.body_len = ex->rb.len,
-		.grpc = ex->grpc,
-	};
-	bool h2 = ex->up->protocol == UP_H2;
-	/* HTTP/1's head as bytes (the attempt gives the buffer back); HTTP/2 sends fields */
-	struct evbuffer *head = h2 ? NULL : loop_buf_get(ex->loop);
-	struct forward_nv nv;
-	forward_nv_init(&nv);
-	if (h2)
-		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
-	else
-		forward_h1_head(&fw, head);
-	struct retry_facts rf = { 0 };
-	request_facts(ex, &rf);
-	char sni[256];
-	struct attempt_req rq = {
-		.head = head,
-		.body = (ex->rb.mode == BODY_BUFFER && ex->rb.len > 0) ? ex->rb.buf : NULL,
-		.streaming = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
-		.chunked = ex->rb.mode == BODY_STREAM && ex->req->content_length < 0,
-		.is_head = ex->req->method_head,
-		.fresh_conn = !retry_may_replay(&ex->up->retry, &rf),
-		.connect_timeout_us = ex->up->connect_timeout_us,
-		.head_timeout_us = per_try < remaining ? per_try : 0,
-		.tls = ex->ub->tls,
-		.verify = ex->up->tls_verify,
-		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->host, sni, sizeof(sni)) : NULL,
-		.h2 = h2,
-		.nv = nv.nv,
-		.nvlen = nv.n,
-		.nv_bytes = nv.arena,
-		.nv_bytes_len = nv.used,
-		.trailers = ex->req_trailers,
-		.ntrailers = ex->nreq_trailers,
-	};
-	ex->att = attempt_start(ex->loop, ep, &rq, &attempt_callbacks, ex);
-	forward_nv_free(&nv);       /* nghttp2 copied the fields */
-	reqbody_stream_to(&ex->rb, ex->att);
-}
-
-static void backoff_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct exchange *ex = arg;
-	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state != X_BACKOFF)
-		return;
-	/* another request may have put a hold on the endpoint during our wait: rule 6 again */
-	int64_t now = clock_now_us(), start;
-	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
-		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
-		ex->next_ep = choose_endpoint(ex, now, true);
-		if (!ex->next_ep) {
-			ex_release_slots(ex);
-			ex_deliver_last(ex);
-			return;
-		}
-		ex->next_serial = atomic_load(&ex->next_ep->serial);
-	}
-	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
-	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
-	if (r == RR_NONE && start > now) {
-		struct timeval tv = clock_tv(start - now);
-		evtimer_add(&ex->backoff_ev, &tv);
-		return;
-	}
-	if (r != RR_NONE) {
-		ex_release_slots(ex);
-		ex->refused = r;
-		STAT_INC(ex->us->refused[r]);
-		ex_deliver_last(ex);
-		return;
-	}
-	start_attempt(ex, ex->next_ep, true);
-}
-
-/* SPEC §4: a 429 or 503 with a valid Retry-After (when honored) puts a hold on the endpoint
- * that answered, whether or not a retry follows. Returns the hint in µs, or -1 for none. */
-int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now)
-{
-	size_t n;
-	const char *ra = (h->status == 429 || h->status == 503) && ex->up->retry.retry_after_honor
-	                 ? http_head_get(h, "Retry-After", &n) : NULL;
-	int64_t delay;
-	if (!ra || retry_after_parse(ra, n, clock_wall(), &delay) != 0)
-		return -1;
-	if (delay > 0)
-		upstream_hold(ex->att_ep, now + delay);
-	return delay;
-}
-
-/* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
-void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
-{
-	const struct cfg_retry *rc = &ex->up->retry;
-	int64_t now = clock_now_us();
-	struct attempt *a = ex->att;
-	ex->att = NULL;
-	ex->last_out = out;
-	ex->last_bad = bad;
-	ex_release_slots(ex);              /* the failed attempt's slots go before the decision */
-
-	struct retry_facts f = {
-		.outcome = out,
-		.status = h ? h->status : 0,
-		.runtime_enabled = atomic_load_explicit(&ex->st->runtime_enabled, memory_order_relaxed),
-		.attempts = ex->attempts,
-		.now_us = now,
-		.deadline_us = ex->deadline_us,
-		.retry_after_us = -1,
-		.rand = rand_next(&ex->loop->rng),
-		.have_gates = true,
-		.gates = {
-			.tokens = budget_peek(&ex->st->budget, rc, now),
-			.retries_in_flight = atomic_load_explicit(&ex->st->retries_in_flight,
-			                                          memory_order_relaxed),
-			.max_retries_in_flight = ex->up->max_retries_in_flight,
-		},
-	};
-	request_facts(ex, &f);
-	if (h) {
-		if (admit_response_nested(h))
-			f.nested = true;
-		f.retry_after_us = ex_retry_after_hint(ex, h, now);
-	}
-	if (h && ex->grpc && ex->att_grpc >= 0) {
-		/* SPEC §10: the outcome is the grpc-status; pushback is its Retry-After */
-		f.grpc = true;
-		f.grpc_status = ex->att_grpc;
-		f.pushback_refuse = rc->retry_after_honor && ex->pushback_us == -2;
-		int64_t pb = ex_grpc_pushback_hold(ex, now);
-		if (pb >= 0)
-			f.retry_after_us = pb;
-	}
-	struct ep_state *next = choose_endpoint(ex, now, true);
-	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
-	f.hold_until_us = hold > now ? hold : 0;
-
-	int64_t start = 0;
-	/* an Upgrade request is tunnelled without retries (SPEC §8); no address: nowhere to go */
-	enum refusal reason = ex->req->upgrade || !next
-	                      ? RR_NOT_LISTED : retry_decide(rc, &ex->up->deadline, &f, &start);
-	if (reason == RR_NONE) {
-		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
-		 * be given back); another worker may have won the race meanwhile */
-		bool slot = upstream_take_retry_slot(ex->st, ex->up->max_retries_in_flight);
-		bool token = slot && budget_take(&ex->st->budget, rc, now);
-		if (slot && !token)
-			upstream_release_retry_slot(ex->st);
-		reason = retry_gate_taken(slot, token);
-		ex->slot_retry = reason == RR_NONE;
-	}
-	if (reason == RR_NONE) {
-		if (h) {
-			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
-			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
-			if (ex->dec_trailers)
-				saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
-			ex->saved.grpc_status = ex->att_grpc;
-		} else {
-			attempt_free(a);
-		}
-		ex->next_ep = next;
-		ex->next_serial = atomic_load(&next->serial);
-		ex_set_state(ex, X_BACKOFF);
-		struct timeval tv = clock_tv(start - now);
-		timer_assign(ex, &ex->backoff_ev, EX_T_BACKOFF, backoff_cb);
-		evtimer_add(&ex->backoff_ev, &tv);
-		return;
-	}
-	if (reason != RR_NOT_LISTED) {
-		STAT_INC(ex->us->refused[reason]);
-		ex->refused = reason;
-	}
-	if (h) {
-		saved_clear(&ex->saved);
-		ex_relay_from(ex, a, h, reason);
-		if (ex->dec_trailers)
-			ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);
-		if (!a)
-			ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
-		return;
-	}
-	attempt_free(a);
-	ex_deliver_last(ex);
-}
 
 /* ------------------------------------------------------------------ attempt callbacks */
 
@@ -456,20 +110,14 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 	ex->reached = true;
 	if (ex->grpc && h->status == 200 && ex_grpc_head(ex, a, h))
 		return;
-	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
-		ex_decide(ex, OUT_STATUS, h, false);
-		return;
-	}
-	ex_retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
-	ex_relay_from(ex, a, h, RR_NONE);
+	ex_judge_status(ex, a, h);
 }
 
 static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->grpc_wait && a == ex->att && ex->state == X_ATTEMPT &&
-	    evbuffer_get_length(data) > 0)
+	if (ex->state == X_HELD && a == ex->att && evbuffer_get_length(data) > 0)
 		ex_grpc_commit(ex, a);
 	if (ex->state != X_DONE && a == ex->saved.a) {
 		size_t have = evbuffer_get_length(ex->saved.body);
@@ -500,7 +148,7 @@ static void att_trailers(void *arg, struct attempt *a, const struct http_hdr *t,
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
 	if (ex->state == X_DONE)
 		return;
-	if (ex->grpc_wait && a == ex->att) {
+	if (ex->state == X_HELD && a == ex->att) {
 		ex_grpc_trailers(ex, a, t, n);
 		return;
 	}
@@ -552,7 +200,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 	}
 	if (a != ex->att)
 		return;
-	if (ex->grpc_wait && ex_grpc_end(ex, a, out))
+	if (ex->state == X_HELD && ex_grpc_end(ex, a, out))
 		return;
 	if (out != OUT_CONNECT_FAILURE)
 		ex->reached = true;
@@ -590,16 +238,14 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 		access_set_outcome(&ex->log, outcome_name(o));
 		attempt_free(ex->att);
 		ex->att = NULL;
-		ex_grpc_unhold(ex);
-	} else if (ex->fault_pending) {
+	} else if (ex->state == X_FAULT_WAIT) {
 		/* a fault's attempt: a delay cut is a timeout (SPEC §11), the rest sent nothing */
 		enum outcome o = ex->fault->kind == FAULT_DELAY ? OUT_TIMEOUT : OUT_CONNECT_FAILURE;
 		STAT_INC(ex->us->outcomes[o]);
 		ex->last_out = o;
 		access_set_outcome(&ex->log, outcome_name(o));
-		evtimer_del(&ex->fault_ev);
-		ex->fault_pending = false;
 	}
+	/* what follows leaves the state: a held head or a fault wait ends there */
 	ex_release_slots(ex);
 	if (ex->saved.valid) {
 		ex->refused = RR_DEADLINE;
@@ -608,17 +254,6 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
-}
-
-/* Stop the timers that were ever armed (ex_end(): once, when the exchange is over). */
-void ex_timers_stop(struct exchange *ex)
-{
-	if (ex->timers & EX_T_DEADLINE)
-		evtimer_del(&ex->deadline_ev);
-	if (ex->timers & EX_T_BACKOFF)
-		evtimer_del(&ex->backoff_ev);
-	if (ex->timers & EX_T_FAULT)
-		evtimer_del(&ex->fault_ev);
 }
 
 /* ------------------------------------------------------------------ the codec's side */
@@ -631,6 +266,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	atomic_fetch_add(&g_gstats[loop->id].exchanges_active, 1);
 	ex->magic = EXCHANGE_MAGIC;
 	ex->loop = loop;
+	ex->att_cbs = &attempt_callbacks;
 	ex->rt = runtime_ref(rt);
 	ex->l = l;
 	ex->ci = *ci;
@@ -687,7 +323,7 @@ void exchange_start(struct exchange *ex)
 		return;
 	}
 	struct timeval tv = clock_tv(ex->given_us);
-	timer_assign(ex, &ex->deadline_ev, EX_T_DEADLINE, deadline_cb);
+	ex_timer_assign(ex, &ex->deadline_ev, EX_T_DEADLINE, deadline_cb);
 	evtimer_add(&ex->deadline_ev, &tv);
 
 	if (ex->rb.mode == BODY_BUFFER) {
@@ -711,7 +347,7 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		return;
 	switch (r) {
 	case IDEM_CLAIMED:
-		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+		ex_start_first(ex);
 		return;
 	case IDEM_REPLAY: {
 		STAT_INC(ex->us->idem[IS_REPLAYED]);
@@ -745,7 +381,7 @@ static void exchange_go(struct exchange *ex)
 {
 	const struct cfg_idempotency *ic = &ex->up->idem;
 	if (!ex->enforce_idem) {
-		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+		ex_start_first(ex);
 		return;
 	}
 	const char *err = NULL;
@@ -776,7 +412,7 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 	                                    ex->enforce_idem, streaming_attempt(ex));
 	ex->log.body_bytes = ex->rb.len;
 	if (e == RB_OUTGREW) {
-		start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+		ex_start_first(ex);
 	} else if (e == RB_OVER_LIMIT && ex->head_sent) {
 		ex_finish(ex, false, true);
 	} else if (e == RB_OVER_LIMIT) {

@@ -3,6 +3,8 @@
  * draw and the rules are faults.c's (pure); here a drawn fault becomes the outcome the retry
  * rules then judge like the real thing: connect-failure and abort without sending anything,
  * a delay before the send (cut by the per-try timeout: a timeout), lost-response after it.
+ * Calls go down only (exchange_core.c at most): what follows the fault's outcome is the
+ * caller's, exchange_retry.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,9 +36,9 @@ const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now)
 	                   rand_next(&ex->loop->rng));
 }
 
-/* A fault that sends nothing: its outcome (or, for a delay, the send) comes from fault_ev,
- * never from inside start_attempt. A delay the per-try timeout cuts is a timeout (SPEC §11);
- * one the deadline cuts ends in deadline_cb. */
+/* Arm fault_ev (X_FAULT_WAIT) for a fault that sends nothing: when it fires, the attempt goes
+ * out (a delay) or ex_fault_outcome() names its outcome. A delay the per-try timeout cuts is a
+ * timeout (SPEC §11); one the deadline cuts ends in the exchange's deadline callback. */
 void ex_fault_arm(struct exchange *ex, int64_t now)
 {
 	int64_t per_try = ex->up->retry.per_try_timeout_us;
@@ -50,7 +52,6 @@ void ex_fault_arm(struct exchange *ex, int64_t now)
 			ex->fault_cut = OUT_TIMEOUT;
 		}
 	}
-	ex->fault_pending = true;
 	struct timeval tv = clock_tv(after);
 	evtimer_add(&ex->fault_ev, &tv);
 }
@@ -79,42 +80,29 @@ static const struct http_head *fault_response(struct exchange *ex)
 	return h;
 }
 
-void ex_fault_cb(evutil_socket_t fd, short what, void *arg)
+/* The fault wait is over: what the fault amounts to. OUT_NONE: the attempt goes out now (a
+ * delay within the per-try timeout); OUT_STATUS: abort's response, in *H; else the outcome of
+ * an attempt that sent nothing. Counted and logged here as the real thing would be. */
+enum outcome ex_fault_outcome(struct exchange *ex, const struct http_head **h)
 {
-	struct exchange *ex = arg;
-	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state != X_ATTEMPT || !ex->fault_pending)
-		return;
-	ex->fault_pending = false;
 	enum outcome out = OUT_CONNECT_FAILURE;
 	switch (ex->fault->kind) {
 	case FAULT_DELAY:
-		if (ex->fault_cut == OUT_NONE) {
-			ex_send_attempt(ex, ex->att_ep);
-			return;
-		}
+		if (ex->fault_cut == OUT_NONE)
+			return OUT_NONE;
 		out = ex->fault_cut;
 		break;
-	case FAULT_ABORT: {
-		const struct http_head *h = fault_response(ex);
-		STAT_INC(ex->us->responses[h->status / 100]);
-		access_set_status(&ex->log, h->status);
+	case FAULT_ABORT:
+		*h = fault_response(ex);
+		STAT_INC(ex->us->responses[(*h)->status / 100]);
+		access_set_status(&ex->log, (*h)->status);
 		ex->last_out = OUT_STATUS;
-		ex->last_att_status = h->status;
-		if (cfg_retry_on_status(&ex->up->retry, h->status)) {
-			ex_decide(ex, OUT_STATUS, h, false);
-			return;
-		}
-		ex_retry_after_hint(ex, h, clock_now_us());
-		ex_relay_from(ex, NULL, h, RR_NONE);
-		ex_relay_complete(ex);
-		return;
-	}
+		ex->last_att_status = (*h)->status;
+		return OUT_STATUS;
 	default:
 		break;
 	}
 	STAT_INC(ex->us->outcomes[out]);
 	access_set_outcome(&ex->log, outcome_name(out));
-	ex_decide(ex, out, NULL, false);
+	return out;
 }
-

@@ -5,6 +5,12 @@
  * with no message name its grpc-status, which is then judged like an HTTP status by the same
  * ex_decide(). grpc-retry-pushback-ms is the Retry-After of such an outcome. The per-try
  * timeout runs on while a head is held.
+ *
+ * The held head is the state X_HELD: entered here, left by whatever comes first (a message,
+ * trailers, the attempt's end, its per-try timer, the deadline, the client going away), and
+ * leaving it frees the head (ex_set_state()); the paths here that relay or keep the head take
+ * it out of the exchange first. Called by exchange.c; calls go down only, to exchange_retry.c
+ * (ex_decide()), exchange_reply.c and exchange_core.c.
  */
 #include <stdlib.h>
 
@@ -33,17 +39,6 @@ static void report_health_grpc(struct exchange *ex, int code)
 	                 failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor);
 }
 
-/* SPEC §10: with retry_after.honor, a non-negative grpc-retry-pushback-ms puts a hold on the
- * endpoint that answered, whether or not a retry follows. Returns it in µs, or -1 for none. */
-int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now)
-{
-	if (!ex->up->retry.retry_after_honor || ex->pushback_us < 0)
-		return -1;
-	if (ex->pushback_us > 0)
-		upstream_hold(ex->att_ep, now + ex->pushback_us);
-	return ex->pushback_us;
-}
-
 /* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:
  * counted and logged per attempt. Returns the code, or -1 when there is none. */
 int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
@@ -64,7 +59,7 @@ int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
 	ex->pushback_us = pb;
 	STAT_INC(ex->us->grpc_responses[code]);
 	access_set_grpc_status(&ex->log, code);
-	if (ex->state == X_ATTEMPT)
+	if (ex->state == X_ATTEMPT || ex->state == X_HELD)
 		report_health_grpc(ex, code);   /* a committed call reported when it committed */
 	return code;
 }
@@ -88,13 +83,27 @@ static void grpc_decide(struct exchange *ex, struct attempt *a, const struct htt
 		ex_relay_trailers(ex, t, n);
 }
 
+/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
+ * (retried only where a timeout may be, rule 4). Leaving X_HELD frees the head. */
+static void hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state != X_HELD || !ex->att)
+		return;
+	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
+	ex_report_health(ex, OUT_TIMEOUT, NULL);
+	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
+	ex_decide(ex, OUT_TIMEOUT, NULL, false);
+}
+
 /* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. */
 static void grpc_hold(struct exchange *ex, const struct http_head *h)
 {
 	ex->held = xcalloc(1, sizeof(*ex->held));
 	saved_keep(&ex->held->head, h, NULL);
-	evtimer_assign(&ex->held->ev, ex->loop->base, ex_grpc_hold_cb, ex);
-	ex->grpc_wait = true;
+	evtimer_assign(&ex->held->ev, ex->loop->base, hold_cb, ex);
+	ex_set_state(ex, X_HELD);
 	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
 	 * timer stopped when the head came) */
 	int64_t now = clock_now_us();
@@ -105,30 +114,13 @@ static void grpc_hold(struct exchange *ex, const struct http_head *h)
 	}
 }
 
-void ex_grpc_unhold(struct exchange *ex)
+/* The held head, out of the exchange for a path that relays or keeps it (leaving X_HELD then
+ * frees nothing under it); the caller frees it with ex_held_free(). */
+static struct grpc_held *held_take(struct exchange *ex)
 {
-	ex->grpc_wait = false;
-	if (!ex->held)
-		return;
-	evtimer_del(&ex->held->ev);
-	saved_clear(&ex->held->head);
-	free(ex->held);
+	struct grpc_held *held = ex->held;
 	ex->held = NULL;
-}
-
-/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
- * (retried only where a timeout may be, rule 4). */
-void ex_grpc_hold_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct exchange *ex = arg;
-	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (!ex->grpc_wait || !ex->att || ex->state != X_ATTEMPT)
-		return;
-	ex_grpc_unhold(ex);
-	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
-	ex_report_health(ex, OUT_TIMEOUT, NULL);
-	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
-	ex_decide(ex, OUT_TIMEOUT, NULL, false);
+	return held;
 }
 
 /* A gRPC call's 200 head H from attempt A. True when it was taken here: held, or its
@@ -151,33 +143,36 @@ bool ex_grpc_head(struct exchange *ex, struct attempt *a, const struct http_head
 void ex_grpc_commit(struct exchange *ex, struct attempt *a)
 {
 	ex_report_health_as(ex, OUT_STATUS, 200, false);
-	ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
-	ex_grpc_unhold(ex);
+	struct grpc_held *held = held_take(ex);
+	ex_relay_from(ex, a, &held->head.h, RR_NONE);
+	ex_held_free(held);
 }
 
 /* Trailers T[N] right after the held head (linkerd2#7701): their status is the outcome. */
 void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_hdr *t, int n)
 {
-	if (ex_grpc_outcome(ex, t, n) >= 0) {
-		grpc_decide(ex, a, &ex->held->head.h, t, n);
+	bool named = ex_grpc_outcome(ex, t, n) >= 0;
+	struct grpc_held *held = held_take(ex);
+	if (named) {
+		grpc_decide(ex, a, &held->head.h, t, n);
 	} else {
 		ex_report_health_as(ex, OUT_STATUS, 200, false);
-		ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
+		ex_relay_from(ex, a, &held->head.h, RR_NONE);
 		ex_relay_trailers(ex, t, n);
 	}
-	ex_grpc_unhold(ex);
+	ex_held_free(held);
 }
 
 /* The held attempt A ended with OUT. True when taken here: headers then an empty end (no
- * message, no status: relayed, the client judges it). A cut is a reset for the caller. */
+ * message, no status: relayed, the client judges it). A cut is a reset for the caller, whose
+ * decision leaves X_HELD. */
 bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out)
 {
-	if (out != OUT_NONE) {
-		ex_grpc_unhold(ex);
+	if (out != OUT_NONE)
 		return false;
-	}
-	ex_relay_from(ex, a, &ex->held->head.h, RR_NONE);
-	ex_grpc_unhold(ex);
+	struct grpc_held *held = held_take(ex);
+	ex_relay_from(ex, a, &held->head.h, RR_NONE);
+	ex_held_free(held);
 	ex->relay = NULL;
 	attempt_free(a);
 	ex_relay_complete(ex);

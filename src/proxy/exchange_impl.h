@@ -1,10 +1,17 @@
 /*
- * exchange_impl: what the four files of the exchange share, and nobody else: the object, its
- * states, and the functions one part calls in another. exchange.c is the state machine (intake,
- * attempts, the retry decision, backoff, deadline, the attempt's news); exchange_reply.c is how
- * it ends (what reaches the client, relayed or made here, the accounting and the log line);
- * exchange_fault.c applies SPEC §11 faults to its attempts, exchange_grpc.c SPEC §10 to a gRPC
- * call's. Only these four include this file.
+ * exchange_impl: what the files of the exchange share, and nobody else: the object, its
+ * states, and the functions one part calls in another. Calls go one way, down this list (a
+ * file calls only the files below it; news comes up through the callbacks it hands out):
+ *
+ *   exchange.c        the codec's side (exchange.h), the attempt's news, the deadline
+ *   exchange_grpc.c   SPEC §10 on a gRPC call's attempts: the held head (X_HELD)
+ *   exchange_retry.c  the attempts and the loop between them: start (or fault wait), send,
+ *                     ex_decide(), backoff
+ *   exchange_fault.c  SPEC §11: the draw, the wait's length, what a fault amounts to
+ *   exchange_reply.c  how it ends: what reaches the client, the accounting, the log line
+ *   exchange_core.c   the state setter, timers, slots, passive health, hold hints
+ *
+ * Only these files include this one.
  */
 #ifndef RG_EXCHANGE_IMPL_H
 #define RG_EXCHANGE_IMPL_H
@@ -12,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <event2/event.h>
 #include <event2/event_struct.h>
 
 #include "obs/accesslog.h"
@@ -41,10 +49,25 @@ struct ustats;
 #define EX_T_BACKOFF  2u
 #define EX_T_FAULT    4u
 
-enum xstate { X_NEW, X_WAIT_BODY, X_CLAIM, X_ATTEMPT, X_BACKOFF, X_RELAY, X_DONE };
+/* The diagram is at the top of exchange.c. X_FAULT_WAIT and X_HELD are waits inside an
+ * attempt: leaving either (to whatever state, X_DONE included) undoes what entering it armed,
+ * in ex_set_state(), so no path that ends or cancels the exchange has to know about them. */
+enum xstate {
+	X_NEW,
+	X_WAIT_BODY,        /* the whole body before the first attempt */
+	X_CLAIM,            /* the idempotency claim (SPEC §6) */
+	X_FAULT_WAIT,       /* a drawn fault's wait (SPEC §11), fault_ev armed; ex->att NULL */
+	X_ATTEMPT,          /* ex->att sent, its head awaited */
+	X_HELD,             /* a gRPC head held (SPEC §10): ex->held and its timer; ex->att on */
+	X_BACKOFF,          /* a retry's wait, backoff_ev armed */
+	X_RELAY,            /* a response goes to the client */
+	X_DONE,
+};
 
-/* A gRPC head held while its outcome is unknown (exchange_grpc.c), with the per-try timer
- * that still runs meanwhile. Apart from the exchange: HTTP requests never need it. */
+struct attempt_cbs;
+
+/* A gRPC head held while its outcome is unknown (X_HELD), with the per-try timer that still
+ * runs meanwhile. Apart from the exchange: HTTP requests never need it. */
 struct grpc_held {
 	struct saved_response head;     /* deep copy: the transport's goes away */
 	struct event ev;
@@ -54,6 +77,7 @@ struct exchange {
 	uint32_t magic;
 	enum xstate state;
 	struct loop *loop;
+	const struct attempt_cbs *att_cbs;      /* exchange.c's: the attempts' news */
 	struct runtime *rt;
 	struct cfg_listener *l;
 	struct client_info ci;
@@ -102,21 +126,19 @@ struct exchange {
 	bool resp_complete;             /* a relayed response went out whole */
 
 	/* SPEC §11: the fault the current attempt drew, or NULL. Faults that send nothing
-	 * (connect-failure, abort, a delay) run on fault_ev while ex->att is NULL. */
+	 * (connect-failure, abort, a delay) wait on fault_ev in X_FAULT_WAIT. */
 	const struct cfg_fault_rule *fault;
 	struct event fault_ev;
-	bool fault_pending;             /* fault_ev stands for the current attempt */
 	enum outcome fault_cut;         /* OUT_TIMEOUT: the delay outlasts the per-try timeout */
 	int64_t att_t0_us;              /* when the current attempt started (its delay included) */
 	struct http_head fault_head;    /* abort's response, as if the upstream had sent it */
 	struct http_hdr fault_hdrs[2];
 
 	/* SPEC §10: a gRPC call. A 200 head without END_STREAM names no outcome yet: it is held
-	 * (grpc_wait) until DATA commits the call or trailers with no DATA name its grpc-status. */
+	 * (X_HELD) until DATA commits the call or trailers with no DATA name its grpc-status. */
 	bool grpc;
 	bool idem_path;                 /* the path is one of retry.idempotent_paths (rule 4) */
-	bool grpc_wait;
-	struct grpc_held *held;         /* that head, while held (gRPC calls only: allocated) */
+	struct grpc_held *held;         /* that head, in X_HELD only (gRPC calls only: allocated) */
 	int att_grpc;                   /* the current attempt's grpc-status; -1: none */
 	int64_t pushback_us;            /* its grpc-retry-pushback-ms: -1 none, -2 "do not retry" */
 	int client_grpc;                /* the grpc-status the client got; -1: none (yet) */
@@ -127,15 +149,24 @@ struct exchange {
 	int dec_ntrailers;
 };
 
-/* exchange.c */
-void ex_set_state(struct exchange *ex, enum xstate st);
+/* exchange_grpc.c: SPEC §10 on a gRPC call's attempts (called by exchange.c) */
+bool ex_grpc_head(struct exchange *ex, struct attempt *a, const struct http_head *h);
+void ex_grpc_commit(struct exchange *ex, struct attempt *a);
+void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_hdr *t, int n);
+bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out);
+int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n);
+
+/* exchange_retry.c: the attempts and the retry loop */
+void ex_start_first(struct exchange *ex);
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
-void ex_send_attempt(struct exchange *ex, struct ep_state *ep);
-void ex_timers_stop(struct exchange *ex);
-int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);
+void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_head *h);
+
+/* exchange_fault.c: SPEC §11 */
+const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now);
+void ex_fault_arm(struct exchange *ex, int64_t now);
+enum outcome ex_fault_outcome(struct exchange *ex, const struct http_head **h);
 
 /* exchange_reply.c: the end of an exchange and what reaches the client */
-void ex_release_slots(struct exchange *ex);
 bool ex_body_left_unread(const struct exchange *ex, bool ours);
 void ex_end(struct exchange *ex);
 void ex_log_request(struct exchange *ex, int64_t now);
@@ -154,23 +185,15 @@ void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_h
 void ex_relay_informational(struct exchange *ex, const struct http_head *h);
 void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n);
 
-/* exchange.c: passive health (SPEC §13) of the attempt's endpoint */
+/* exchange_core.c */
+void ex_set_state(struct exchange *ex, enum xstate st);
+void ex_held_free(struct grpc_held *held);
+void ex_timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb);
+void ex_timers_stop(struct exchange *ex);
+void ex_release_slots(struct exchange *ex);
 void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted);
 void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h);
-
-/* exchange_grpc.c: SPEC §10 on a gRPC call's attempts */
-bool ex_grpc_head(struct exchange *ex, struct attempt *a, const struct http_head *h);
-void ex_grpc_commit(struct exchange *ex, struct attempt *a);
-void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_hdr *t, int n);
-bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out);
-int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n);
+int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);
 int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now);
-void ex_grpc_unhold(struct exchange *ex);
-void ex_grpc_hold_cb(evutil_socket_t fd, short what, void *arg);
-
-/* exchange_fault.c */
-const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now);
-void ex_fault_arm(struct exchange *ex, int64_t now);
-void ex_fault_cb(evutil_socket_t fd, short what, void *arg);
 
 #endif

@@ -2,7 +2,8 @@
  * exchange_reply: how an exchange ends (see exchange_impl.h): the response that reaches the
  * client — an upstream's, relayed with this hop's markers, or one retrygate makes (SPEC §5) —,
  * the 1xx and 101 heads, and once per request the accounting, the reconciliation record of an
- * unknown outcome (§12) and the access-log line.
+ * unknown outcome (§12) and the access-log line. Called by every other part of the exchange;
+ * calls go down only, to exchange_core.c (the state, the timers, the slots).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,18 +25,6 @@
 
 /* ------------------------------------------------------------------ helpers */
 
-void ex_release_slots(struct exchange *ex)
-{
-	if (ex->slot_in_flight) {
-		upstream_release_in_flight(ex->st);
-		ex->slot_in_flight = false;
-	}
-	if (ex->slot_retry) {
-		upstream_release_retry_slot(ex->st);
-		ex->slot_retry = false;
-	}
-}
-
 /* The one close rule of the exchange: the connection cannot carry another request when the
  * request body was not read whole — unless it is still streaming to the upstream whose
  * response this is (OURS: retrygate answers itself, so nothing will read the rest). */
@@ -52,19 +41,18 @@ static const char *own_refusal(const struct exchange *ex)
 
 /* ------------------------------------------------------------------ finishing */
 
-/* Stop everything the exchange runs: timers, attempts, slots, the kept response, the claim.
- * Used once, by ex_finish() or exchange_abort(). */
+/* Stop everything the exchange runs: timers, attempts, slots, the kept response, the claim
+ * (a fault wait or a held gRPC head ends with the state). Used once, by ex_finish(),
+ * ex_start_tunnel() or exchange_abort(). */
 void ex_end(struct exchange *ex)
 {
 	ex_set_state(ex, X_DONE);
 	ex_release_slots(ex);
 	ex_timers_stop(ex);
-	ex->fault_pending = false;
 	attempt_free(ex->att);
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
-	ex_grpc_unhold(ex);
 	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
 	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
 	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached, ex->resp_complete))

@@ -1,0 +1,139 @@
+/*
+ * exchange_core: the bottom of the exchange (see exchange_impl.h): the one writer of its
+ * state, its timers, its in-flight slots, the passive health of the attempt's endpoint
+ * (SPEC §13) and the holds an answer's Retry-After or gRPC pushback puts on it (SPEC §4, §10).
+ * Every other exchange file calls down into this one; it calls none of them.
+ *
+ * Invariant: the two waits inside an attempt are states, and leaving one undoes it here:
+ * X_FAULT_WAIT's fault_ev is deleted, X_HELD's head and per-try timer are freed (a path that
+ * still needs the held head takes it out of ex->held first).
+ */
+#include <stdlib.h>
+
+#include <event2/event.h>
+
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/loop.h"
+#include "base/util.h"
+#include "http/h1_parser.h"
+#include "policy/outlier.h"
+#include "policy/retry.h"
+#include "proxy/exchange_impl.h"
+#include "proxy/saved_response.h"
+#include "state/upstream.h"
+
+DEFINE_STATE_SETTER(set_state, exchange, xstate, X_DONE)
+
+void ex_held_free(struct grpc_held *held)
+{
+	if (!held)
+		return;
+	evtimer_del(&held->ev);
+	saved_clear(&held->head);
+	free(held);
+}
+
+/* The one writer of the state (DESIGN rule 2). */
+void ex_set_state(struct exchange *ex, enum xstate st)
+{
+	if (ex->state == X_FAULT_WAIT && st != X_FAULT_WAIT) {
+		evtimer_del(&ex->fault_ev);
+	} else if (ex->state == X_HELD && st != X_HELD) {
+		ex_held_free(ex->held);
+		ex->held = NULL;
+	}
+	set_state(ex, st);
+}
+
+/* ------------------------------------------------------------------ timers */
+
+/* Assign EV (the exchange's timer BIT) the first time it is needed (see exchange_impl.h). */
+void ex_timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb)
+{
+	if (ex->timers & bit)
+		return;
+	evtimer_assign(ev, ex->loop->base, cb, ex);
+	ex->timers |= bit;
+}
+
+/* Stop the timers that were ever armed (ex_end(): once, when the exchange is over). */
+void ex_timers_stop(struct exchange *ex)
+{
+	if (ex->timers & EX_T_DEADLINE)
+		evtimer_del(&ex->deadline_ev);
+	if (ex->timers & EX_T_BACKOFF)
+		evtimer_del(&ex->backoff_ev);
+	if (ex->timers & EX_T_FAULT)
+		evtimer_del(&ex->fault_ev);
+}
+
+/* ------------------------------------------------------------------ slots */
+
+void ex_release_slots(struct exchange *ex)
+{
+	if (ex->slot_in_flight) {
+		upstream_release_in_flight(ex->st);
+		ex->slot_in_flight = false;
+	}
+	if (ex->slot_retry) {
+		upstream_release_retry_slot(ex->st);
+		ex->slot_retry = false;
+	}
+}
+
+/* ------------------------------------------------------------------ the endpoint's health */
+
+/* SPEC §13: the attempt's outcome (STATUS with OUT_STATUS; HINTED: it carried a Retry-After,
+ * which sets a hold instead), for the passive health of its endpoint. */
+void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted)
+{
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int neps = 0;
+	int64_t now = 0;
+	/* nearly every report is a success, which only clears the endpoint's count: the other
+	 * endpoints and the clock are gathered for a failure alone (outlier.h) */
+	if (outlier_is_failure(out, status, hinted)) {
+		neps = upstream_endpoints(ex->ub, eps);
+		now = clock_now_us();
+	}
+	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
+		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
+		     "failures in a row", ex->up->name, ex->att_ep->name,
+		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),
+		     ex->up->health.consecutive_failures);
+}
+
+void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h)
+{
+	size_t n;
+	bool hinted = h && (h->status == 429 || h->status == 503) &&
+	              http_head_get(h, "Retry-After", &n);
+	ex_report_health_as(ex, out, h ? h->status : 0, hinted);
+}
+
+/* SPEC §4: a 429 or 503 with a valid Retry-After (when honored) puts a hold on the endpoint
+ * that answered, whether or not a retry follows. Returns the hint in µs, or -1 for none. */
+int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now)
+{
+	size_t n;
+	const char *ra = (h->status == 429 || h->status == 503) && ex->up->retry.retry_after_honor
+	                 ? http_head_get(h, "Retry-After", &n) : NULL;
+	int64_t delay;
+	if (!ra || retry_after_parse(ra, n, clock_wall(), &delay) != 0)
+		return -1;
+	if (delay > 0)
+		upstream_hold(ex->att_ep, now + delay);
+	return delay;
+}
+
+/* SPEC §10: with retry_after.honor, a non-negative grpc-retry-pushback-ms puts a hold on the
+ * endpoint that answered, whether or not a retry follows. Returns it in µs, or -1 for none. */
+int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now)
+{
+	if (!ex->up->retry.retry_after_honor || ex->pushback_us < 0)
+		return -1;
+	if (ex->pushback_us > 0)
+		upstream_hold(ex->att_ep, now + ex->pushback_us);
+	return ex->pushback_us;
+}

@@ -1,0 +1,380 @@
+/*
+ * exchange_retry: an exchange's attempts and the retry loop between them (see exchange_impl.h):
+ * an attempt starts (the endpoint, the deadline and slot checks, SPEC §11's draw and its wait),
+ * goes out (the upstream request is forward_h1_head() or forward_h2_headers()), and when its
+ * outcome is known ex_decide() retries it after a backoff or delivers; the decision itself is
+ * retry_decide(). Calls go down only: to exchange_fault.c, exchange_reply.c, exchange_core.c;
+ * the attempt's news goes up through the table exchange.c put in ex->att_cbs.
+ *
+ * Slots: an attempt holds a max_in_flight slot from when it is sent to when it ends (for a
+ * relayed response: its last body byte); a retry holds a max_retries_in_flight slot from the
+ * decision, through its wait, to its end. A response that was retried is kept (head and up
+ * to retry.max_body of body) so that, if no later attempt produces a response, the client
+ * still gets the last one any attempt produced (SPEC §4).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "base/clock.h"
+#include "base/loop.h"
+#include "base/util.h"
+#include "http/forward.h"
+#include "net/tls.h"
+#include "obs/accesslog.h"
+#include "obs/stats.h"
+#include "policy/balance.h"
+#include "policy/faults.h"
+#include "policy/retry.h"
+#include "proxy/admit.h"
+#include "proxy/exchange_impl.h"
+#include "proxy/reqbody.h"
+#include "proxy/saved_response.h"
+#include "state/upstream.h"
+#include "upstream/attempt.h"
+
+static void send_attempt(struct exchange *ex, struct ep_state *ep);
+static void fault_cb(evutil_socket_t fd, short what, void *arg);
+
+/* ------------------------------------------------------------------ attempts */
+
+/* The address for an attempt, or NULL while no name of the upstream has one (SPEC §13). Only
+ * a first attempt advances round-robin: a retry's choice never shifts where the next request
+ * goes (otherwise every failure would steer the next first attempt to the failing endpoint). */
+static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
+{
+	struct ep_state *eps[MAX_ENDPOINTS];
+	int n = upstream_endpoints(ex->ub, eps);
+	if (n == 0)
+		return NULL;
+	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
+	                    : atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
+	return balance_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
+	                    ex->tried, now);
+}
+
+
+/* The facts of SPEC §4 rules 2, 4 and 5 that belong to the request, the same for every
+ * question asked of retry.c. */
+static void request_facts(const struct exchange *ex, struct retry_facts *f)
+{
+	f->nested = ex->req_nested;
+	f->method = ex->mclass;
+	f->has_key = ex->has_key;
+	f->idempotent_path = ex->idem_path;
+	f->body_replayable = reqbody_replayable(&ex->rb, ex->up->retry.max_body);
+}
+
+/* No attempt can start: the deadline is too close, or no in-flight slot is free. */
+static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
+{
+	if (retry) {
+		ex->refused = why;
+		STAT_INC(ex->us->refused[why]);
+		ex_deliver_last(ex);
+	} else if (why == RR_DEADLINE) {
+		STAT_INC(ex->us->rejected[REJ_DEADLINE]);
+		ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
+	} else {
+		STAT_INC(ex->us->rejected[REJ_OVERLOADED]);
+		ex_finish_error(ex, 503, "overloaded", false, "1");
+	}
+}
+
+static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
+{
+	if (!ep) {
+		/* no address yet (the first lookup has not answered): nothing was sent */
+		ex->last_out = OUT_CONNECT_FAILURE;
+		access_set_outcome(&ex->log, "no-address");
+		if (retry)
+			ex_deliver_last(ex);
+		else
+			ex_finish_error(ex, 502, "connect-failure", false, NULL);
+		return;
+	}
+	int64_t now = clock_now_us();
+	int64_t remaining = ex->deadline_us - now;
+	if (remaining < ex->up->deadline.min_us || remaining < 1000) {
+		cannot_start(ex, retry, RR_DEADLINE);
+		return;
+	}
+	/* SPEC §4 rule 7: a retry takes its max_in_flight slot when it is sent; none free then:
+	 * it ends refused */
+	if (!upstream_take_in_flight(ex->st, ex->up->max_in_flight)) {
+		cannot_start(ex, retry, RR_RETRIES_IN_FLIGHT);
+		return;
+	}
+	ex->slot_in_flight = true;
+	if (!retry) {
+		STAT_INC(ex->us->requests);
+		budget_deposit(&ex->st->budget, &ex->up->retry, now);
+	} else {
+		STAT_INC(ex->us->retries);
+	}
+	ex->attempts++;
+	STAT_INC(ex->us->attempts);
+	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
+	ex->tried |= 1ull << ep->index;
+	ex->att_ep = ep;
+	ex->att_t0_us = now;
+	ex->last_att_status = 0;
+	ex->att_grpc = -1;
+	ex->pushback_us = -1;
+	access_add_attempt(&ex->log, ep->name);
+	ex->fault = ex_fault_draw(ex, now);
+	if (ex->fault) {
+		STAT_INC(ex->us->faults_injected[ex->fault->kind]);
+		access_set_fault(&ex->log, faults_kind_name(ex->fault->kind));
+		if (ex->fault->kind != FAULT_LOST_RESPONSE) {
+			/* it sends nothing (yet): what it amounts to comes from fault_ev, never from
+			 * inside this call */
+			ex_set_state(ex, X_FAULT_WAIT);
+			ex_timer_assign(ex, &ex->fault_ev, EX_T_FAULT, fault_cb);
+			ex_fault_arm(ex, now);
+			return;
+		}
+	}
+	ex_set_state(ex, X_ATTEMPT);
+	send_attempt(ex, ep);
+}
+
+/* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
+ * rest), and X-Timeout-Ms says so. */
+static void send_attempt(struct exchange *ex, struct ep_state *ep)
+{
+	int64_t now = clock_now_us();
+	int64_t remaining = ex->deadline_us - now;
+	/* what a delay spent, in whole milliseconds: the microseconds between the attempt's start
+	 * and here would make the header 2999 or 3000 by chance (and never the same twice) */
+	int64_t spent = (now - ex->att_t0_us) / 1000 * 1000;
+	int64_t per_try = ex->up->retry.per_try_timeout_us - spent;
+	if (per_try < 1000)
+		per_try = 1000;
+	int64_t wait = per_try < remaining ? per_try : remaining;
+	struct forward_req fw = {
+		.req = ex->req,
+		.host_rewrite = ex->up->host_rewrite,
+		.endpoint = ep->host,
+		.peer_ip = ex->peer_ip,
+		.tls = ex->ci.tls,
+		.reqid = ex->reqid,
+		.dl_present = ex->dl_present,
+		.wait_us = wait,
+		.attempt = ex->attempts,
+		.nested = ex->req_nested,
+		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
+		.body_len = ex->rb.len,
+		.grpc = ex->grpc,
+	};
+	bool h2 = ex->up->protocol == UP_H2;
+	/* HTTP/1's head as bytes (the attempt gives the buffer back); HTTP/2 sends fields */
+	struct evbuffer *head = h2 ? NULL : loop_buf_get(ex->loop);
+	struct forward_nv nv;
+	forward_nv_init(&nv);
+	if (h2)
+		forward_h2_headers(&fw, ex->ub->tls != NULL, &nv);
+	else
+		forward_h1_head(&fw, head);
+	struct retry_facts rf = { 0 };
+	request_facts(ex, &rf);
+	char sni[256];
+	struct attempt_req rq = {
+		.head = head,
+		.body = (ex->rb.mode == BODY_BUFFER && ex->rb.len > 0) ? ex->rb.buf : NULL,
+		.streaming = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
+		.chunked = ex->rb.mode == BODY_STREAM && ex->req->content_length < 0,
+		.is_head = ex->req->method_head,
+		.fresh_conn = !retry_may_replay(&ex->up->retry, &rf),
+		.connect_timeout_us = ex->up->connect_timeout_us,
+		.head_timeout_us = per_try < remaining ? per_try : 0,
+		.tls = ex->ub->tls,
+		.verify = ex->up->tls_verify,
+		.sni = ex->ub->tls ? tls_server_name(ex->up->tls_sni, ep->host, sni, sizeof(sni)) : NULL,
+		.h2 = h2,
+		.nv = nv.nv,
+		.nvlen = nv.n,
+		.nv_bytes = nv.arena,
+		.nv_bytes_len = nv.used,
+		.trailers = ex->req_trailers,
+		.ntrailers = ex->nreq_trailers,
+	};
+	ex->att = attempt_start(ex->loop, ep, &rq, ex->att_cbs, ex);
+	forward_nv_free(&nv);       /* nghttp2 copied the fields */
+	reqbody_stream_to(&ex->rb, ex->att);
+}
+
+/* ------------------------------------------------------------------ the retry loop */
+
+static void backoff_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state != X_BACKOFF)
+		return;
+	/* another request may have put a hold on the endpoint during our wait: rule 6 again */
+	int64_t now = clock_now_us(), start;
+	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
+		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
+		ex->next_ep = choose_endpoint(ex, now, true);
+		if (!ex->next_ep) {
+			ex_release_slots(ex);
+			ex_deliver_last(ex);
+			return;
+		}
+		ex->next_serial = atomic_load(&ex->next_ep->serial);
+	}
+	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
+	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
+	if (r == RR_NONE && start > now) {
+		struct timeval tv = clock_tv(start - now);
+		evtimer_add(&ex->backoff_ev, &tv);
+		return;
+	}
+	if (r != RR_NONE) {
+		ex_release_slots(ex);
+		ex->refused = r;
+		STAT_INC(ex->us->refused[r]);
+		ex_deliver_last(ex);
+		return;
+	}
+	start_attempt(ex, ex->next_ep, true);
+}
+
+/* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
+void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
+{
+	const struct cfg_retry *rc = &ex->up->retry;
+	int64_t now = clock_now_us();
+	struct attempt *a = ex->att;
+	ex->att = NULL;
+	ex->last_out = out;
+	ex->last_bad = bad;
+	ex_release_slots(ex);              /* the failed attempt's slots go before the decision */
+
+	struct retry_facts f = {
+		.outcome = out,
+		.status = h ? h->status : 0,
+		.runtime_enabled = atomic_load_explicit(&ex->st->runtime_enabled, memory_order_relaxed),
+		.attempts = ex->attempts,
+		.now_us = now,
+		.deadline_us = ex->deadline_us,
+		.retry_after_us = -1,
+		.rand = rand_next(&ex->loop->rng),
+		.have_gates = true,
+		.gates = {
+			.tokens = budget_peek(&ex->st->budget, rc, now),
+			.retries_in_flight = atomic_load_explicit(&ex->st->retries_in_flight,
+			                                          memory_order_relaxed),
+			.max_retries_in_flight = ex->up->max_retries_in_flight,
+		},
+	};
+	request_facts(ex, &f);
+	if (h) {
+		if (admit_response_nested(h))
+			f.nested = true;
+		f.retry_after_us = ex_retry_after_hint(ex, h, now);
+	}
+	if (h && ex->grpc && ex->att_grpc >= 0) {
+		/* SPEC §10: the outcome is the grpc-status; pushback is its Retry-After */
+		f.grpc = true;
+		f.grpc_status = ex->att_grpc;
+		f.pushback_refuse = rc->retry_after_honor && ex->pushback_us == -2;
+		int64_t pb = ex_grpc_pushback_hold(ex, now);
+		if (pb >= 0)
+			f.retry_after_us = pb;
+	}
+	struct ep_state *next = choose_endpoint(ex, now, true);
+	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
+	f.hold_until_us = hold > now ? hold : 0;
+
+	int64_t start = 0;
+	/* an Upgrade request is tunnelled without retries (SPEC §8); no address: nowhere to go */
+	enum refusal reason = ex->req->upgrade || !next
+	                      ? RR_NOT_LISTED : retry_decide(rc, &ex->up->deadline, &f, &start);
+	if (reason == RR_NONE) {
+		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
+		 * be given back); another worker may have won the race meanwhile */
+		bool slot = upstream_take_retry_slot(ex->st, ex->up->max_retries_in_flight);
+		bool token = slot && budget_take(&ex->st->budget, rc, now);
+		if (slot && !token)
+			upstream_release_retry_slot(ex->st);
+		reason = retry_gate_taken(slot, token);
+		ex->slot_retry = reason == RR_NONE;
+	}
+	if (reason == RR_NONE) {
+		if (h) {
+			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
+			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
+			if (ex->dec_trailers)
+				saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
+			ex->saved.grpc_status = ex->att_grpc;
+		} else {
+			attempt_free(a);
+		}
+		ex->next_ep = next;
+		ex->next_serial = atomic_load(&next->serial);
+		ex_set_state(ex, X_BACKOFF);
+		struct timeval tv = clock_tv(start - now);
+		ex_timer_assign(ex, &ex->backoff_ev, EX_T_BACKOFF, backoff_cb);
+		evtimer_add(&ex->backoff_ev, &tv);
+		return;
+	}
+	if (reason != RR_NOT_LISTED) {
+		STAT_INC(ex->us->refused[reason]);
+		ex->refused = reason;
+	}
+	if (h) {
+		saved_clear(&ex->saved);
+		ex_relay_from(ex, a, h, reason);
+		if (ex->dec_trailers)
+			ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);
+		if (!a)
+			ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
+		return;
+	}
+	attempt_free(a);
+	ex_deliver_last(ex);
+}
+
+/* The request's first attempt (the body, or enough of it, is here; any claim was won). */
+void ex_start_first(struct exchange *ex)
+{
+	start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+}
+
+/* An attempt's (A's; NULL: a fault's abort) response head H whose status is the outcome:
+ * retried when retry.on lists it, else relayed (its Retry-After may still set a hold). */
+void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_head *h)
+{
+	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
+		ex_decide(ex, OUT_STATUS, h, false);
+		return;
+	}
+	ex_retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
+	ex_relay_from(ex, a, h, RR_NONE);
+	if (!a)
+		ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
+}
+
+/* The fault wait is over: the delayed attempt goes out, or the fault is its outcome. */
+static void fault_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state != X_FAULT_WAIT)
+		return;
+	const struct http_head *h = NULL;
+	enum outcome out = ex_fault_outcome(ex, &h);
+	if (out == OUT_NONE) {
+		ex_set_state(ex, X_ATTEMPT);
+		send_attempt(ex, ex->att_ep);
+	} else if (h) {
+		ex_judge_status(ex, NULL, h);
+	} else {
+		ex_decide(ex, out, NULL, false);
+	}
+}
