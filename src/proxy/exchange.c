@@ -49,6 +49,7 @@
 #include "proxy/saved_response.h"
 #include "obs/stats.h"
 #include "net/tls.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
@@ -83,7 +84,7 @@ static void timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, eve
 static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
-	int n = upstream_endpoints(ex->ub, eps);
+	int n = runtime_endpoints(ex->ub, eps);
 	if (n == 0)
 		return NULL;
 	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
@@ -102,7 +103,7 @@ void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool
 	/* nearly every report is a success, which only clears the endpoint's count: the other
 	 * endpoints and the clock are gathered for a failure alone (outlier.h) */
 	if (outlier_is_failure(out, status, hinted)) {
-		neps = upstream_endpoints(ex->ub, eps);
+		neps = runtime_endpoints(ex->ub, eps);
 		now = clock_now_us();
 	}
 	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))

@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "base/loop.h"
 #include "upstream/pool.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 
 /* a config with upstream "a" on 127.0.0.1:PORT (none when PORT is 0), and "b" on :9 */
@@ -80,7 +81,7 @@ static void census_cb(void *arg, const struct stats_upstream *u)
 static struct census census(void)
 {
 	struct census c = { 0, 0, false };
-	upstream_stats_walk(census_cb, &c);
+	runtime_stats_walk(census_cb, &c);
 	return c;
 }
 
@@ -88,7 +89,7 @@ static struct census census(void)
 static struct ep_state *ep0(struct upstream_binding *b)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
-	assert_int_equal(upstream_endpoints(b, eps), 1);
+	assert_int_equal(runtime_endpoints(b, eps), 1);
 	return eps[0];
 }
 

@@ -1,0 +1,120 @@
+/*
+ * endpoint: the address slots of one upstream (SPEC §13) and what workers do to one slot.
+ *
+ * An ep_table belongs to one upstream state and holds its configured endpoint strings (struct
+ * ep_name, a literal address or a name the resolver turns into addresses) and their addresses
+ * (struct ep_state), at most MAX_ENDPOINTS of each. Invariants:
+ *  - the table (names, slot lives, serials) only changes under the registry lock
+ *    (upstream_lock), on the main thread or where a runtime is freed; workers only read slots
+ *    they reached through a live runtime, and only touch their atomics;
+ *  - a slot's memory stays until the table is freed, so such a pointer stays valid memory; its
+ *    identity is its serial, never reused in the process lifetime;
+ *  - a name's address set (a bitmask of slot indexes) names LIVE slots only.
+ */
+#ifndef RG_ENDPOINT_H
+#define RG_ENDPOINT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "obs/stats.h"
+
+#define MAX_ENDPOINTS 64
+#define EP_LABEL_MAX 320
+
+struct upstream_state;
+
+/* An address slot's life (SPEC §13): LIVE while its name resolves to it (a literal address is
+ * its own name); RETIRED once gone (no new attempt; those in flight finish); FREE once nothing
+ * is in flight for EP_GRACE_US, when its index and memory go to the next new address. */
+enum ep_life { EPL_FREE, EPL_LIVE, EPL_RETIRED };
+#define EP_GRACE_US (2 * 1000000LL)
+
+/* One endpoint address: what an attempt goes to, what balancing, holds, health, pools and the
+ * endpoint metrics are about. Owned by its table (freed with it, never before), so a pointer
+ * reached through a live runtime stays valid memory; identity is the serial. */
+struct ep_state {
+	char name[EP_LABEL_MAX];    /* label: "host:port/address", or the literal "ip:port" */
+	char host[EP_LABEL_MAX];    /* the configured "host:port" (Host, SNI) */
+	struct sockaddr_storage addr;
+	int addrlen;
+	_Atomic int life;           /* enum ep_life */
+	int64_t retired_us;         /* when it left LIVE; under the registry lock */
+	int name_index;             /* the ep_name it belongs to (while LIVE) */
+	_Atomic int64_t hold_until_us;  /* Retry-After hold (monotonic), 0: none */
+	struct upstream_state *up;  /* the table's owner */
+	int index;                  /* in the table, < MAX_ENDPOINTS; reused once FREE */
+	_Atomic uint64_t serial;    /* unique for the process lifetime: identity for caches */
+	/* health (endpoint.c, probe.c) and figures; reset when the slot is reused */
+	_Atomic int in_flight;
+	_Atomic uint64_t attempts, ejections;
+	_Atomic int consecutive_failures;
+	_Atomic int nejections;     /* passive ejections so far: the n of base_ejection x n */
+	_Atomic int64_t eject_until_us;   /* passive ejection (monotonic), 0: none */
+	_Atomic bool probe_down;    /* active health: down until healthy_after successes */
+	_Atomic int last_failure;   /* enum outcome, or a 5xx status; 0: none */
+	_Atomic int64_t last_failure_wall_us;
+	int probe_fails, probe_oks; /* the prober's own (main thread) */
+	int64_t probe_next_us;
+	bool probing;
+};
+
+/* A configured endpoint string: a literal address or a name resolved to a set of addresses.
+ * Referenced by the runtimes configuring it (under the registry lock). */
+struct ep_name {
+	char *name;                 /* "host:port" as configured */
+	struct upstream_state *up;  /* the table's owner */
+	struct ep_table *tab;
+	int index;                  /* in tab->names */
+	uint64_t serial;
+	int refs;
+	bool literal;
+	_Atomic uint64_t addrs;     /* bit i: tab->eps[i] is one of its current addresses */
+	/* the resolver's (main thread, under the registry lock) */
+	int64_t next_lookup_us;     /* 0: never looked up */
+	bool looking;
+	bool answered;              /* some lookup finished (good or not) */
+	char last_error[64];
+};
+
+struct ep_table {
+	struct upstream_state *up;  /* the owner */
+	struct ep_state *_Atomic eps[MAX_ENDPOINTS];   /* address slots, made on first use */
+	struct ep_name *names[MAX_ENDPOINTS];   /* NULL: free index */
+};
+
+/* -- the table (registry lock held) */
+
+void ep_table_init(struct ep_table *t, struct upstream_state *up);
+/* Everything, at once: only when no runtime binds the owner any more. */
+void ep_table_free(struct ep_table *t);
+/* A reference on T's endpoint string NAME, created at the lowest free index (a literal address
+ * gets its slot at once); NULL when no index or no slot is free. */
+struct ep_name *ep_name_bind(struct ep_table *t, const char *name);
+/* Drop one: when it was the last, the name's addresses retire and the name is forgotten. */
+void ep_name_unbind(struct ep_name *nm);
+/* Replace NM's addresses by ADDRS[0..N): new ones take free slots (as many as there are), gone
+ * ones are retired. Returns how many could not be given a slot. */
+int upstream_name_set(struct ep_name *nm, const struct sockaddr_storage *addrs, int n);
+/* The slot INDEX if it still is the address with SERIAL, or NULL. */
+struct ep_state *ep_table_find(struct ep_table *t, int index, uint64_t serial);
+/* Free the retired slots with nothing in flight for EP_GRACE_US; whether any was. */
+bool ep_table_sweep(struct ep_table *t, int64_t now_us);
+/* The slots not FREE as the metrics show them, into EPS[MAX_ENDPOINTS]; their count. */
+int ep_table_stats(struct ep_table *t, struct stats_endpoint *eps);
+/* The slots of the addresses in MASK (bit i: slot i) into EPS; their count. */
+int ep_table_slots(struct ep_table *t, uint64_t mask, struct ep_state **eps);
+
+/* -- one slot (any worker) */
+
+/* Retry-After hold: extend (never shorten) to UNTIL. */
+void upstream_hold(struct ep_state *ep, int64_t until_us);
+/* Whether EP is still the LIVE address with SERIAL (an exchange waiting to retry there). */
+bool upstream_ep_usable(struct ep_state *ep, uint64_t serial);
+/* An attempt to EP begins or ends (the in-flight count least-request and the metrics read). */
+void upstream_ep_attempt_begin(struct ep_state *ep);
+void upstream_ep_attempt_end(struct ep_state *ep);
+
+#endif
