@@ -89,8 +89,8 @@ static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool r
 		return NULL;
 	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
 	                    : atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
-	return balance_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
-	                    ex->tried, now);
+	return upstream_ep_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
+	                        ex->tried, now);
 }
 
 /* SPEC §13: the attempt's outcome (STATUS with OUT_STATUS; HINTED: it carried a Retry-After,
@@ -106,7 +106,7 @@ void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool
 		neps = runtime_endpoints(ex->ub, eps);
 		now = clock_now_us();
 	}
-	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
+	if (upstream_ep_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
 		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
 		     "failures in a row", ex->up->name, ex->att_ep->name,
 		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),

@@ -6,6 +6,7 @@
  * serial, a name's address set, the slot pointers) is stored atomically, the address set last.
  */
 #include <stdio.h>
+#include <sys/time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 
 #include "base/clock.h"
 #include "base/util.h"
+#include "policy/outlier.h"
 #include "state/endpoint.h"
 
 static uint64_t ep_serial_last;     /* names and slots alike; under the registry lock */
@@ -252,4 +254,61 @@ void upstream_ep_attempt_begin(struct ep_state *ep)
 void upstream_ep_attempt_end(struct ep_state *ep)
 {
 	atomic_fetch_sub_explicit(&ep->in_flight, 1, memory_order_relaxed);
+}
+
+struct ep_state *upstream_ep_pick(struct ep_state *const *eps, int n, enum balance_mode mode,
+                                  bool retry, uint64_t rr, uint64_t rnd, uint64_t tried,
+                                  int64_t now_us)
+{
+	struct balance_view v[MAX_ENDPOINTS];
+	for (int i = 0; i < n && i < MAX_ENDPOINTS; i++) {
+		const struct ep_state *ep = eps[i];
+		v[i].eject_until_us = atomic_load_explicit(&ep->probe_down, memory_order_relaxed)
+		                      ? INT64_MAX
+		                      : atomic_load_explicit(&ep->eject_until_us, memory_order_relaxed);
+		v[i].hold_until_us = atomic_load_explicit(&ep->hold_until_us, memory_order_relaxed);
+		v[i].in_flight = atomic_load_explicit(&ep->in_flight, memory_order_relaxed);
+		v[i].tried = (tried >> ep->index) & 1;
+	}
+	return eps[balance_choose(v, n, mode, retry, rr, rnd, now_us)];
+}
+
+static bool is_ejected(const struct ep_state *ep, int64_t now_us)
+{
+	return atomic_load(&ep->eject_until_us) > now_us || atomic_load(&ep->probe_down);
+}
+
+bool upstream_ep_report(const struct cfg_health *h, struct ep_state *const *eps, int n,
+                        struct ep_state *ep, enum outcome out, int status, bool hinted,
+                        int64_t now_us)
+{
+	if (!outlier_is_failure(out, status, hinted)) {
+		if (out == OUT_STATUS)
+			atomic_store_explicit(&ep->consecutive_failures, 0, memory_order_relaxed);
+		return false;
+	}
+	atomic_store(&ep->last_failure, out == OUT_STATUS ? status : (int)out);
+	struct timeval tv;
+	gettimeofday(&tv, NULL);
+	atomic_store(&ep->last_failure_wall_us, (int64_t)tv.tv_sec * 1000000 + tv.tv_usec);
+	int fails = atomic_fetch_add(&ep->consecutive_failures, 1) + 1;
+	if (h->consecutive_failures <= 0 || fails < h->consecutive_failures)
+		return false;
+	int64_t until = atomic_load(&ep->eject_until_us);
+	if (until > now_us)
+		return false;   /* already ejected: an attempt that was in flight */
+	int ejected = 0;
+	for (int i = 0; i < n; i++)
+		if (eps[i] != ep && is_ejected(eps[i], now_us))
+			ejected++;
+	if (!outlier_may_eject(h, n, ejected))
+		return false;   /* the count stays: it ejects once another one comes back */
+	int nth = atomic_load(&ep->nejections) + 1;
+	if (!atomic_compare_exchange_strong(&ep->eject_until_us, &until,
+	                                    now_us + outlier_ejection_us(h, nth)))
+		return false;   /* another worker ejected it just now */
+	atomic_store(&ep->nejections, nth);
+	atomic_store(&ep->consecutive_failures, 0);
+	atomic_fetch_add(&ep->ejections, 1);
+	return true;
 }

@@ -19,7 +19,10 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "config/config.h"
 #include "obs/stats.h"
+#include "policy/balance.h"
+#include "policy/retry.h"
 
 #define MAX_ENDPOINTS 64
 #define EP_LABEL_MAX 320
@@ -116,5 +119,21 @@ bool upstream_ep_usable(struct ep_state *ep, uint64_t serial);
 /* An attempt to EP begins or ends (the in-flight count least-request and the metrics read). */
 void upstream_ep_attempt_begin(struct ep_state *ep);
 void upstream_ep_attempt_end(struct ep_state *ep);
+
+/* The endpoint for an attempt among EPS[0..N) (N >= 1), as read now, by balance_choose
+ * (policy/balance.h); TRIED: bit i set when the endpoint of index i (ep_state.index) was tried
+ * by this request. */
+struct ep_state *upstream_ep_pick(struct ep_state *const *eps, int n, enum balance_mode mode,
+                                  bool retry, uint64_t rr, uint64_t rnd, uint64_t tried,
+                                  int64_t now_us);
+/* Passive health (policy/outlier.h): report an attempt to EP (one of EPS[0..N), the upstream's
+ * current addresses) that ended in OUT / STATUS (see outlier_is_failure). Returns true when it
+ * ejected EP. EPS, N and NOW_US are read only when the outcome is a failure: a success may pass
+ * NULL, 0, 0. Workers race on one endpoint's counters; the worst a race does is one ejection
+ * more or less, never a wrong state: an ejection is a compare-and-swap on eject_until_us from a
+ * time already past. */
+bool upstream_ep_report(const struct cfg_health *h, struct ep_state *const *eps, int n,
+                        struct ep_state *ep, enum outcome out, int status, bool hinted,
+                        int64_t now_us);
 
 #endif
