@@ -185,7 +185,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	STAT_INC(ex->us->attempts);
 	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
 	ex->tried |= 1ull << ep->index;
-	ex->att_ep = ep;
+	upstream_ep_keep(&ex->att_ep, ep);
 	ex->att_t0_us = now;
 	ex->last_att_status = 0;
 	ex->att_grpc = -1;
@@ -280,7 +280,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	int64_t now = clock_now_us(), start;
 	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
 		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
-		ex->next_ep = choose_endpoint(ex, now, true);
+		upstream_ep_keep(&ex->next_ep, choose_endpoint(ex, now, true));
 		if (!ex->next_ep) {
 			ex_release_slots(ex);
 			ex_deliver_last(ex);
@@ -391,7 +391,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		} else {
 			attempt_free(a);
 		}
-		ex->next_ep = next;
+		upstream_ep_keep(&ex->next_ep, next);
 		ex->next_serial = atomic_load(&next->serial);
 		ex_set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);
@@ -857,6 +857,8 @@ void exchange_free(struct exchange *ex)
 	free(ex->req_trailers);
 	free(ex->req_tmem);
 	idem_job_free(ex->idem);
+	upstream_ep_keep(&ex->att_ep, NULL);
+	upstream_ep_keep(&ex->next_ep, NULL);
 	runtime_unref(ex->rt);
 	atomic_fetch_sub(&g_gstats[ex->loop->id].exchanges_active, 1);
 	loop_defer_free(ex->loop, exchange_free_cb, ex);

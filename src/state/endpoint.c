@@ -27,6 +27,11 @@ void ep_table_init(struct ep_table *t, struct upstream_state *up)
 
 void ep_table_free(struct ep_table *t)
 {
+	while (t->unindexed) {
+		struct ep_state *ep = t->unindexed;
+		t->unindexed = ep->next_unindexed;
+		free(ep);
+	}
 	for (int i = 0; i < MAX_ENDPOINTS; i++) {
 		free(atomic_load(&t->eps[i]));
 		if (t->names[i]) {
@@ -36,32 +41,47 @@ void ep_table_free(struct ep_table *t)
 	}
 }
 
-/* A free slot of T (allocated on first use), or NULL when all MAX_ENDPOINTS are taken. */
-static struct ep_state *slot_take(struct ep_table *t)
+static bool slot_unreferenced(struct ep_state *ep, int64_t now_us)
 {
-	for (int i = 0; i < MAX_ENDPOINTS; i++) {
-		struct ep_state *ep = atomic_load(&t->eps[i]);
-		if (!ep) {
-			ep = xcalloc(1, sizeof(*ep));
-			ep->up = t->up;
-			ep->index = i;
-			atomic_store(&t->eps[i], ep);
-			return ep;
-		}
-		if (atomic_load(&ep->life) == EPL_FREE)
-			return ep;
-	}
-	return NULL;
+	return atomic_load(&ep->life) == EPL_RETIRED && atomic_load(&ep->in_flight) == 0 &&
+	       atomic_load(&ep->refs) == 0 && now_us - ep->retired_us >= EP_GRACE_US;
 }
 
-/* Make slot EP the LIVE address SA of name NM: a fresh identity, no history. */
-static void slot_init(struct ep_state *ep, struct ep_name *nm, const struct sockaddr_storage *sa)
+/* The slot for a new address at index *INDEX, not yet in the table: a FREE one (its memory
+ * nobody references), or new memory at an unused index or at the index of the oldest retired
+ * slot, which gives it up. NULL when all MAX_ENDPOINTS indexes hold LIVE addresses. */
+static struct ep_state *slot_take(struct ep_table *t, int *index)
 {
-	int index = ep->index;
-	struct upstream_state *up = ep->up;
+	int oldest = -1;
+	for (int i = 0; i < MAX_ENDPOINTS; i++) {
+		struct ep_state *ep = atomic_load(&t->eps[i]);
+		int life = ep ? atomic_load(&ep->life) : EPL_FREE;
+		if (!ep || life == EPL_FREE) {
+			*index = i;
+			return ep ? ep : xcalloc(1, sizeof(*ep));
+		}
+		if (life == EPL_RETIRED &&
+		    (oldest < 0 || ep->retired_us < atomic_load(&t->eps[oldest])->retired_us))
+			oldest = i;
+	}
+	if (oldest < 0)
+		return NULL;
+	/* it may still be read or have attempts in flight: kept, unindexed, until the sweep */
+	struct ep_state *old = atomic_load(&t->eps[oldest]);
+	old->next_unindexed = t->unindexed;
+	t->unindexed = old;
+	*index = oldest;
+	return xcalloc(1, sizeof(*old));
+}
+
+/* Make slot EP the LIVE address SA of name NM at INDEX: a fresh identity, no history. Nobody
+ * references EP (slot_take), and it is published at INDEX only once filled in. */
+static void slot_init(struct ep_table *t, struct ep_state *ep, int index, struct ep_name *nm,
+                      const struct sockaddr_storage *sa)
+{
 	memset(ep, 0, sizeof(*ep));
 	ep->index = index;
-	ep->up = up;
+	ep->up = t->up;
 	ep->name_index = nm->index;
 	memcpy(&ep->addr, sa, sizeof(*sa));
 	ep->addrlen = sa->ss_family == AF_INET6 ? (int)sizeof(struct sockaddr_in6)
@@ -79,6 +99,7 @@ static void slot_init(struct ep_state *ep, struct ep_name *nm, const struct sock
 	}
 	atomic_store(&ep->serial, ++ep_serial_last);
 	atomic_store(&ep->life, EPL_LIVE);
+	atomic_store_explicit(&t->eps[index], ep, memory_order_release);
 }
 
 static void slot_retire(struct ep_state *ep, int64_t now)
@@ -101,32 +122,41 @@ static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_st
 	       ((const struct sockaddr_in *)a)->sin_port == ((const struct sockaddr_in *)b)->sin_port;
 }
 
+/* Whether ADDR is the address of one of the slots in MASK. */
+static bool in_slots(struct ep_table *t, uint64_t mask, const struct sockaddr_storage *addr)
+{
+	for (; mask; mask &= mask - 1)
+		if (same_addr(&t->eps[__builtin_ctzll(mask)]->addr, addr))
+			return true;
+	return false;
+}
+
 int upstream_name_set(struct ep_name *nm, const struct sockaddr_storage *addrs, int n)
 {
 	struct ep_table *t = nm->tab;
 	uint64_t old = atomic_load(&nm->addrs), keep = 0, add = 0;
 	int64_t now = clock_now_us();
 	int dropped = 0;
+	for (int i = 0; i < MAX_ENDPOINTS; i++)
+		for (int j = 0; j < n && ((old >> i) & 1) && !((keep >> i) & 1); j++)
+			if (same_addr(&t->eps[i]->addr, &addrs[j]))
+				keep |= 1ull << i;
+	/* the gone ones first, so that their indexes can go to the new ones */
+	for (int i = 0; i < MAX_ENDPOINTS; i++)
+		if (((old & ~keep) >> i) & 1)
+			slot_retire(t->eps[i], now);
 	for (int j = 0; j < n; j++) {
-		bool have = false;
-		for (int i = 0; i < MAX_ENDPOINTS && !have; i++)
-			if ((((old | add) >> i) & 1) && same_addr(&t->eps[i]->addr, &addrs[j])) {
-				keep |= (old >> i) & 1 ? 1ull << i : 0;
-				have = true;
-			}
-		if (have)
+		if (in_slots(t, keep | add, &addrs[j]))
 			continue;
-		struct ep_state *ep = slot_take(t);
+		int index;
+		struct ep_state *ep = slot_take(t, &index);
 		if (!ep) {
 			dropped++;
 			continue;
 		}
-		slot_init(ep, nm, &addrs[j]);
-		add |= 1ull << ep->index;
+		slot_init(t, ep, index, nm, &addrs[j]);
+		add |= 1ull << index;
 	}
-	for (int i = 0; i < MAX_ENDPOINTS; i++)
-		if (((old & ~keep) >> i) & 1)
-			slot_retire(t->eps[i], now);
 	atomic_store(&nm->addrs, keep | add);
 	return dropped;
 }
@@ -190,10 +220,19 @@ bool ep_table_sweep(struct ep_table *t, int64_t now_us)
 	bool forgot = false;
 	for (int i = 0; i < MAX_ENDPOINTS; i++) {
 		struct ep_state *ep = atomic_load(&t->eps[i]);
-		if (ep && atomic_load(&ep->life) == EPL_RETIRED && atomic_load(&ep->in_flight) == 0 &&
-		    now_us - ep->retired_us >= EP_GRACE_US) {
+		if (ep && slot_unreferenced(ep, now_us)) {
 			atomic_store(&ep->life, EPL_FREE);
 			forgot = true;
+		}
+	}
+	for (struct ep_state **pp = &t->unindexed; *pp;) {
+		struct ep_state *ep = *pp;
+		if (slot_unreferenced(ep, now_us)) {
+			*pp = ep->next_unindexed;
+			free(ep);
+			forgot = true;
+		} else {
+			pp = &ep->next_unindexed;
 		}
 	}
 	return forgot;
@@ -231,6 +270,15 @@ int ep_table_slots(struct ep_table *t, uint64_t mask, struct ep_state **eps)
 	for (; mask; mask &= mask - 1)      /* the set bits only: asked twice per request */
 		eps[n++] = atomic_load_explicit(&t->eps[__builtin_ctzll(mask)], memory_order_acquire);
 	return n;
+}
+
+void upstream_ep_keep(struct ep_state **slot, struct ep_state *ep)
+{
+	if (ep)
+		atomic_fetch_add_explicit(&ep->refs, 1, memory_order_relaxed);
+	if (*slot)
+		atomic_fetch_sub_explicit(&(*slot)->refs, 1, memory_order_release);
+	*slot = ep;
 }
 
 void upstream_hold(struct ep_state *ep, int64_t until_us)

@@ -3,13 +3,20 @@
  *
  * An ep_table belongs to one upstream state and holds its configured endpoint strings (struct
  * ep_name, a literal address or a name the resolver turns into addresses) and their addresses
- * (struct ep_state), at most MAX_ENDPOINTS of each. Invariants:
+ * (struct ep_state), at most MAX_ENDPOINTS of each at an index. Invariants:
  *  - the table (names, slot lives, serials) only changes under the registry lock
  *    (upstream_lock), on the main thread or where a runtime is freed; workers only read slots
  *    they reached through a live runtime, and only touch their atomics;
- *  - a slot's memory stays until the table is freed, so such a pointer stays valid memory; its
- *    identity is its serial, never reused in the process lifetime;
- *  - a name's address set (a bitmask of slot indexes) names LIVE slots only.
+ *  - a slot is referenced while an attempt is in flight there (in_flight) or an exchange keeps
+ *    it (refs, upstream_ep_keep); its memory is reused or freed only once it is unreferenced
+ *    and EP_GRACE_US after it retired (a worker reads a slot within microseconds of finding it
+ *    in a name's address set, and keeps it from then on). Its identity is its serial, never
+ *    reused in the process lifetime;
+ *  - a name's address set (a bitmask of indexes) names LIVE slots only, so a retired slot needs
+ *    no index: when a new address finds every index taken, the oldest retired slot gives its
+ *    index up and waits, unindexed, until it is unreferenced. So a valid config always fits
+ *    (at most MAX_ENDPOINTS live addresses), and what is kept is what is referenced or retired
+ *    within the last EP_GRACE_US: nothing grows with the addresses ever seen.
  */
 #ifndef RG_ENDPOINT_H
 #define RG_ENDPOINT_H
@@ -31,13 +38,13 @@ struct upstream_state;
 
 /* An address slot's life (SPEC §13): LIVE while its name resolves to it (a literal address is
  * its own name); RETIRED once gone (no new attempt; those in flight finish); FREE once nothing
- * is in flight for EP_GRACE_US, when its index and memory go to the next new address. */
+ * references it and EP_GRACE_US passed, when its index and memory go to the next new address
+ * (or, when it gave its index up, its memory is freed). */
 enum ep_life { EPL_FREE, EPL_LIVE, EPL_RETIRED };
 #define EP_GRACE_US (2 * 1000000LL)
 
 /* One endpoint address: what an attempt goes to, what balancing, holds, health, pools and the
- * endpoint metrics are about. Owned by its table (freed with it, never before), so a pointer
- * reached through a live runtime stays valid memory; identity is the serial. */
+ * endpoint metrics are about. Owned by its table; identity is the serial. */
 struct ep_state {
 	char name[EP_LABEL_MAX];    /* label: "host:port/address", or the literal "ip:port" */
 	char host[EP_LABEL_MAX];    /* the configured "host:port" (Host, SNI) */
@@ -48,8 +55,10 @@ struct ep_state {
 	int name_index;             /* the ep_name it belongs to (while LIVE) */
 	_Atomic int64_t hold_until_us;  /* Retry-After hold (monotonic), 0: none */
 	struct upstream_state *up;  /* the table's owner */
-	int index;                  /* in the table, < MAX_ENDPOINTS; reused once FREE */
+	int index;                  /* in the table, < MAX_ENDPOINTS; reused once FREE or given up */
 	_Atomic uint64_t serial;    /* unique for the process lifetime: identity for caches */
+	_Atomic int refs;           /* exchanges keeping it (upstream_ep_keep) */
+	struct ep_state *next_unindexed;    /* in the table's unindexed list */
 	/* health (endpoint.c, probe.c) and figures; reset when the slot is reused */
 	_Atomic int in_flight;
 	_Atomic uint64_t attempts, ejections;
@@ -86,6 +95,7 @@ struct ep_table {
 	struct upstream_state *up;  /* the owner */
 	struct ep_state *_Atomic eps[MAX_ENDPOINTS];   /* address slots, made on first use */
 	struct ep_name *names[MAX_ENDPOINTS];   /* NULL: free index */
+	struct ep_state *unindexed; /* retired slots that gave their index up, still referenced */
 };
 
 /* -- the table (registry lock held) */
@@ -103,7 +113,7 @@ void ep_name_unbind(struct ep_name *nm);
 int upstream_name_set(struct ep_name *nm, const struct sockaddr_storage *addrs, int n);
 /* The slot INDEX if it still is the address with SERIAL, or NULL. */
 struct ep_state *ep_table_find(struct ep_table *t, int index, uint64_t serial);
-/* Free the retired slots with nothing in flight for EP_GRACE_US; whether any was. */
+/* Forget the retired slots unreferenced EP_GRACE_US after they retired; whether any was. */
 bool ep_table_sweep(struct ep_table *t, int64_t now_us);
 /* The slots not FREE as the metrics show them, into EPS[MAX_ENDPOINTS]; their count. */
 int ep_table_stats(struct ep_table *t, struct stats_endpoint *eps);
@@ -112,6 +122,9 @@ int ep_table_slots(struct ep_table *t, uint64_t mask, struct ep_state **eps);
 
 /* -- one slot (any worker) */
 
+/* An exchange keeps EP (KEEP) or lets it go: while kept, its memory is not reused. Replaces
+ * *SLOT with EP (either may be NULL). */
+void upstream_ep_keep(struct ep_state **slot, struct ep_state *ep);
 /* Retry-After hold: extend (never shorten) to UNTIL. */
 void upstream_hold(struct ep_state *ep, int64_t until_us);
 /* Whether EP is still the LIVE address with SERIAL (an exchange waiting to retry there). */
