@@ -26,6 +26,7 @@
 #include "obs/reconcile.h"
 #include "http/respond.h"
 #include "obs/stats.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
@@ -350,10 +351,10 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 		respond_text(c, st == ADMIN_READY ? 200 : 503,
 		             st == ADMIN_READY ? "ready" : st == ADMIN_DRAINING ? "draining" : "starting");
 	} else if (IS("/metrics")) {
-		stats_render_prometheus(b, upstream_stats_walk);
+		stats_render_prometheus(b, runtime_stats_walk);
 		respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b, false);
 	} else if (IS("/stats")) {
-		stats_render_json(b, upstream_stats_walk);
+		stats_render_json(b, runtime_stats_walk);
 		respond(c, 200, "application/json", b, false);
 	} else if (IS("/config")) {
 		struct runtime *rt = runtime_current();

@@ -31,6 +31,7 @@
 #include "obs/reconcile.h"
 #include "obs/reconcile_publish.h"
 #include "obs/stats.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
 #include "app/worker.h"

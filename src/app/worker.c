@@ -23,7 +23,7 @@
 #include "client/h1_session.h"
 #include "client/h2_session.h"
 #include "obs/stats.h"
-#include "state/upstream.h"
+#include "state/runtime.h"
 #include "base/util.h"
 #include "app/worker.h"
 

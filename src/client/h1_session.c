@@ -40,7 +40,7 @@
 #include "net/stream.h"
 #include "base/util.h"
 #include "base/loop.h"
-#include "state/upstream.h"
+#include "state/runtime.h"
 
 #define SESSION_MAGIC 0x5e5510a1u
 #define CLIENT_LOW (64 * 1024)

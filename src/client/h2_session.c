@@ -40,7 +40,7 @@
 #include "http/responder.h"
 #include "obs/stats.h"
 #include "net/stream.h"
-#include "state/upstream.h"
+#include "state/runtime.h"
 #include "base/util.h"
 
 static void flush(struct h2_session *s);

@@ -21,7 +21,7 @@
 #define RETRY_ON_TIMEOUT         0x4u
 
 /* Bounds the schema enforces, so that no consumer clamps silently: the worker threads (main.c,
- * stats.h's MAX_WORKERS) and the endpoints of one upstream (upstream.h's MAX_ENDPOINTS) live
+ * stats.h's MAX_WORKERS) and the endpoints of one upstream (endpoint.h's MAX_ENDPOINTS) live
  * in fixed arrays of these sizes. tests/unit/test_config.c asserts that they agree. */
 #define CFG_MAX_WORKERS   64
 #define CFG_MAX_ENDPOINTS 64

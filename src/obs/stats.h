@@ -275,7 +275,7 @@ struct stats_window {
 void stats_window_sum(const struct ustats *per_worker, int64_t now_us, int64_t from_us,
                       struct stats_window *out);
 
-#define MAX_STATS_ENDPOINTS 64    /* upstream.h's MAX_ENDPOINTS */
+#define MAX_STATS_ENDPOINTS 64    /* endpoint.h's MAX_ENDPOINTS */
 
 /* One upstream as the registry shows it to a scrape; valid during the walker's call only. */
 struct stats_endpoint {

@@ -1,17 +1,15 @@
 /*
  * balance: the endpoint for an attempt (see balance.h).
  */
-#include <stdatomic.h>
 #include <stddef.h>
 
 #include "policy/balance.h"
-#include "state/upstream.h"
 
 static int first_attempt(const struct balance_view *v, int n, enum balance_mode mode,
                          uint64_t rr, uint64_t rnd, int64_t now_us)
 {
-	int up[MAX_ENDPOINTS], m = 0, soonest = 0;
-	for (int i = 0; i < n && i < MAX_ENDPOINTS; i++) {
+	int up[CFG_MAX_ENDPOINTS], m = 0, soonest = 0;
+	for (int i = 0; i < n && i < CFG_MAX_ENDPOINTS; i++) {
 		if (v[i].eject_until_us <= now_us)
 			up[m++] = i;
 		else if (v[i].eject_until_us < v[soonest].eject_until_us)
@@ -58,21 +56,4 @@ int balance_choose(const struct balance_view *v, int n, enum balance_mode mode, 
 		}
 	}
 	return best;
-}
-
-struct ep_state *balance_pick(struct ep_state *const *eps, int n, enum balance_mode mode,
-                              bool retry, uint64_t rr, uint64_t rnd, uint64_t tried,
-                              int64_t now_us)
-{
-	struct balance_view v[MAX_ENDPOINTS];
-	for (int i = 0; i < n && i < MAX_ENDPOINTS; i++) {
-		const struct ep_state *ep = eps[i];
-		v[i].eject_until_us = atomic_load_explicit(&ep->probe_down, memory_order_relaxed)
-		                      ? INT64_MAX
-		                      : atomic_load_explicit(&ep->eject_until_us, memory_order_relaxed);
-		v[i].hold_until_us = atomic_load_explicit(&ep->hold_until_us, memory_order_relaxed);
-		v[i].in_flight = atomic_load_explicit(&ep->in_flight, memory_order_relaxed);
-		v[i].tried = (tried >> ep->index) & 1;
-	}
-	return eps[balance_choose(v, n, mode, retry, rr, rnd, now_us)];
 }

@@ -14,8 +14,6 @@
 
 #include "config/config.h"
 
-struct ep_state;
-
 /* One candidate as read now. */
 struct balance_view {
 	int64_t eject_until_us;     /* > now: ejected (INT64_MAX: until probes say healthy) */
@@ -24,15 +22,9 @@ struct balance_view {
 	bool tried;
 };
 
-/* The index in V[0..N) (N >= 1) of the endpoint to use. RR: the round-robin position (only
+/* The index in V[0..N) (1 <= N <= CFG_MAX_ENDPOINTS) of the endpoint to use. RR: the round-robin position (only
  * first attempts advance it; a retry passes its current value); RND: random bits. */
 int balance_choose(const struct balance_view *v, int n, enum balance_mode mode, bool retry,
                    uint64_t rr, uint64_t rnd, int64_t now_us);
-
-/* The same over endpoint states EPS[0..N); TRIED: bit i set when the endpoint of index i
- * (ep_state.index) was tried by this request. */
-struct ep_state *balance_pick(struct ep_state *const *eps, int n, enum balance_mode mode,
-                              bool retry, uint64_t rr, uint64_t rnd, uint64_t tried,
-                              int64_t now_us);
 
 #endif

@@ -62,6 +62,7 @@
 #include "policy/retry.h"
 #include "proxy/saved_response.h"
 #include "obs/stats.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
@@ -492,6 +493,8 @@ void exchange_free(struct exchange *ex)
 	free(ex->req_trailers);
 	free(ex->req_tmem);
 	idem_job_free(ex->idem);
+	upstream_ep_keep(&ex->att_ep, NULL);
+	upstream_ep_keep(&ex->next_ep, NULL);
 	runtime_unref(ex->rt);
 	atomic_fetch_sub(&g_gstats[ex->loop->id].exchanges_active, 1);
 	loop_defer_free(ex->loop, exchange_free_cb, ex);

@@ -21,6 +21,7 @@
 #include "policy/retry.h"
 #include "proxy/exchange_impl.h"
 #include "proxy/saved_response.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 
 DEFINE_STATE_SETTER(set_state, exchange, xstate, X_DONE)
@@ -94,10 +95,10 @@ void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool
 	/* nearly every report is a success, which only clears the endpoint's count: the other
 	 * endpoints and the clock are gathered for a failure alone (outlier.h) */
 	if (outlier_is_failure(out, status, hinted)) {
-		neps = upstream_endpoints(ex->ub, eps);
+		neps = runtime_endpoints(ex->ub, eps);
 		now = clock_now_us();
 	}
-	if (outlier_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
+	if (upstream_ep_report(&ex->up->health, eps, neps, ex->att_ep, out, status, hinted, now))
 		slog(LOG_WARN, ex->ci.sid, "upstream %s: endpoint %s ejected for %lld ms after %d "
 		     "failures in a row", ex->up->name, ex->att_ep->name,
 		     (long long)((atomic_load(&ex->att_ep->eject_until_us) - now) / 1000),

@@ -25,7 +25,7 @@
 #include "http/grpc.h"
 #include "base/loop.h"
 #include "obs/stats.h"
-#include "state/upstream.h"
+#include "state/endpoint.h"
 #include "base/util.h"
 
 /* A gRPC status for passive health: the server-side failures count as a 5xx would (as Envoy

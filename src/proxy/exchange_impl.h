@@ -99,7 +99,7 @@ struct exchange {
 
 	struct attempt *att;            /* the attempt waiting for its head */
 	struct attempt *relay;          /* the attempt whose response goes to the client */
-	struct ep_state *att_ep;
+	struct ep_state *att_ep;        /* kept (upstream_ep_keep), as is next_ep */
 	bool slot_in_flight, slot_retry;
 	struct ep_state *next_ep;
 	uint64_t next_serial;           /* next_ep's identity when it was chosen */

@@ -22,7 +22,7 @@
 #include "base/clock.h"
 #include "base/loop.h"
 #include "base/util.h"
-#include "http/forward.h"
+#include "proxy/forward.h"
 #include "net/tls.h"
 #include "obs/accesslog.h"
 #include "obs/stats.h"
@@ -33,6 +33,7 @@
 #include "proxy/exchange_impl.h"
 #include "proxy/reqbody.h"
 #include "proxy/saved_response.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 #include "upstream/attempt.h"
 
@@ -47,13 +48,13 @@ static void fault_cb(evutil_socket_t fd, short what, void *arg);
 static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
-	int n = upstream_endpoints(ex->ub, eps);
+	int n = runtime_endpoints(ex->ub, eps);
 	if (n == 0)
 		return NULL;
 	uint64_t rr = retry ? atomic_load_explicit(&ex->st->rr, memory_order_relaxed)
 	                    : atomic_fetch_add_explicit(&ex->st->rr, 1, memory_order_relaxed);
-	return balance_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
-	                    ex->tried, now);
+	return upstream_ep_pick(eps, n, ex->up->balance, retry, rr, rand_next(&ex->loop->rng),
+	                        ex->tried, now);
 }
 
 
@@ -119,7 +120,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	STAT_INC(ex->us->attempts);
 	stats_window_add(ex->us, now, retry ? 0 : 1, 1);
 	ex->tried |= 1ull << ep->index;
-	ex->att_ep = ep;
+	upstream_ep_keep(&ex->att_ep, ep);
 	ex->att_t0_us = now;
 	ex->last_att_status = 0;
 	ex->att_grpc = -1;
@@ -219,7 +220,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	int64_t now = clock_now_us(), start;
 	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
 		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
-		ex->next_ep = choose_endpoint(ex, now, true);
+		upstream_ep_keep(&ex->next_ep, choose_endpoint(ex, now, true));
 		if (!ex->next_ep) {
 			ex_release_slots(ex);
 			ex_deliver_last(ex);
@@ -315,7 +316,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		} else {
 			attempt_free(a);
 		}
-		ex->next_ep = next;
+		upstream_ep_keep(&ex->next_ep, next);
 		ex->next_serial = atomic_load(&next->serial);
 		ex_set_state(ex, X_BACKOFF);
 		struct timeval tv = clock_tv(start - now);

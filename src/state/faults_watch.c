@@ -11,6 +11,7 @@
 #include "state/faults_watch.h"
 #include "base/log.h"
 #include "obs/stats.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 
 #define WATCH_TICK_US (100 * 1000)

@@ -18,6 +18,7 @@
 #include "config/config.h"
 #include "base/log.h"
 #include "state/probe.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
@@ -290,7 +291,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 	struct runtime *rt = runtime_current();
 	if (rt) {
 		struct due d = { .n = 0, .now = clock_now_us() };
-		upstream_eps_walk(rt, due_cb, &d);
+		runtime_eps_walk(rt, due_cb, &d);
 		runtime_unref(rt);
 		for (int i = 0; i < d.n; i++)
 			probe_send(d.p[i]);

@@ -31,7 +31,7 @@
 #include "upstream/h2_conn.h"
 #include "upstream/pool.h"
 #include "net/tls.h"
-#include "state/upstream.h"
+#include "state/endpoint.h"
 #include "net/stream.h"
 #include "base/util.h"
 #include "base/loop.h"

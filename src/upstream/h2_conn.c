@@ -29,7 +29,7 @@
 #include "upstream/pool.h"
 #include "net/stream.h"
 #include "net/tls.h"
-#include "state/upstream.h"
+#include "state/endpoint.h"
 #include "base/util.h"
 
 #define H2C_MAGIC 0x4832c0a1u

@@ -218,7 +218,7 @@ struct upconn *pool_get(struct pool_ep *pe)
 	return NULL;
 }
 
-/* The address is the endpoint's own (upstream.c keeps one per slot and serial): known now. */
+/* The address is the endpoint's own (endpoint.c keeps one per slot and serial): known now. */
 void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
 {
 	wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);

@@ -23,7 +23,7 @@
 #include "base/log.h"
 #include "base/loop.h"
 #include "net/stream.h"
-#include "state/upstream.h"
+#include "state/runtime.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

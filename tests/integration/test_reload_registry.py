@@ -4,6 +4,8 @@ neither crash (the registry once held at most 64 endpoint names per upstream, th
 NULL) nor grow memory; per-upstream state is still kept by name while the upstream stays."""
 
 import copy
+import re
+import signal
 import threading
 import time
 
@@ -149,3 +151,27 @@ def test_runtime_switch_and_budget_kept_by_name_fresh_after_removal(rg_factory, 
     assert rg.retries()["api"] is True
     assert rg.metric("retrygate_upstream_retry_budget_tokens", upstream="api") == \
         pytest.approx(5, abs=0.01)
+
+
+def test_80_quick_reloads_each_with_a_new_endpoint_all_succeed(rg_factory, upstream_factory):
+    # SPEC §1 refuses only a bad config: addresses retired by the previous reloads, with
+    # nothing in flight, must not use up the room a valid config needs (there were 64 slots,
+    # each kept 2 s after its address left)
+    last = upstream_factory(name="last")
+    cfg = make_config(upstreams={"api": {"endpoints": ["127.0.0.1:%d" % free_port()]}})
+    rg = rg_factory(cfg, env=SAN_ENV)
+    t0 = time.monotonic()
+    for i in range(80):
+        endpoint = last.endpoint if i == 79 else "127.0.0.1:%d" % free_port()
+        rg.write_config(with_endpoints(cfg, endpoint), keep_ports=True)
+        start = len(rg.stderr_text())
+        rg.send_signal(signal.SIGHUP)
+        log = wait_for(lambda: re.search(r"reloaded|failed", rg.stderr_text()[start:]) and
+                       rg.stderr_text()[start:], 5, 0.002, "reload %d logged" % (i + 1))
+        assert "failed" not in log, "reload %d: %s" % (i + 1, log)
+    elapsed = time.monotonic() - t0
+    report("80-quick-reloads", seconds="%.2f" % elapsed)
+    assert elapsed < 2, "too slow to prove anything: the retired addresses were freed"
+    r = rg.get("/after")
+    assert r.status == 200 and r.headers["X-Upstream"] == "last", r
+    assert rg.running

@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "base/loop.h"
 #include "upstream/pool.h"
+#include "state/runtime.h"
 #include "state/upstream.h"
 
 /* a config with upstream "a" on 127.0.0.1:PORT (none when PORT is 0), and "b" on :9 */
@@ -80,7 +81,7 @@ static void census_cb(void *arg, const struct stats_upstream *u)
 static struct census census(void)
 {
 	struct census c = { 0, 0, false };
-	upstream_stats_walk(census_cb, &c);
+	runtime_stats_walk(census_cb, &c);
 	return c;
 }
 
@@ -88,7 +89,7 @@ static struct census census(void)
 static struct ep_state *ep0(struct upstream_binding *b)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
-	assert_int_equal(upstream_endpoints(b, eps), 1);
+	assert_int_equal(runtime_endpoints(b, eps), 1);
 	return eps[0];
 }
 
@@ -215,6 +216,49 @@ static void test_pool_of_a_forgotten_endpoint_is_not_reused(void **state)
 	pool_free_all(&l);
 }
 
+/* Reloads faster than the grace: the retired addresses give their indexes up to new ones, and
+ * are freed by the sweep once unreferenced. */
+static void test_quick_reloads_never_run_out_of_indexes(void **state)
+{
+	struct upstream_binding *b = reload(cfg_with(20000, false), "a");
+	int id = b->st->id;
+	uint64_t first = atomic_load(&ep0(b)->serial);
+	for (int i = 1; i <= 3 * MAX_ENDPOINTS; i++) {
+		b = reload(cfg_with(20000 + i, false), "a");     /* no sweep in between */
+		char name[32];
+		snprintf(name, sizeof(name), "127.0.0.1:%d", 20000 + i);
+		assert_string_equal(ep0(b)->name, name);
+	}
+	assert_false(upstream_ep_live(id, 0, first));   /* its index went to another one */
+	assert_int_equal(census().endpoints, MAX_ENDPOINTS);
+	sweep();
+	assert_int_equal(census().endpoints, 1);
+}
+
+/* An exchange keeping an endpoint (across a backoff or a fault delay, or to record its outcome)
+ * keeps its memory and identity, however long after it retired. */
+static void test_kept_endpoint_is_not_reused(void **state)
+{
+	struct upstream_binding *b = reload(cfg_with(20000, false), "a");
+	int id = b->st->id;
+	struct ep_state *kept = NULL;
+	upstream_ep_keep(&kept, ep0(b));
+	uint64_t serial = atomic_load(&kept->serial);
+	for (int i = 1; i <= 2 * MAX_ENDPOINTS; i++) {
+		b = reload(cfg_with(20000 + i, false), "a");
+		sweep();
+		assert_int_equal(atomic_load(&kept->serial), serial);
+		assert_string_equal(kept->name, "127.0.0.1:20000");
+		assert_int_equal(atomic_load(&kept->life), EPL_RETIRED);
+		assert_false(upstream_ep_usable(kept, serial));
+	}
+	upstream_ep_keep(&kept, NULL);
+	assert_null(kept);
+	sweep();
+	assert_false(upstream_ep_live(id, 0, serial));
+	assert_int_equal(census().endpoints, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -225,6 +269,8 @@ int main(void)
 		cmocka_unit_test_teardown(test_more_endpoints_alive_than_indexes_fails_the_reload,
 		                          teardown),
 		cmocka_unit_test_teardown(test_pool_of_a_forgotten_endpoint_is_not_reused, teardown),
+		cmocka_unit_test_teardown(test_quick_reloads_never_run_out_of_indexes, teardown),
+		cmocka_unit_test_teardown(test_kept_endpoint_is_not_reused, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
