@@ -7,6 +7,7 @@
 #   make test        include-loop check + unit + integration tests (SANITIZE=address,undefined:
 #                    the ASan/UBSan build, which also checks every callback's object magic)
 #   make run         start the bundled demo upstream and retrygate on conf/retrygate.yaml
+#   make tsan        the ThreadSanitizer build on the tests where threads meet
 #   make fuzz        libFuzzer targets, bounded time  (FUZZ_SECONDS=60)
 #   make bench       retrygate vs nginx vs HAProxy, ratios
 
@@ -55,7 +56,7 @@ UNIT_BINS := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/unit/%)
 PYTEST    ?= /usr/bin/python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all deps deps-build strip test structure unit integration run clean fuzz bench demo
+.PHONY: all deps deps-build strip test structure unit integration tsan run clean fuzz bench demo
 .SECONDARY:
 
 all: $(BUILD)/retrygate
@@ -128,6 +129,17 @@ unit: $(UNIT_BINS)
 
 integration: $(BUILD)/retrygate
 	RETRYGATE_BIN=$(abspath $(BUILD)/retrygate) $(PYTEST) $(PYTEST_ARGS) tests/integration
+
+# ThreadSanitizer on the tests where threads meet: several workers, reloads under load, the
+# shared budget and idempotency table, Redis, the access log and the reconciliation queue.
+# (The whole suite under TSan takes over an hour on two cores; these cover every shared
+# structure.) The harness fails a test on any "WARNING: ThreadSanitizer" line.
+TSAN_TESTS := test_operations.py test_operator.py test_access_log.py test_reload_registry.py \
+              test_reconcile.py test_budget_amplification.py test_idempotency.py
+tsan:
+	@$(MAKE) --no-print-directory SANITIZE=thread build/tsan/retrygate
+	cd tests/integration && RETRYGATE_BIN=$(abspath build/tsan/retrygate) RETRYGATE_READY_TIMEOUT=30 \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(PYTEST) $(PYTEST_ARGS) $(TSAN_TESTS)
 
 run: deps $(BUILD)/retrygate
 	/usr/bin/python3 tests/tools/upstream.py --listen 127.0.0.1:9001 --flaky /flaky --quiet & up=$$!; \
