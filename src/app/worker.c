@@ -146,9 +146,13 @@ static void on_accept(void *arg, struct listener *lst, const char *lname, int fd
 		.closed_arg = c,
 		.on_h2 = on_h2,
 	};
-	c->s = h1_session_new(&w->loop, &own, lname, ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
-	if (w->draining && c->s)
-		h1_session_drain(c->s, false);
+	struct h1_session *s = h1_session_new(&w->loop, &own, lname,
+	                                      ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
+	if (!s)
+		return;         /* it closed at once: on_conn_closed freed C */
+	c->s = s;
+	if (w->draining)
+		h1_session_drain(s, false);
 }
 
 static const struct config *listener_cfg(void *arg)

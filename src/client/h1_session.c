@@ -19,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -523,18 +524,33 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	h1_session_close(s, "idle");
 }
 
+/* A connection that cannot become a session: FD closed, the owner told, nothing left. */
+static struct h1_session *abandon(const struct session_owner *own, int fd, uint64_t sid,
+                                  const char *why)
+{
+	slog(LOG_DEBUG, sid, "close: %s", why);
+	if (fd >= 0)
+		close(fd);
+	own->on_closed(own->closed_arg);
+	return NULL;
+}
+
 struct h1_session *h1_session_new(struct loop *loop, const struct session_owner *own,
                                   const char *lname, uint64_t sid, int fd,
                                   const struct sockaddr *peer, int peerlen)
 {
+	struct runtime *rt = own->runtime(own->runtime_arg);
+	struct cfg_listener *lcfg = config_listener(rt->cfg, lname);
+	if (!lcfg)      /* a reload removed the listener since it accepted this connection */
+		return abandon(own, fd, sid, "listener no longer configured");
 	struct h1_session *s = xcalloc(1, sizeof(*s));
 	s->magic = SESSION_MAGIC;
 	s->loop = loop;
 	s->own = *own;
 	s->lname = xstrdup(lname);
 	s->id = sid;
-	s->rt = runtime_ref(own->runtime(own->runtime_arg));
-	s->lcfg = config_listener(s->rt->cfg, lname);
+	s->rt = runtime_ref(rt);
+	s->lcfg = lcfg;
 	if (peer->sa_family == AF_INET)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, s->peer_ip, sizeof(s->peer_ip));
 	else if (peer->sa_family == AF_INET6)

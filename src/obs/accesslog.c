@@ -234,28 +234,45 @@ void accesslog_flush(void)
 	pthread_mutex_unlock(&al_lock);
 }
 
+/* Open SPEC's target: *FD (-1 for "off") and *PATH (malloc'd; NULL for stdout and off). */
+static int open_target(const char *spec, int *fd, char **path)
+{
+	*fd = -1;
+	*path = NULL;
+	if (!spec || strcmp(spec, "off") == 0)
+		return 0;
+	if (strcmp(spec, "stdout") == 0) {
+		*fd = STDOUT_FILENO;
+		return 0;
+	}
+	*fd = open(spec, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (*fd < 0)
+		return -1;
+	*path = xstrdup(spec);
+	return 0;
+}
+
+int accesslog_switch(const char *spec)
+{
+	int fd;
+	char *path;
+	if (open_target(spec, &fd, &path) != 0)
+		return -1;
+	pthread_mutex_lock(&al_lock);
+	flush_locked();
+	if (al_path && al_fd >= 0)
+		close(al_fd);
+	free(al_path);
+	al_fd = fd;
+	al_path = path;
+	al_on = fd >= 0;
+	pthread_mutex_unlock(&al_lock);
+	return 0;
+}
+
 int accesslog_open(const char *spec)
 {
-	pthread_mutex_lock(&al_lock);
-	int rc = 0;
-	al_on = false;
-	if (spec && strcmp(spec, "off") != 0) {
-		if (strcmp(spec, "stdout") == 0) {
-			al_fd = STDOUT_FILENO;
-			al_path = NULL;
-			al_on = true;
-		} else {
-			al_fd = open(spec, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-			if (al_fd < 0) {
-				rc = -1;
-			} else {
-				al_path = xstrdup(spec);
-				al_on = true;
-			}
-		}
-	}
-	pthread_mutex_unlock(&al_lock);
-	return rc;
+	return accesslog_switch(spec);
 }
 
 void accesslog_reopen(void)
