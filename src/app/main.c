@@ -112,7 +112,7 @@ static void reload_failed(struct config *cfg)
 	config_unref(cfg);
 }
 
-/* What a reload does not change at once. */
+/* What a reload does not change at once, and the listeners it closes. */
 static void log_listener_changes(const struct config *old, const struct config *cfg)
 {
 	if (cfg->workers != old->workers)
@@ -123,6 +123,11 @@ static void log_listener_changes(const struct config *old, const struct config *
 			log_warn("reload: listener %s (%s) is new or moved; it opens at restart",
 			         cfg->listeners[i].name, cfg->listeners[i].listen);
 	}
+	for (int j = 0; j < old->nlisteners; j++)
+		if (!config_listener(cfg, old->listeners[j].name))
+			log_info("reload: listener %s (%s) removed: its socket closes, its connections "
+			         "close after their current request", old->listeners[j].name,
+			         old->listeners[j].listen);
 }
 
 static void on_hup(evutil_socket_t sig, short what, void *arg)
@@ -176,6 +181,9 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	reconcile_publish_configure(main_base, &cfg->reconcile);
 	config_unref(cfg);
 	stats_config_loaded(true);
+	/* workers close the listeners the config no longer has */
+	for (int i = 0; i < g_nworkers; i++)
+		worker_notify(&workers[i]);
 	log_info("reloaded %s", config_path);
 }
 

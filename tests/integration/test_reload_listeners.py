@@ -67,6 +67,60 @@ def answered_or_closed(conn, timeout=2.0):
     return False
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_removed_listener_closes_its_socket_and_ends_its_connections(rg_factory, upstream,
+                                                                     workers):
+    cfg = two_listeners(upstream, workers=workers)
+    rg = rg_factory(cfg)
+    port = side_port(cfg)
+    idle = RawConn(port)
+    idle.send(GET)
+    assert idle.read_response().status == 200          # keep-alive, now idle
+    log = rg.reload(without_side(cfg))
+    t0 = time.monotonic()
+    assert answered_or_closed(idle), "an idle connection of the removed listener hangs"
+    wait_for(lambda: connect_refused(port), 3, what="connects to the removed listener refused")
+    assert time.monotonic() - t0 < 3
+    assert "side" in log and "removed" in log, log
+    idle.close()
+    # the listener that stayed serves on
+    assert rg.get("/still").status == 200
+
+
+def test_removed_listener_finishes_a_request_in_flight_then_closes(rg_factory, upstream):
+    upstream.on_path("/slow", default=respond(200, body=b"slow-done", delay=1.0))
+    cfg = two_listeners(upstream)
+    rg = rg_factory(cfg)
+    c = RawConn(side_port(cfg))
+    c.send(b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n")
+    upstream.wait_requests(1)
+    rg.reload(without_side(cfg))
+    r = c.read_response(timeout=5)
+    assert r.status == 200 and r.body == b"slow-done"
+    assert r.headers.get("Connection", "").lower() == "close"
+    assert c.wait_closed(2)
+    c.close()
+
+
+def test_removed_listener_at_its_cap_does_not_hold_a_waiting_client(rg_factory, upstream):
+    # one place: the second client waits (SPEC §2: at the cap a connection waits); once the
+    # listener is gone it must not wait forever
+    cfg = two_listeners(upstream, extra_limits={"max_connections": 1})
+    rg = rg_factory(cfg)
+    port = side_port(cfg)
+    first = RawConn(port)
+    first.send(GET)
+    assert first.read_response().status == 200
+    waiting = RawConn(port)
+    waiting.send(GET)
+    assert waiting.recv_some(0.3) == b""                # held at the cap
+    rg.reload(without_side(cfg))
+    assert answered_or_closed(waiting, 3), "a client waiting at the cap hangs after the removal"
+    assert answered_or_closed(first, 3)
+    first.close()
+    waiting.close()
+
+
 def test_reload_failing_after_validation_keeps_the_access_log(rg_factory, upstream, tmp_path):
     old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
     cfg = make_config(upstreams={"api": upstream_block(upstream)}, access_log=old_log)
