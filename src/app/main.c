@@ -249,6 +249,7 @@ static void on_usr1(evutil_socket_t sig, short what, void *arg)
 
 int main(int argc, char **argv)
 {
+	loop_global_init();
 	bool check = false;
 	for (int i = 1; i < argc; i++) {
 		bool has_value = i + 1 < argc;
@@ -290,7 +291,6 @@ int main(int argc, char **argv)
 	if (lvl && strcmp(lvl, "debug") == 0)
 		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
-	loop_global_init();
 	g_nworkers = cfg->workers;     /* 1..CFG_MAX_WORKERS: the schema rejects more */
 	main_base = event_base_new();
 	char terr[512];
