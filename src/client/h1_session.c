@@ -314,7 +314,8 @@ static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upst
 	s->ex_done = true;
 	set_state(s, S_TUNNEL);
 	evtimer_del(s->timer);
-	s->tunnel = tunnel_new(s->loop, s->strm, upstream, tunnel_closed_cb, s);
+	s->tunnel = tunnel_new(s->loop, s->strm, upstream, s->lcfg->limits.idle_timeout_us,
+	                       tunnel_closed_cb, s);
 }
 
 /* The config the next request is served with: refreshed per request. */
