@@ -107,6 +107,30 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
 	evtimer_add(drain_timer, &tv);
 }
 
+static void reload_failed(struct config *cfg)
+{
+	stats_config_reload_failed();
+	config_unref(cfg);
+}
+
+/* What a reload does not change at once, and the listeners it closes. */
+static void log_listener_changes(const struct config *old, const struct config *cfg)
+{
+	if (cfg->workers != old->workers)
+		log_warn("reload: workers changed; takes effect at restart");
+	for (int i = 0; i < cfg->nlisteners; i++) {
+		const struct cfg_listener *was = config_listener(old, cfg->listeners[i].name);
+		if (!was || strcmp(cfg->listeners[i].listen, was->listen) != 0)
+			log_warn("reload: listener %s (%s) is new or moved; it opens at restart",
+			         cfg->listeners[i].name, cfg->listeners[i].listen);
+	}
+	for (int j = 0; j < old->nlisteners; j++)
+		if (!config_listener(cfg, old->listeners[j].name))
+			log_info("reload: listener %s (%s) removed: its socket closes, its connections "
+			         "close after their current request", old->listeners[j].name,
+			         old->listeners[j].listen);
+}
+
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
 	char *errs = NULL;
@@ -129,34 +153,28 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	free(errs);
-	struct runtime *old = runtime_current();
-	if (cfg->workers != old->cfg->workers)
-		log_warn("reload: workers changed; takes effect at restart");
-	for (int i = 0; i < cfg->nlisteners; i++) {
-		bool known = false;
-		for (int j = 0; j < old->cfg->nlisteners; j++)
-			if (strcmp(cfg->listeners[i].name, old->cfg->listeners[j].name) == 0 &&
-			    strcmp(cfg->listeners[i].listen, old->cfg->listeners[j].listen) == 0)
-				known = true;
-		if (!known)
-			log_warn("reload: listener %s (%s) is new or moved; it opens at restart",
-			         cfg->listeners[i].name, cfg->listeners[i].listen);
-	}
-	if (strcmp(cfg->access_log, old->cfg->access_log) != 0) {
-		accesslog_close();
-		if (accesslog_open(cfg->access_log) != 0)
-			log_error("reload: cannot open access log %s", cfg->access_log);
-	}
-	runtime_unref(old);
+	/* everything that can fail comes before anything is switched: a failed reload leaves
+	 * the old config serving, its access log included */
 	char terr[512];
 	struct runtime *nrt = runtime_new(cfg, terr, sizeof(terr));
 	if (!nrt) {
 		log_error("reload of %s failed; the old config keeps serving: %s", config_path, terr);
-		stats_config_reload_failed();
-		config_unref(cfg);
+		reload_failed(cfg);
+		return;
+	}
+	struct runtime *old = runtime_current();
+	if (strcmp(cfg->access_log, old->cfg->access_log) != 0 &&
+	    accesslog_switch(cfg->access_log) != 0) {
+		log_error("reload of %s failed; the old config keeps serving: cannot open access "
+		          "log %s: %s", config_path, cfg->access_log, strerror(errno));
+		runtime_unref(old);
+		runtime_unref(nrt);
+		reload_failed(cfg);
 		return;
 	}
 	runtime_publish(nrt);
+	log_listener_changes(old->cfg, cfg);
+	runtime_unref(old);
 	resolve_reconfigure(cfg);
 	admin_reconfigure(cfg);
 	log_json = cfg->log_format == LF_JSON;
@@ -164,6 +182,9 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	reconcile_publish_configure(main_base, &cfg->reconcile);
 	config_unref(cfg);
 	stats_config_loaded(true);
+	/* workers close the listeners the config no longer has */
+	for (int i = 0; i < g_nworkers; i++)
+		worker_notify(&workers[i]);
 	log_info("reloaded %s", config_path);
 }
 
@@ -229,6 +250,7 @@ static void on_usr1(evutil_socket_t sig, short what, void *arg)
 
 int main(int argc, char **argv)
 {
+	loop_global_init();
 	bool check = false;
 	for (int i = 1; i < argc; i++) {
 		bool has_value = i + 1 < argc;
@@ -270,7 +292,6 @@ int main(int argc, char **argv)
 	if (lvl && strcmp(lvl, "debug") == 0)
 		log_min_level = LOG_DEBUG;
 	evthread_use_pthreads();
-	loop_global_init();
 	g_nworkers = cfg->workers;     /* 1..CFG_MAX_WORKERS: the schema rejects more */
 	main_base = event_base_new();
 	char terr[512];

@@ -146,14 +146,37 @@ static void on_accept(void *arg, struct listener *lst, const char *lname, int fd
 		.closed_arg = c,
 		.on_h2 = on_h2,
 	};
-	c->s = h1_session_new(&w->loop, &own, lname, ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
-	if (w->draining && c->s)
-		h1_session_drain(c->s, false);
+	struct h1_session *s = h1_session_new(&w->loop, &own, lname,
+	                                      ++w->next_sid * 64 + (uint64_t)w->id, fd, sa, salen);
+	if (!s)
+		return;         /* it closed at once: on_conn_closed freed C */
+	c->s = s;
+	if (w->draining)
+		h1_session_drain(s, false);
 }
 
-static const struct config *listener_cfg(void *arg)
+static const struct config *listener_cfg(void *arg, uint64_t *gen)
 {
-	return worker_runtime(arg)->cfg;
+	struct runtime *rt = worker_runtime(arg);
+	*gen = rt->gen;
+	return rt->cfg;
+}
+
+/* After a reload: a listener the config no longer has is closed (listener_check), and its
+ * connections end as in a drain: idle ones now, busy ones after their current response. */
+static void check_listeners(struct worker *w)
+{
+	for (int i = 0; i < w->nlisteners; i++) {
+		struct listener *l = w->listeners[i];
+		if (listener_check(l))
+			continue;
+		struct worker_conn *c, *next;
+		for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+			next = TAILQ_NEXT(c, link);
+			if (c->lst == l)
+				conn_drain(c, true);    /* may close it: on_conn_closed frees C */
+		}
+	}
 }
 
 /* SPEC §1: while in-flight requests finish, an open keep-alive connection stays open (a
@@ -207,6 +230,8 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 	}
 	if (atomic_load(&g_draining))
 		begin_drain(w);
+	else
+		check_listeners(w);
 }
 
 void worker_notify(struct worker *w)

@@ -119,6 +119,9 @@ static void libevent_log_cb(int severity, const char *msg)
 
 void loop_global_init(void)
 {
+	/* one policy for running out of memory: libevent's allocations abort as ours do, so no
+	 * caller has to check an event_new or evbuffer_new for NULL */
+	event_set_mem_functions(xmalloc, xrealloc, free);
 	event_set_log_callback(libevent_log_cb);
 }
 

@@ -101,8 +101,9 @@ void loop_defer_free(struct loop *l, void (*fn)(void *), void *p);
 #define LOOP_FD_STEP 1024
 void loop_fd_seen(struct loop *l, int fd);
 
-/* Once per process, before any loop runs: libevent's own messages go to the log (and those
- * loop_fd_seen provokes on purpose are dropped). */
+/* Once per process, before any other libevent call: libevent allocates with xmalloc (out of
+ * memory aborts), and its own messages go to the log (those loop_fd_seen provokes on purpose
+ * are dropped). */
 void loop_global_init(void);
 
 /* Free what each list did not need since the last call (LOOP_SCAVENGE_US above); loop_init

@@ -19,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -313,7 +314,8 @@ static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upst
 	s->ex_done = true;
 	set_state(s, S_TUNNEL);
 	evtimer_del(s->timer);
-	s->tunnel = tunnel_new(s->loop, s->strm, upstream, tunnel_closed_cb, s);
+	s->tunnel = tunnel_new(s->loop, s->strm, upstream, s->lcfg->limits.idle_timeout_us,
+	                       tunnel_closed_cb, s);
 }
 
 /* The config the next request is served with: refreshed per request. */
@@ -523,26 +525,49 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	h1_session_close(s, "idle");
 }
 
+/* A connection that cannot become a session: FD closed, the owner told, nothing left. */
+static struct h1_session *abandon(const struct session_owner *own, int fd, uint64_t sid,
+                                  enum log_level lvl, const char *why)
+{
+	slog(lvl, sid, "close: %s", why);
+	if (fd >= 0)
+		close(fd);
+	own->on_closed(own->closed_arg);
+	return NULL;
+}
+
 struct h1_session *h1_session_new(struct loop *loop, const struct session_owner *own,
                                   const char *lname, uint64_t sid, int fd,
                                   const struct sockaddr *peer, int peerlen)
 {
+	struct runtime *rt = own->runtime(own->runtime_arg);
+	struct cfg_listener *lcfg = config_listener(rt->cfg, lname);
+	if (!lcfg)      /* a reload removed the listener since it accepted this connection */
+		return abandon(own, fd, sid, LOG_DEBUG, "listener no longer configured");
+	/* the TLS objects come from OpenSSL's allocator, not ours: they can fail (and a TLS
+	 * listener must never fall back to plaintext) */
+	SSL_CTX *tls = rt->ltls[lcfg - rt->cfg->listeners];
+	SSL *ssl = tls ? SSL_new(tls) : NULL;
+	if (tls && !ssl)
+		return abandon(own, fd, sid, LOG_WARN, "cannot start TLS: SSL_new failed");
+	struct stream *strm = stream_new(loop, fd, ssl, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
+	if (!strm)      /* it closed FD and freed SSL */
+		return abandon(own, -1, sid, LOG_WARN, "cannot start TLS on the connection");
 	struct h1_session *s = xcalloc(1, sizeof(*s));
 	s->magic = SESSION_MAGIC;
 	s->loop = loop;
 	s->own = *own;
 	s->lname = xstrdup(lname);
 	s->id = sid;
-	s->rt = runtime_ref(own->runtime(own->runtime_arg));
-	s->lcfg = config_listener(s->rt->cfg, lname);
+	s->rt = runtime_ref(rt);
+	s->lcfg = lcfg;
 	if (peer->sa_family == AF_INET)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, s->peer_ip, sizeof(s->peer_ip));
 	else if (peer->sa_family == AF_INET6)
 		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)peer)->sin6_addr, s->peer_ip, sizeof(s->peer_ip));
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	SSL_CTX *tls = s->rt->ltls[s->lcfg - s->rt->cfg->listeners];
-	s->strm = stream_new(loop, fd, tls ? SSL_new(tls) : NULL, tls ? STREAM_TLS_ACCEPT : STREAM_PLAIN);
+	s->strm = strm;
 	s->tls = tls != NULL;
 	/* the request parser (its head arrays are most of a connection's memory) comes with the
 	 * first byte: an idle connection costs a few hundred bytes of ours */

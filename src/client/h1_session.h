@@ -17,7 +17,9 @@ struct loop;
 struct runtime;
 struct h1_session;
 
-/* Takes ownership of FD. LNAME: the listener's name (its config is looked up by it). */
+/* Takes ownership of FD. LNAME: the listener's name (its config is looked up by it). NULL
+ * when the connection closed at once (the listener is no longer configured: a reload since
+ * the accept); its on_closed has been called then. */
 struct h1_session *h1_session_new(struct loop *loop, const struct session_owner *own,
                                   const char *lname, uint64_t sid, int fd,
                                   const struct sockaddr *peer, int peerlen);

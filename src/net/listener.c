@@ -61,7 +61,9 @@ struct listener {
 	struct event *pause_ev;
 	bool paused, stopped;
 	struct lcount *count;
-	const struct config *cached_cfg;
+	/* its entry in the config of generation cached_gen (0: none looked up yet): keyed by
+	 * generation, not by the config's address, which a later config may reuse */
+	uint64_t cached_gen;
 	struct cfg_listener *cached;
 	/* connections accepted past the cap (another worker took the last place at the same
 	 * moment): held, unread, until a place frees -- at the cap a connection waits, it is
@@ -155,22 +157,24 @@ int listener_bind_single(const char *addr, const char **err)
 	return bind_one(&ss, (socklen_t)len, false, true, err);
 }
 
-struct cfg_listener *listener_config(struct listener *l, const struct config *cfg)
+/* Its entry in the current config; NULL once a reload removed it. */
+static struct cfg_listener *current(struct listener *l)
 {
-	if (cfg == l->cached_cfg)
-		return l->cached;
-	l->cached_cfg = cfg;
-	l->cached = NULL;
-	for (int i = 0; i < cfg->nlisteners; i++)
-		if (strcmp(cfg->listeners[i].name, l->name) == 0)
-			l->cached = &cfg->listeners[i];
+	uint64_t gen = 0;
+	const struct config *cfg = l->own.config(l->own.arg, &gen);
+	if (gen != l->cached_gen || !l->cached_gen) {
+		l->cached_gen = gen;
+		l->cached = config_listener(cfg, l->name);
+	}
 	return l->cached;
 }
 
-static int64_t current_cap(struct listener *l)
+bool listener_check(struct listener *l)
 {
-	struct cfg_listener *lc = listener_config(l, l->own.config(l->own.arg));
-	return lc ? lc->limits.max_connections : 0;
+	if (current(l))
+		return true;
+	listener_stop(l);
+	return false;
 }
 
 static void pause_for(struct listener *l, int64_t us)
@@ -184,11 +188,11 @@ static void pause_for(struct listener *l, int64_t us)
 }
 
 /* Start sessions for parked connections while places are free, oldest first. */
-static void unpark(struct listener *l)
+static void unpark(struct listener *l, int64_t cap)
 {
 	while (l->nparked > 0) {
 		int64_t n = atomic_fetch_add(&l->count->conns, 1) + 1;
-		if (n > current_cap(l) || !listener_config(l, l->own.config(l->own.arg))) {
+		if (n > cap) {
 			atomic_fetch_sub(&l->count->conns, 1);
 			return;
 		}
@@ -202,10 +206,11 @@ static void unpark(struct listener *l)
 static void pause_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct listener *l = arg;
-	if (l->stopped)
+	if (l->stopped || !listener_check(l))
 		return;
-	unpark(l);
-	if (l->nparked > 0 || atomic_load(&l->count->conns) >= current_cap(l)) {
+	int64_t cap = l->cached->limits.max_connections;
+	unpark(l, cap);
+	if (l->nparked > 0 || atomic_load(&l->count->conns) >= cap) {
 		pause_for(l, PAUSE_POLL_US);
 		return;
 	}
@@ -217,7 +222,12 @@ static void accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct soc
                       int salen, void *arg)
 {
 	struct listener *l = arg;
-	int64_t cap = current_cap(l);
+	if (!listener_check(l)) {
+		/* removed by a reload the worker has not heard of yet: no new sessions */
+		close(fd);
+		return;
+	}
+	int64_t cap = l->cached->limits.max_connections;
 	int64_t n = atomic_fetch_add(&l->count->conns, 1) + 1;
 	if (n > cap) {
 		/* another worker took the last place at the same moment: park it */
@@ -235,11 +245,6 @@ static void accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct soc
 	}
 	if (n == cap)
 		pause_for(l, PAUSE_POLL_US);
-	if (!listener_config(l, l->own.config(l->own.arg))) {
-		atomic_fetch_sub(&l->count->conns, 1);
-		close(fd);
-		return;
-	}
 	l->own.on_accept(l->own.arg, l, l->name, fd, sa, salen);
 }
 

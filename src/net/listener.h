@@ -7,6 +7,9 @@
 #ifndef RG_LISTENER_H
 #define RG_LISTENER_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 struct loop;
 struct config;
 struct sockaddr;
@@ -21,11 +24,12 @@ int listener_bind(const char *addr, const char **err);
 int listener_bind_single(const char *addr, const char **err);
 
 /* What a listener reports up: each accepted connection (FD taken), and where it reads the
- * current config (its max_connections). */
+ * current config (its max_connections) with that config's generation (*GEN: unique per
+ * reload, never reused; the config stays valid while the generation is current). */
 struct listener_owner {
 	void (*on_accept)(void *arg, struct listener *l, const char *name, int fd,
 	                  const struct sockaddr *sa, int salen);
-	const struct config *(*config)(void *arg);
+	const struct config *(*config)(void *arg, uint64_t *gen);
 	void *arg;
 };
 
@@ -33,10 +37,10 @@ struct listener_owner {
 struct listener *listener_new(struct loop *loop, const struct listener_owner *own,
                               const char *name, int fd);
 void listener_free(struct listener *l);
-/* Stop accepting (drain). */
+/* Stop accepting (drain): the socket and the connections waiting at the cap close. */
 void listener_stop(struct listener *l);
-
-struct cfg_listener *listener_config(struct listener *l, const struct config *cfg);
+/* False when a reload removed it from the config: it is stopped then (and stays so). */
+bool listener_check(struct listener *l);
 /* A connection it accepted closed: its place is free again. */
 void listener_release(struct listener *l);
 

@@ -1,5 +1,9 @@
 /*
  * tunnel: a byte pipe between two bufferevents (see tunnel.h).
+ *
+ * Idle timeout: each read or write notes the time; one timer, armed for the idle timeout and
+ * re-armed from the last activity when it fires early, so a busy tunnel costs no timer
+ * operation per read.
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -8,6 +12,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "base/clock.h"
 #include "net/tunnel.h"
 #include "net/stream.h"
 #include "base/util.h"
@@ -21,6 +26,8 @@ struct tunnel {
 	void (*on_close)(void *);
 	void *arg;
 	bool ending, freed;
+	struct event *idle_ev;
+	int64_t idle_us, last_us;       /* the idle timeout; the last byte moved or written */
 };
 
 static struct stream *other(struct tunnel *t, struct stream *strm)
@@ -45,14 +52,34 @@ static void move(struct tunnel *t, struct stream *from)
 	}
 }
 
+static void arm_idle(struct tunnel *t, int64_t us)
+{
+	struct timeval tv = clock_tv(us);
+	evtimer_add(t->idle_ev, &tv);
+}
+
+static void idle_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct tunnel *t = arg;
+	int64_t quiet = clock_now_us() - t->last_us;
+	if (quiet < t->idle_us) {
+		arm_idle(t, t->idle_us - quiet);
+		return;
+	}
+	end(t);
+}
+
 static void read_cb(struct stream *strm, void *arg)
 {
-	move(arg, strm);
+	struct tunnel *t = arg;
+	t->last_us = clock_now_us();
+	move(t, strm);
 }
 
 static void write_cb(struct stream *strm, void *arg)
 {
 	struct tunnel *t = arg;
+	t->last_us = clock_now_us();
 	if (t->ending) {
 		if (evbuffer_get_length(stream_output(strm)) == 0)
 			end(t);
@@ -84,7 +111,7 @@ static void event_cb(struct stream *strm, short what, void *arg)
 }
 
 struct tunnel *tunnel_new(struct loop *loop, struct stream *client, struct stream *upstream,
-                          void (*on_close)(void *arg), void *arg)
+                          int64_t idle_us, void (*on_close)(void *arg), void *arg)
 {
 	struct tunnel *t = xcalloc(1, sizeof(*t));
 	t->loop = loop;
@@ -92,6 +119,10 @@ struct tunnel *tunnel_new(struct loop *loop, struct stream *client, struct strea
 	t->u = upstream;
 	t->on_close = on_close;
 	t->arg = arg;
+	t->idle_us = idle_us;
+	t->last_us = clock_now_us();
+	t->idle_ev = evtimer_new(loop->base, idle_cb, t);
+	arm_idle(t, idle_us);
 	stream_setcb(client, read_cb, write_cb, event_cb, t);
 	stream_setcb(upstream, read_cb, write_cb, event_cb, t);
 	stream_setwatermark(client, EV_READ, 0, 0);
@@ -111,6 +142,7 @@ void tunnel_free(struct tunnel *t)
 	if (!t || t->freed)
 		return;
 	t->freed = true;
+	event_free(t->idle_ev);
 	stream_setcb(t->c, NULL, NULL, NULL, NULL);
 	stream_free(t->u);
 	t->u = NULL;

@@ -1,14 +1,22 @@
 /*
  * accesslog: JSON lines. Workers format a line on their own stack and append it to one shared
- * buffer under a mutex; the buffer is written out when it grows past ACCESS_FLUSH_BYTES and by
- * the main thread's timer (accesslog_flush), so a line reaches the file within a fraction of a
- * second and the request path never waits on the disk.
+ * backlog under a mutex (a copy, nothing else: a worker never writes to the log's descriptor);
+ * one writer thread takes the whole backlog at a time and writes it out, when it passes
+ * ACCESS_FLUSH_BYTES and on the main thread's flush timer, so a line reaches the file within a
+ * fraction of a second. A reader that does not keep up (a full stdout pipe) stalls only the
+ * writer: past ACCESS_BACKLOG_BYTES waiting, new lines are dropped and counted
+ * (retrygate_access_log_dropped_lines_total), and requests go on at their normal speed.
+ *
+ * A change of target (reload, SIGUSR1 reopen) is queued at a place in the backlog: the lines
+ * before it go to the old descriptor, the later ones to the new; only the writer closes
+ * descriptors. The main thread alone opens, switches and closes (al_path is its own).
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,19 +25,30 @@
 #include <unistd.h>
 
 #include "obs/accesslog.h"
+#include "obs/stats.h"
+#include "base/log.h"
 #include "config/config.h"
 #include "http/grpc.h"
 #include "http/h1_parser.h"
 #include "base/util.h"
 
-#define ACCESS_FLUSH_BYTES (64 * 1024)
+#define ACCESS_FLUSH_BYTES   (64 * 1024)         /* the writer is woken at this much */
+#define ACCESS_BACKLOG_BYTES (4 * 1024 * 1024)   /* lines past this are dropped */
+#define ACCESS_CLOSE_WAIT_S  2                   /* at exit, for the backlog to go out */
 
 static pthread_mutex_t al_lock = PTHREAD_MUTEX_INITIALIZER;
-static int al_fd = -1;
-static char *al_path;               /* NULL for stdout */
-static char *al_buf;
+static pthread_cond_t al_wake = PTHREAD_COND_INITIALIZER;   /* the writer has work */
+static pthread_cond_t al_gone = PTHREAD_COND_INITIALIZER;   /* the writer ended */
+static atomic_bool al_on;           /* lines are taken (read unlocked: skip formatting) */
+static char *al_buf;                /* the backlog */
 static size_t al_len, al_cap;
-static bool al_on;
+static bool al_kick;                /* write the backlog out now */
+static bool al_switch;              /* a new descriptor from al_switch_at of the backlog on */
+static size_t al_switch_at;
+static int al_next_fd = -1;         /* -1: none (off) */
+static bool al_started, al_stop, al_ended;
+static pthread_t al_thread;
+static char *al_path;               /* main thread: the file's path (NULL: stdout or off) */
 
 void access_begin(struct access_rec *r, uint64_t sid, const char *peer, const struct http_head *req,
                   const char *reqid)
@@ -118,42 +137,95 @@ static void append(char *line, size_t *n, size_t cap, const char *fmt, ...)
 
 static void write_all(int fd, const char *p, size_t n)
 {
-	while (n > 0) {
+	while (fd >= 0 && n > 0) {
 		ssize_t w = write(fd, p, n);
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
-			return;
+			return;         /* the lines are lost; the log's reader is gone or the disk full */
 		}
 		p += w;
 		n -= (size_t)w;
 	}
 }
 
-static void flush_locked(void)
+static void close_target(int fd)
 {
-	if (al_len > 0 && al_fd >= 0)
-		write_all(al_fd, al_buf, al_len);
-	al_len = 0;
+	if (fd > STDOUT_FILENO)
+		close(fd);
+}
+
+/* The writer thread: the only one that writes to or closes a log descriptor. */
+static void *writer_main(void *arg)
+{
+	int fd = -1;
+	char *wbuf = NULL;
+	size_t wcap = 0;
+	pthread_mutex_lock(&al_lock);
+	for (;;) {
+		while (!al_kick && !al_switch && !al_stop)
+			pthread_cond_wait(&al_wake, &al_lock);
+		if (al_stop && al_len == 0 && !al_switch)
+			break;
+		/* take the whole backlog by swapping buffers: workers append to the other one
+		 * meanwhile, and each keeps its size for the next round */
+		char *b = al_buf;
+		size_t bcap = al_cap, n = al_len, at = al_switch ? al_switch_at : al_len;
+		bool sw = al_switch;
+		int nfd = al_next_fd;
+		al_buf = wbuf;
+		al_cap = wcap;
+		wbuf = b;
+		wcap = bcap;
+		al_len = 0;
+		al_kick = al_switch = false;
+		al_next_fd = -1;
+		pthread_mutex_unlock(&al_lock);
+		write_all(fd, b, at);
+		if (sw) {
+			close_target(fd);
+			fd = nfd;
+		}
+		write_all(fd, b + at, n - at);
+		pthread_mutex_lock(&al_lock);
+	}
+	close_target(fd);
+	al_ended = true;
+	pthread_cond_broadcast(&al_gone);
+	pthread_mutex_unlock(&al_lock);
+	free(wbuf);
+	return NULL;
 }
 
 static void append_line(const char *line, size_t n)
 {
 	pthread_mutex_lock(&al_lock);
+	if (!atomic_load(&al_on)) {
+		pthread_mutex_unlock(&al_lock);
+		return;
+	}
+	if (al_len + n > ACCESS_BACKLOG_BYTES) {
+		/* the writer is stuck behind a reader that does not read: never wait for it */
+		atomic_fetch_add_explicit(&g_pstats.access_log_dropped, 1, memory_order_relaxed);
+		pthread_mutex_unlock(&al_lock);
+		return;
+	}
 	if (al_len + n > al_cap) {
 		al_cap = (al_len + n) * 2;
 		al_buf = xrealloc(al_buf, al_cap);
 	}
 	memcpy(al_buf + al_len, line, n);
 	al_len += n;
-	if (al_len >= ACCESS_FLUSH_BYTES)
-		flush_locked();
+	if (al_len >= ACCESS_FLUSH_BYTES && !al_kick) {
+		al_kick = true;
+		pthread_cond_signal(&al_wake);
+	}
 	pthread_mutex_unlock(&al_lock);
 }
 
 void accesslog_write(const struct access_rec *r)
 {
-	if (!al_on)
+	if (!atomic_load_explicit(&al_on, memory_order_relaxed))
 		return;
 	char line[4096], esc[1024];
 	size_t n = 0;
@@ -227,63 +299,118 @@ void accesslog_write(const struct access_rec *r)
 
 void accesslog_flush(void)
 {
-	if (!al_on)
-		return;
 	pthread_mutex_lock(&al_lock);
-	flush_locked();
+	if (al_len > 0 && !al_kick) {
+		al_kick = true;
+		pthread_cond_signal(&al_wake);
+	}
 	pthread_mutex_unlock(&al_lock);
+}
+
+/* Open SPEC's target: *FD (-1 for "off") and *PATH (malloc'd; NULL for stdout and off). */
+static int open_target(const char *spec, int *fd, char **path)
+{
+	*fd = -1;
+	*path = NULL;
+	if (!spec || strcmp(spec, "off") == 0)
+		return 0;
+	if (strcmp(spec, "stdout") == 0) {
+		*fd = STDOUT_FILENO;
+		return 0;
+	}
+	*fd = open(spec, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (*fd < 0)
+		return -1;
+	*path = xstrdup(spec);
+	return 0;
+}
+
+/* From the end of the backlog on, lines go to FD (-1: off). Under al_lock. */
+static void queue_target_locked(int fd)
+{
+	if (al_switch) {
+		close_target(al_next_fd);       /* queued and never written to: replaced */
+	} else {
+		al_switch = true;
+		al_switch_at = al_len;
+	}
+	al_next_fd = fd;
+	pthread_cond_signal(&al_wake);
+}
+
+int accesslog_switch(const char *spec)
+{
+	int fd;
+	char *path;
+	if (open_target(spec, &fd, &path) != 0)
+		return -1;
+	pthread_mutex_lock(&al_lock);
+	if (fd >= 0 && !al_started) {
+		int rc = pthread_create(&al_thread, NULL, writer_main, NULL);
+		if (rc != 0) {
+			pthread_mutex_unlock(&al_lock);
+			close_target(fd);
+			free(path);
+			errno = rc;
+			return -1;
+		}
+		al_started = true;
+	}
+	atomic_store(&al_on, fd >= 0);
+	queue_target_locked(fd);
+	pthread_mutex_unlock(&al_lock);
+	free(al_path);
+	al_path = path;
+	return 0;
 }
 
 int accesslog_open(const char *spec)
 {
-	pthread_mutex_lock(&al_lock);
-	int rc = 0;
-	al_on = false;
-	if (spec && strcmp(spec, "off") != 0) {
-		if (strcmp(spec, "stdout") == 0) {
-			al_fd = STDOUT_FILENO;
-			al_path = NULL;
-			al_on = true;
-		} else {
-			al_fd = open(spec, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-			if (al_fd < 0) {
-				rc = -1;
-			} else {
-				al_path = xstrdup(spec);
-				al_on = true;
-			}
-		}
-	}
-	pthread_mutex_unlock(&al_lock);
-	return rc;
+	return accesslog_switch(spec);
 }
 
 void accesslog_reopen(void)
 {
+	if (!al_path)
+		return;
+	int fd = open(al_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return;         /* the old descriptor goes on */
 	pthread_mutex_lock(&al_lock);
-	flush_locked();
-	if (al_path) {
-		int fd = open(al_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-		if (fd >= 0) {
-			close(al_fd);
-			al_fd = fd;
-		}
-	}
+	queue_target_locked(fd);
 	pthread_mutex_unlock(&al_lock);
 }
 
 void accesslog_close(void)
 {
 	pthread_mutex_lock(&al_lock);
-	flush_locked();
-	if (al_path && al_fd >= 0)
-		close(al_fd);
+	atomic_store(&al_on, false);
+	bool ended = !al_started;
+	if (al_started) {
+		al_stop = true;
+		pthread_cond_signal(&al_wake);
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += ACCESS_CLOSE_WAIT_S;
+		while (!al_ended && pthread_cond_timedwait(&al_gone, &al_lock, &until) == 0)
+			;
+		ended = al_ended;
+	}
+	size_t left = al_len;
+	pthread_mutex_unlock(&al_lock);
 	free(al_path);
 	al_path = NULL;
-	al_fd = -1;
-	al_on = false;
+	if (!ended) {
+		/* blocked in a write nobody reads: the process exits without it */
+		log_warn("access log: its reader takes nothing; %zu bytes not written", left);
+		return;
+	}
+	if (al_started)
+		pthread_join(al_thread, NULL);
+	close_target(al_next_fd);
 	free(al_buf);
 	al_buf = NULL;
 	al_len = al_cap = 0;
-	pthread_mutex_unlock(&al_lock);
+	al_next_fd = -1;
+	al_switch = al_kick = al_stop = al_ended = al_started = false;
 }

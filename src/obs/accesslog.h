@@ -65,7 +65,10 @@ void access_set_grpc_status(struct access_rec *r, int code);
  * timeout: it may have been executed). */
 const char *access_outcome(const struct access_rec *r);
 
-int accesslog_open(const char *spec);    /* 0 or -1 */
+int accesslog_open(const char *spec);    /* 0 or -1 (errno set) */
+/* A reload's new access_log: the new target is opened first; on failure (-1, errno set) the
+ * old one stays. */
+int accesslog_switch(const char *spec);
 void accesslog_reopen(void);
 void accesslog_close(void);
 void accesslog_write(const struct access_rec *r);

@@ -193,6 +193,7 @@ struct psum {
 	PROCESS_LABELLED(X_LFIELD)
 #undef X_LFIELD
 	double last_load_ok_s;
+	uint64_t access_log_dropped;
 };
 
 static void sum_process(struct psum *s)
@@ -202,6 +203,7 @@ static void sum_process(struct psum *s)
 	procstat_read(&s->proc);
 	PROCESS_LABELLED(X_SUM_VALUES)
 	s->last_load_ok_s = (double)LOAD(g_pstats.last_load_ok_us) / 1e6;
+	s->access_log_dropped = LOAD(g_pstats.access_log_dropped);
 }
 #undef X_SUM
 #undef X_SUM_VALUES

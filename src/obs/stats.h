@@ -191,7 +191,7 @@ enum { RELOAD_VALUES(X_VALUE_ENUM) NRELOAD };
 
 /* figures read at scrape: field (and JSON key), metric, help, Prometheus type, format, value.
  * The value is an expression over S, a struct psum (stats.c): S->proc from /proc/self
- * (procstat.h), S->last_load_ok_s from struct pstats. */
+ * (procstat.h), S->last_load_ok_s and S->access_log_dropped from struct pstats. */
 #define PROCESS_FIGURES(X) \
 	X(resident_memory_bytes, "process_resident_memory_bytes", "Resident memory size in bytes.", \
 	  "gauge", SF_COUNT, s->proc.rss_bytes) \
@@ -204,7 +204,10 @@ enum { RELOAD_VALUES(X_VALUE_ENUM) NRELOAD };
 	X(config_last_reload_success_seconds, \
 	  "retrygate_config_last_reload_success_timestamp_seconds", \
 	  "When the config in use was loaded (startup or a successful SIGHUP reload), unix seconds.", \
-	  "gauge", SF_SECONDS, s->last_load_ok_s)
+	  "gauge", SF_SECONDS, s->last_load_ok_s) \
+	X(access_log_dropped_lines, "retrygate_access_log_dropped_lines_total", \
+	  "Access log lines dropped because its output did not take them in time.", "counter", \
+	  SF_COUNT, s->access_log_dropped)
 
 struct ustats {
 #define X_FIELD(f, name, help) _Atomic uint64_t f;
@@ -242,6 +245,7 @@ struct pstats {
 	PROCESS_LABELLED(X_LFIELD)
 #undef X_LFIELD
 	_Atomic int64_t last_load_ok_us;    /* wall clock, microseconds since the epoch */
+	_Atomic uint64_t access_log_dropped;    /* written by workers, under the access log's lock */
 };
 extern struct pstats g_pstats;
 

@@ -333,3 +333,27 @@ def test_unwritable_access_log_is_a_startup_error(rg_factory, upstream, tmp_path
     with pytest.raises(RetrygateError):
         rg_factory(upstreams={"api": upstream_block(upstream)},
                    access_log=tmp_path / "no" / "such" / "dir" / "x.log", ready_timeout=5)
+
+
+# ------------------------------------------------------------------------------- a stuck reader
+
+def test_stdout_nobody_reads_does_not_stall_requests(rg_factory, upstream, tmp_path):
+    # a container's log driver that stopped reading: stdout is a pipe that stays full
+    import fcntl
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)}, access_log="stdout",
+                    workers=2, start=False)
+    os.mkfifo(rg.stdout_path)
+    reader = os.open(rg.stdout_path, os.O_RDONLY | os.O_NONBLOCK)   # held open, never read
+    try:
+        fcntl.fcntl(reader, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+        rg.start()
+        slowest = 0.0
+        for i in range(400):            # some 100 KiB of lines: far more than the pipe holds
+            t0 = time.monotonic()
+            assert rg.get("/x%d" % i, timeout=5).status == 200
+            slowest = max(slowest, time.monotonic() - t0)
+        assert slowest < 1.0, "a request took %.2fs behind a full stdout" % slowest
+        assert "retrygate_access_log_dropped_lines_total " in rg.metrics_text()
+        assert rg.stop() == 0
+    finally:
+        os.close(reader)

@@ -518,6 +518,48 @@ def test_upgrade_tunnel_bytes_both_ways(rg_factory, upstream):
     wait_for(lambda: all(cn.closed for cn in upstream.conns), 5, what="upstream side closed")
 
 
+def _open_tunnel(rg):
+    c = RawConn(rg.port)
+    c.send(b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert c.read_response().status == 101
+    got = bytes(c.buf)
+    c.buf.clear()
+    end = time.monotonic() + 5
+    while not got.startswith(b"server-first:") and time.monotonic() < end:
+        got += c.recv_some(0.5)
+    assert got.startswith(b"server-first:")
+    return c
+
+
+def test_upgrade_idle_tunnel_closes_after_idle_timeout(rg_factory, upstream):
+    # like proxy_read_timeout / timeout tunnel: no byte either way for idle_timeout ends it
+    upstream.push(_ws_upstream())
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)},
+                    listener_limits={"idle_timeout": "600ms"})
+    with _open_tunnel(rg) as c:
+        t0 = time.monotonic()
+        assert c.wait_closed(4), "an idle tunnel stays open"
+        assert 0.4 < time.monotonic() - t0 < 2.5
+    wait_for(lambda: all(cn.closed for cn in upstream.conns), 3, what="upstream side closed")
+    rg.wait_metric("retrygate_downstream_connections_active", 0, op="==")
+
+
+def test_upgrade_busy_tunnel_outlives_idle_timeout(rg_factory, upstream):
+    upstream.push(_ws_upstream())
+    rg = rg_factory(upstreams={"api": upstream_block(upstream)},
+                    listener_limits={"idle_timeout": "600ms"})
+    with _open_tunnel(rg) as c:
+        end = time.monotonic() + 1.8
+        while time.monotonic() < end:
+            c.send(b"ping")
+            buf = b""
+            until = time.monotonic() + 2
+            while len(buf) < len(b"echo:ping") and time.monotonic() < until:
+                buf += c.recv_some(0.5)
+            assert buf == b"echo:ping"
+            time.sleep(0.25)
+
+
 def test_upgrade_upstream_closes_tunnel(rg_factory, upstream):
     def fn(conn, req):
         conn.send(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"

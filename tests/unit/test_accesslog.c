@@ -1,9 +1,13 @@
 /*
  * test_accesslog: the JSON line of a request as written to a real file: each try with its
  * endpoint and status or outcome, SPEC §10's grpc-status per try (only where one was seen, so
- * HTTP lines are as before), and the whole line valid JSON-shaped.
+ * HTTP lines are as before), and the whole line valid JSON-shaped. And a log whose reader
+ * reads nothing: writing never waits for it, the lines past the backlog are counted dropped.
  */
+#include <fcntl.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +21,7 @@
 #include "obs/accesslog.h"
 #include "http/grpc.h"
 #include "http/h1_parser.h"
+#include "obs/stats.h"
 
 /* Writes R through a fresh log file and returns its one line (caller frees). */
 static char *line_of(const struct access_rec *r)
@@ -110,12 +115,48 @@ static void test_grpc_status_before_any_attempt_is_ignored(void **state)
 	free(l);
 }
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Last: the writer stays blocked on the pipe until its reader closes. */
+static void test_full_pipe_never_blocks_the_writer_of_a_line(void **state)
+{
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	fcntl(p[0], F_SETPIPE_SZ, 4096);
+	char path[64];
+	snprintf(path, sizeof path, "/dev/fd/%d", p[1]);
+	assert_int_equal(accesslog_open(path), 0);
+	struct http_head h;
+	struct access_rec r = base(&h);
+	access_add_attempt(&r, "127.0.0.1:1");
+	access_set_status(&r, 200);
+	r.status = 200;
+	double t0 = now_s();
+	for (int i = 0; i < 40000; i++)        /* some 12 MB: past the backlog */
+		accesslog_write(&r);
+	accesslog_flush();
+	assert_true(now_s() - t0 < 5.0);
+	assert_true(atomic_load(&g_pstats.access_log_dropped) > 0);
+	t0 = now_s();
+	accesslog_close();                      /* gives up on the stuck writer */
+	assert_true(now_s() - t0 < 4.0);
+	signal(SIGPIPE, SIG_IGN);
+	close(p[0]);                            /* its write fails: the writer ends */
+	close(p[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_grpc_status_per_try),
 		cmocka_unit_test(test_http_try_unchanged),
 		cmocka_unit_test(test_grpc_status_before_any_attempt_is_ignored),
+		cmocka_unit_test(test_full_pipe_never_blocks_the_writer_of_a_line),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
