@@ -3,9 +3,10 @@
  * from the stream's input and writing to its output, one exchange per stream, and the HTTP/2
  * responder those exchanges answer through.
  *
- *   H_OPEN --drain--> H_DRAINING (shutdown notice, then the final GOAWAY) --+
- *     |                    no stream left, or a defence / error / EOF --------+--> H_CLOSING
- *     +----------------------------------------------------------------------+   (flush) --> H_CLOSED
+ *   H2CL_OPEN --drain--> H2CL_DRAINING (shutdown notice, then the final GOAWAY) --+
+ *     |                    no stream left, or a defence / error / EOF -----------+--> H2CL_CLOSING
+ *     +-------------------------------------------------------------------------+       (flush)
+ *                                                                                 --> H2CL_CLOSED
  *
  * Flow control both ways (DESIGN rule 4): request DATA is consumed (WINDOW_UPDATE) only as the
  * exchange takes it, so a slow upstream stalls its client's stream; response DATA waits in a
@@ -44,10 +45,10 @@
 #include "base/util.h"
 
 static void flush(struct h2_session *s);
-static struct http_hdr *hdr_slot(struct h2_stream *st);
+static struct http_hdr *hdr_slot(struct h2_client_stream *st);
 
 /* The one writer of s's state (DESIGN rule 2). */
-DEFINE_STATE_SETTER(set_state, h2_session, hstate, H_CLOSED)
+DEFINE_STATE_SETTER(set_state, h2_session, h2cl_state, H2CL_CLOSED)
 
 static const char *const defence_name[] = {
 #define X_NAME(id, value) [id] = value,
@@ -65,9 +66,9 @@ static void defence(struct h2_session *s, int kind, const char *detail)
 	slog(LOG_INFO, s->id, "http2 %s: %s", defence_name[kind], detail);
 }
 
-void h2s_kick(struct h2_session *s)
+void h2cl_kick(struct h2_session *s)
 {
-	if (!s->send_pending && s->state != H_CLOSED) {
+	if (!s->send_pending && s->state != H2CL_CLOSED) {
 		s->send_pending = true;
 		event_active(s->send_ev, EV_TIMEOUT, 0);
 	}
@@ -75,7 +76,7 @@ void h2s_kick(struct h2_session *s)
 
 /* ------------------------------------------------------------------ streams */
 
-static void stream_release(struct h2_stream *st)
+static void stream_release(struct h2_client_stream *st)
 {
 	for (int i = 0; i < st->nrc; i++)
 		nghttp2_rcbuf_decref(st->rc[i]);
@@ -92,14 +93,14 @@ static void stream_release(struct h2_stream *st)
 
 static void stream_free_cb(void *p)
 {
-	struct h2_stream *st = p;
+	struct h2_client_stream *st = p;
 	st->magic = 0;
 	loop_obj_put(st->loop, LOOP_H2_STREAM, st);
 }
 
 /* The stream is gone (closed by nghttp2, or the connection closes): its exchange, if still
  * running, is cancelled (SPEC §3: the attempt's connection closed, its slot released). */
-static void stream_destroy(struct h2_stream *st)
+static void stream_destroy(struct h2_client_stream *st)
 {
 	struct h2_session *s = st->s;
 	if (st->ex) {
@@ -129,14 +130,14 @@ static void stream_destroy(struct h2_stream *st)
 /* The stream of ID. nghttp2's callbacks come a stream at a time (a head's fields, then its
  * frame; a response's frames), so the last one found is kept: a map lookup less for each
  * field of each request. stream_destroy forgets it. */
-static struct h2_stream *stream_of(struct h2_session *s, int32_t id)
+static struct h2_client_stream *stream_of(struct h2_session *s, int32_t id)
 {
-	struct h2_stream *st = s->last;
+	struct h2_client_stream *st = s->last;
 	if (st && st->id == id)
 		return st;
 	st = nghttp2_session_get_stream_user_data(s->ng, id);
 	if (st) {
-		MAGIC_CHECK(st, H2ST_MAGIC);
+		MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 		s->last = st;
 	}
 	return st;
@@ -159,7 +160,7 @@ static bool refresh_config(struct h2_session *s)
 }
 
 /* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits). */
-static void stream_refuse(struct h2_stream *st, int status, const char *reason)
+static void stream_refuse(struct h2_client_stream *st, int status, const char *reason)
 {
 	struct h2_session *s = st->s;
 	slog(LOG_INFO, s->id, "stream %d refused %d %s", st->id, status, reason);
@@ -179,10 +180,10 @@ static void stream_refuse(struct h2_stream *st, int status, const char *reason)
 	struct responder rsp = h2_responder;
 	rsp.arg = st;
 	respond_send(&rsp, &m.head, m.body, m.body_len);
-	h2s_rsp_end(st, true, true);
+	h2cl_rsp_end(st, true, true);
 }
 
-static void stream_malformed(struct h2_stream *st, const char *why)
+static void stream_malformed(struct h2_client_stream *st, const char *why)
 {
 	slog(LOG_DEBUG, st->s->id, "stream %d malformed: %s", st->id, why);
 	st->ex_done = true;
@@ -203,7 +204,7 @@ static int64_t parse_length(const char *v, size_t n)
 }
 
 /* The head is complete: check what nghttp2 leaves to us, build the http_head, start. */
-static void stream_start(struct h2_stream *st)
+static void stream_start(struct h2_client_stream *st)
 {
 	struct h2_session *s = st->s;
 	struct http_head *h = &st->head;
@@ -262,7 +263,7 @@ static void stream_start(struct h2_stream *st)
 }
 
 /* The kept request trailers go to the exchange (before its body ends). */
-static void deliver_request_trailers(struct h2_stream *st)
+static void deliver_request_trailers(struct h2_client_stream *st)
 {
 	const char *p = (const char *)evbuffer_pullup(st->req_trailers, -1);
 	struct http_hdr t[HTTP_MAX_HEADERS];
@@ -280,14 +281,14 @@ static void deliver_request_trailers(struct h2_stream *st)
 
 /* Request DATA received and not yet taken. The buffer is got with the first DATA: most
  * requests (GET) have none, and flush asks this of every stream each round. */
-static size_t req_pending(const struct h2_stream *st)
+static size_t req_pending(const struct h2_client_stream *st)
 {
 	return st->req_in ? evbuffer_get_length(st->req_in) : 0;
 }
 
 /* Request body bytes go to the exchange as it takes them, and only then are consumed
  * (WINDOW_UPDATE): a stalled upstream stalls this stream, nothing else. */
-static void stream_pump(struct h2_session *s, struct h2_stream *st)
+static void stream_pump(struct h2_session *s, struct h2_client_stream *st)
 {
 	while (st->ex && !st->ex_done && req_pending(st) > 0) {
 		size_t room = exchange_body_room(st->ex);
@@ -372,7 +373,7 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
                        void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
@@ -400,11 +401,11 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 	return (ssize_t)len;
 }
 
-ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                            uint32_t *flags, nghttp2_data_source *src, void *arg)
+ssize_t h2cl_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                          uint32_t *flags, nghttp2_data_source *src, void *arg)
 {
-	struct h2_stream *st = src->ptr;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	if (st->cut)
 		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
 	size_t have = evbuffer_get_length(st->resp);
@@ -428,9 +429,9 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
                         size_t length, nghttp2_data_source *src, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = src->ptr;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
@@ -461,11 +462,11 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
-	struct h2_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
-	st->magic = H2ST_MAGIC;
+	struct h2_client_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
+	st->magic = H2CL_STREAM_MAGIC;
 	st->loop = s->loop;
 	st->s = s;
 	st->id = frame->hd.stream_id;
@@ -485,7 +486,7 @@ static int refuse_rank(int status)
 }
 
 /* Precedence (SPEC §5): 414 (checked before the head size), then 431, then 501. */
-static void refuse_head(struct h2_stream *st, int status, const char *reason)
+static void refuse_head(struct h2_client_stream *st, int status, const char *reason)
 {
 	if (refuse_rank(status) > refuse_rank(st->refuse_status)) {
 		st->refuse_status = status;
@@ -498,7 +499,7 @@ static void refuse_head(struct h2_stream *st, int status, const char *reason)
 }
 
 /* Room for one more field in the head: the stream's own array first, then the heap. */
-static struct http_hdr *hdr_slot(struct h2_stream *st)
+static struct http_hdr *hdr_slot(struct h2_client_stream *st)
 {
 	if (st->cap == 0) {
 		st->hdrs = st->hdrs_in;
@@ -516,7 +517,7 @@ static struct http_hdr *hdr_slot(struct h2_stream *st)
 	return &st->hdrs[st->head.nhdrs++];
 }
 
-static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
+static void keep(struct h2_client_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
 {
 	if (st->caprc == 0) {
 		st->rc = st->rc_in;
@@ -540,8 +541,8 @@ static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
 /* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
  * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
  * upstream; past that the rest is dropped. */
-static void keep_request_trailer(struct h2_session *s, struct h2_stream *st, nghttp2_rcbuf *name,
-                                 nghttp2_rcbuf *value)
+static void keep_request_trailer(struct h2_session *s, struct h2_client_stream *st,
+                                 nghttp2_rcbuf *name, nghttp2_rcbuf *value)
 {
 	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
 	st->req_trailer_bytes += nv.len + vv.len + 32;
@@ -561,8 +562,8 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
                      nghttp2_rcbuf *value, uint8_t flags, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = stream_of(s, frame->hd.stream_id);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = stream_of(s, frame->hd.stream_id);
 	if (!st || st->malformed || st->refused)
 		return 0;
 	if (st->head_done) {
@@ -641,7 +642,7 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	keep(st, name, value);
 	*hdr_slot(st) = (struct http_hdr){
 		.name = n, .nlen = (uint32_t)nl, .value = v, .vlen = (uint32_t)vl,
-		.hop = h2s_connection_field(n, nl),
+		.hop = h2cl_connection_field(n, nl),
 	};
 	return 0;
 }
@@ -650,15 +651,16 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 static int invalid_header_cb(nghttp2_session *ng, const nghttp2_frame *frame,
                              nghttp2_rcbuf *name, nghttp2_rcbuf *value, uint8_t flags, void *arg)
 {
-	MAGIC_CHECK((struct h2_session *)arg, H2S_MAGIC);
+	MAGIC_CHECK((struct h2_session *)arg, H2CL_SESSION_MAGIC);
 	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  /* RST_STREAM PROTOCOL_ERROR */
 }
 
 static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = frame->hd.stream_id ? stream_of(s, frame->hd.stream_id) : NULL;
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st =
+		frame->hd.stream_id ? stream_of(s, frame->hd.stream_id) : NULL;
 	if (!st)
 		return 0;
 	switch (frame->hd.type) {
@@ -685,8 +687,8 @@ static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const u
                          size_t len, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = stream_of(s, id);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = stream_of(s, id);
 	if (!st || st->ex_done || !st->ex) {
 		nghttp2_session_consume(ng, id, len);
 		return 0;
@@ -700,7 +702,7 @@ static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	if (frame->hd.type == NGHTTP2_RST_STREAM) {
 		if (frame->rst_stream.error_code == NGHTTP2_REFUSED_STREAM)
 			defence(s, H2E_REFUSED, "stream beyond max_concurrent_streams refused");
@@ -712,7 +714,7 @@ static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	if (s->nrst_after > 0 &&
 	    (frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
 	    (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-		struct h2_stream *st = stream_of(s, frame->hd.stream_id);
+		struct h2_client_stream *st = stream_of(s, frame->hd.stream_id);
 		if (st && st->rst_after && !st->req_end)
 			nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
 	}
@@ -722,16 +724,16 @@ static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 static void terminate(struct h2_session *s, uint32_t code)
 {
 	nghttp2_session_terminate_session(s->ng, code);
-	if (s->state == H_OPEN || s->state == H_DRAINING)
-		set_state(s, H_CLOSING);
+	if (s->state == H2CL_OPEN || s->state == H2CL_DRAINING)
+		set_state(s, H2CL_CLOSING);
 }
 
 /* Never a fatal error from here (issue 12): the stream is gone, the connection goes on. */
 static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = stream_of(s, id);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = stream_of(s, id);
 	if (!st)
 		return 0;
 	nghttp2_session_set_stream_user_data(ng, id, NULL);
@@ -740,7 +742,7 @@ static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void 
 		nghttp2_session_consume_connection(ng, left);
 	bool early = st->client_reset && !st->head_sent;
 	stream_destroy(st);
-	if (h2_guard_stream_closed(&s->guard, early) && s->state < H_CLOSING) {
+	if (h2_guard_stream_closed(&s->guard, early) && s->state < H2CL_CLOSING) {
 		defence(s, H2E_RAPID_RESET, "most streams reset by the client before a response");
 		terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
 	}
@@ -761,11 +763,11 @@ static void session_free_cb(void *p)
 
 void h2_session_close(struct h2_session *s, const char *why)
 {
-	if (s->state == H_CLOSED)
+	if (s->state == H2CL_CLOSED)
 		return;
-	set_state(s, H_CLOSED);
+	set_state(s, H2CL_CLOSED);
 	slog(LOG_DEBUG, s->id, "close: %s", why);
-	struct h2_stream *st;
+	struct h2_client_stream *st;
 	while ((st = TAILQ_FIRST(&s->streams))) {
 		nghttp2_session_set_stream_user_data(s->ng, st->id, NULL);
 		stream_destroy(st);     /* cancels its exchange */
@@ -816,10 +818,10 @@ static void timers(struct h2_session *s)
 /* One round: request bodies to their exchanges, frames out, timers, the end. */
 static void flush(struct h2_session *s)
 {
-	struct h2_stream *st, *next;
-	if (s->state == H_CLOSED)
+	struct h2_client_stream *st, *next;
+	if (s->state == H2CL_CLOSED)
 		return;
-	for (st = TAILQ_FIRST(&s->streams); st && s->state < H_CLOSING; st = next) {
+	for (st = TAILQ_FIRST(&s->streams); st && s->state < H2CL_CLOSING; st = next) {
 		next = TAILQ_NEXT(st, link);
 		stream_pump(s, st);
 	}
@@ -836,12 +838,12 @@ static void flush(struct h2_session *s)
 				exchange_client_drained(st->ex);
 		}
 	}
-	if (s->state == H_DRAINING && s->goaway_final && s->nstreams == 0)
-		set_state(s, H_CLOSING);
+	if (s->state == H2CL_DRAINING && s->goaway_final && s->nstreams == 0)
+		set_state(s, H2CL_CLOSING);
 	if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
-	    s->state < H_CLOSING)
-		set_state(s, H_CLOSING);
-	if (s->state == H_CLOSING) {
+	    s->state < H2CL_CLOSING)
+		set_state(s, H2CL_CLOSING);
+	if (s->state == H2CL_CLOSING) {
 		/* the GOAWAY (if any) is in the output: close once it left */
 		stream_disable(s->strm, EV_READ);
 		if (evbuffer_get_length(stream_output(s->strm)) == 0)
@@ -854,7 +856,7 @@ static void flush(struct h2_session *s)
 static void send_ev_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	s->send_pending = false;
 	flush(s);
 }
@@ -862,9 +864,9 @@ static void send_ev_cb(evutil_socket_t fd, short what, void *arg)
 static void read_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct evbuffer *in = stream_input(strm);
-	while (s->state < H_CLOSING && evbuffer_get_length(in) > 0) {
+	while (s->state < H2CL_CLOSING && evbuffer_get_length(in) > 0) {
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
@@ -894,19 +896,19 @@ static void read_cb(struct stream *strm, void *arg)
 			} else {
 				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));
 			}
-			if (s->state < H_CLOSING)
-				set_state(s, H_CLOSING);
+			if (s->state < H2CL_CLOSING)
+				set_state(s, H2CL_CLOSING);
 			break;
 		}
 		evbuffer_drain(in, (size_t)n);
 		/* replies (SETTINGS and PING ACKs) leave as they are due, before more is read:
 		 * nghttp2 bounds how many may wait */
 		if (session_send(s) != 0) {
-			set_state(s, H_CLOSING);
+			set_state(s, H2CL_CLOSING);
 			break;
 		}
 	}
-	if (s->state >= H_CLOSING)
+	if (s->state >= H2CL_CLOSING)
 		evbuffer_drain(in, evbuffer_get_length(in));
 	flush(s);
 }
@@ -914,14 +916,14 @@ static void read_cb(struct stream *strm, void *arg)
 static void write_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	flush(s);
 }
 
 static void event_cb(struct stream *strm, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	if (what & BEV_EVENT_CONNECTED)
 		return;
 	if (what & BEV_EVENT_TIMEOUT) {
@@ -943,16 +945,16 @@ static void defend_and_end(struct h2_session *s, int kind, const char *detail, u
 static void idle_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->nstreams == 0 && s->state < H_CLOSING)
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (s->nstreams == 0 && s->state < H2CL_CLOSING)
 		defend_and_end(s, H2E_IDLE, "no stream for idle_timeout", NGHTTP2_NO_ERROR);
 }
 
 static void hdr_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->state < H_CLOSING && h2_guard_block_open(&s->guard, NULL))
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (s->state < H2CL_CLOSING && h2_guard_block_open(&s->guard, NULL))
 		defend_and_end(s, H2E_HEADER_BLOCK, "header block not complete within header_timeout",
 		               NGHTTP2_ENHANCE_YOUR_CALM);
 }
@@ -962,8 +964,8 @@ static void hdr_cb(evutil_socket_t fd, short what, void *arg)
 static void stall_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->state == H_CLOSED || s->resp_pending == 0)
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (s->state == H2CL_CLOSED || s->resp_pending == 0)
 		return;
 	int64_t idle = s->lcfg->limits.idle_timeout_us, now = clock_now_us();
 	if (now - s->last_progress_us < idle) {
@@ -978,7 +980,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
                                   const struct h2_handoff *h)
 {
 	struct h2_session *s = xcalloc(1, sizeof(*s));
-	s->magic = H2S_MAGIC;
+	s->magic = H2CL_SESSION_MAGIC;
 	s->loop = loop;
 	s->own = *own;
 	s->lname = xstrdup(h->lname);
@@ -994,7 +996,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	s->hdr_ev = evtimer_new(loop->base, hdr_cb, s);
 	s->stall_ev = evtimer_new(loop->base, stall_cb, s);
 	s->tmp = evbuffer_new();
-	set_state(s, H_OPEN);
+	set_state(s, H2CL_OPEN);
 	if (!s->lcfg) {
 		h2_session_close(s, "listener no longer configured");
 		return NULL;
@@ -1038,19 +1040,19 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	stream_enable(s->strm, EV_READ | EV_WRITE);
 	/* the preface (and more) may already be in the input: read it from the loop */
 	stream_trigger_read(s->strm);
-	h2s_kick(s);
+	h2cl_kick(s);
 	return s;
 }
 
 void h2_session_drain(struct h2_session *s, bool close_idle)
 {
-	if (s->state >= H_CLOSING)
+	if (s->state >= H2CL_CLOSING)
 		return;
 	int64_t now = clock_now_us();
 	if (!s->notice_sent) {
 		s->notice_sent = true;
 		s->notice_us = now;
-		set_state(s, H_DRAINING);
+		set_state(s, H2CL_DRAINING);
 		nghttp2_submit_shutdown_notice(s->ng);
 	}
 	if (!s->goaway_final && (close_idle || now - s->notice_us >= NOTICE_RTT_US)) {
@@ -1060,5 +1062,5 @@ void h2_session_drain(struct h2_session *s, bool close_idle)
 		                      nghttp2_session_get_last_proc_stream_id(s->ng), NGHTTP2_NO_ERROR,
 		                      NULL, 0);
 	}
-	h2s_kick(s);
+	h2cl_kick(s);
 }

@@ -27,8 +27,9 @@ struct loop;
 struct runtime;
 struct stream;
 
-#define H2S_MAGIC 0x4832a55au
-#define H2ST_MAGIC 0x4832a57bu
+/* The client side's objects: names and values apart from the upstream h2_conn's */
+#define H2CL_SESSION_MAGIC 0x4832a55au
+#define H2CL_STREAM_MAGIC 0x4832a57bu
 #define STREAM_WINDOW (64 * 1024)       /* request body a stream may send ahead of the exchange */
 #define CONN_WINDOW (1024 * 1024)       /* ... and all streams of a connection together */
 #define OUT_HIGH (128 * 1024)           /* connection output: pack no more frames above this */
@@ -40,17 +41,17 @@ struct stream;
 #define RC_INLINE 32                    /* ... and the rcbufs they point into: no allocation
                                          * for the head of a typical request */
 
-enum hstate { H_OPEN, H_DRAINING, H_CLOSING, H_CLOSED };
+enum h2cl_state { H2CL_OPEN, H2CL_DRAINING, H2CL_CLOSING, H2CL_CLOSED };
 
 struct h2_session;
 
 /* From the loop's free list (LOOP_H2_STREAM): the first member is overwritten while free. */
-struct h2_stream {
+struct h2_client_stream {
 	uint32_t magic;
 	struct loop *loop;              /* for the deferred free: the session may be gone by then */
 	struct h2_session *s;
 	int32_t id;
-	TAILQ_ENTRY(h2_stream) link;
+	TAILQ_ENTRY(h2_client_stream) link;
 	struct http_head head;
 	struct http_hdr *hdrs;          /* point into the rcbufs held in rc; hdrs_in until it grows */
 	int cap;
@@ -90,7 +91,7 @@ struct h2_stream {
 
 struct h2_session {
 	uint32_t magic;
-	enum hstate state;
+	enum h2cl_state state;
 	uint64_t id;
 	struct loop *loop;
 	struct session_owner own;
@@ -99,9 +100,9 @@ struct h2_session {
 	struct cfg_listener *lcfg;
 	struct stream *strm;
 	nghttp2_session *ng;
-	TAILQ_HEAD(, h2_stream) streams;
+	TAILQ_HEAD(, h2_client_stream) streams;
 	int nstreams;
-	struct h2_stream *last;         /* the stream stream_of found last (or NULL) */
+	struct h2_client_stream *last;  /* the stream stream_of found last (or NULL) */
 	int nrst_after;                 /* streams with rst_after set */
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
@@ -126,15 +127,15 @@ struct h2_session {
 
 /* h2_session.c */
 /* Schedule a send (nghttp2 runs from a clean stack, never from a responder call). */
-void h2s_kick(struct h2_session *s);
+void h2cl_kick(struct h2_session *s);
 /* The data provider of every response: pulls from the stream's pending response. */
-ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                         uint32_t *flags, nghttp2_data_source *src, void *arg);
+ssize_t h2cl_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                          uint32_t *flags, nghttp2_data_source *src, void *arg);
 
 /* h2_responder.c */
 extern const struct responder h2_responder;
 /* A connection-specific field (RFC 9113 §8.2.2): never sent to an HTTP/2 peer. */
-bool h2s_connection_field(const char *n, size_t len);
-void h2s_rsp_end(void *arg, bool complete, bool close);
+bool h2cl_connection_field(const char *n, size_t len);
+void h2cl_rsp_end(void *arg, bool complete, bool close);
 
 #endif
