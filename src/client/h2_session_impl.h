@@ -1,8 +1,9 @@
 /*
- * h2_session_impl: what the two files of the HTTP/2 client codec share, and nobody else: the
+ * h2_session_impl: what the files of the HTTP/2 client codec share, and nobody else: the
  * connection and stream objects and the calls between them. h2_session.c runs the connection
- * (nghttp2 callbacks, request intake, defences, timers, drain); h2_responder.c is the responder
- * its exchanges answer through (response heads, DATA, trailers, the end of a stream).
+ * (the send path, stream ends, defences, timers, drain); h2_request.c is the request intake
+ * (heads, their checks, the exchange's start, request DATA and trailers); h2_responder.c is the
+ * responder its exchanges answer through (response heads, DATA, trailers, the end of a stream).
  */
 #ifndef RG_H2_SESSION_IMPL_H
 #define RG_H2_SESSION_IMPL_H
@@ -128,9 +129,21 @@ struct h2_session {
 /* h2_session.c */
 /* Schedule a send (nghttp2 runs from a clean stack, never from a responder call). */
 void h2cl_kick(struct h2_session *s);
+/* The stream of ID, or NULL (the one found last is kept: a field at a time comes for it). */
+struct h2_client_stream *h2cl_stream_of(struct h2_session *s, int32_t id);
+/* Lets go of the rcbufs the stream's head points into: nothing of the head may be read after. */
+void h2cl_stream_release(struct h2_client_stream *st);
 /* The data provider of every response: pulls from the stream's pending response. */
 ssize_t h2cl_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
                           uint32_t *flags, nghttp2_data_source *src, void *arg);
+
+/* h2_request.c */
+/* nghttp2's receive callbacks: heads, request DATA, trailers, a client's RST_STREAM. */
+void h2cl_request_callbacks(nghttp2_session_callbacks *cbs);
+/* Request DATA received and not yet taken by the exchange. */
+size_t h2cl_req_pending(const struct h2_client_stream *st);
+/* Request body to the exchange as far as it takes it; its end, and trailers, after. */
+void h2cl_stream_pump(struct h2_session *s, struct h2_client_stream *st);
 
 /* h2_responder.c */
 extern const struct responder h2_responder;
