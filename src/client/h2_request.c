@@ -9,6 +9,9 @@
  * check, and only from a receive callback; the request's http_head points into rcbufs the
  * stream holds until it is destroyed (an oversized head holds none: see refuse_head); request
  * DATA is consumed (WINDOW_UPDATE) only as the exchange takes it, or when nobody will.
+ *
+ * Calls go down only (h2_session_impl.h): into h2_responder.c (the responder each exchange
+ * gets, the refusals made here) and the core; h2_session.c calls this file, never the reverse.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -230,6 +233,21 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	return 0;
 }
 
+void h2cl_head_release(struct h2_client_stream *st)
+{
+	for (int i = 0; i < st->nrc; i++)
+		nghttp2_rcbuf_decref(st->rc[i]);
+	st->nrc = st->caprc = st->cap = 0;
+	if (st->rc != st->rc_in)
+		free(st->rc);
+	st->rc = NULL;
+	if (st->hdrs != st->hdrs_in)
+		free(st->hdrs);
+	st->hdrs = NULL;
+	st->head.hdrs = NULL;
+	st->head.nhdrs = 0;
+}
+
 static int refuse_rank(int status)
 {
 	return status == 414 ? 3 : status == 431 ? 2 : status ? 1 : 0;
@@ -244,7 +262,7 @@ static void refuse_head(struct h2_client_stream *st, int status, const char *rea
 	}
 	if (status == 431 && !st->oversize) {
 		st->oversize = true;
-		h2cl_stream_release(st);     /* keep nothing more of an oversized head */
+		h2cl_head_release(st);     /* keep nothing more of an oversized head */
 	}
 }
 

@@ -4,6 +4,9 @@
  * field, content-length when known), DATA from the stream's pending buffer as the client's
  * window allows, trailers after the last DATA, RST_STREAM for a response cut short. It only
  * submits and schedules: nghttp2 itself runs from the session's clean stack.
+ *
+ * Calls go down only (h2_session_impl.h): into the core (schedule a send); the exchange and
+ * h2_request.c call it, h2_session.c does not, and it calls neither.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -179,6 +182,32 @@ static size_t head_block(struct h2_session *s, const struct resp_head *h, char *
 	return n;
 }
 
+/* The data provider of every response: nghttp2 pulls DATA from the stream's pending response
+ * as the client's window allows; trailers go after the last of it. */
+static ssize_t data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                            uint32_t *flags, nghttp2_data_source *src, void *arg)
+{
+	struct h2_client_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+	if (st->cut)
+		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
+	size_t have = evbuffer_get_length(st->resp);
+	size_t n = have < length ? have : length;
+	if (n == 0 && !st->resp_eof) {
+		st->deferred = true;
+		return NGHTTP2_ERR_DEFERRED;
+	}
+	*flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+	if (st->resp_eof && n == have) {
+		*flags |= NGHTTP2_DATA_FLAG_EOF;
+		if (st->ntrailers > 0) {
+			*flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+			nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
+		}
+	}
+	return (ssize_t)n;
+}
+
 static void rsp_informational(void *arg, const struct resp_head *h)
 {
 	struct h2_client_stream *st = arg;
@@ -226,7 +255,7 @@ static void rsp_head(void *arg, const struct resp_head *h)
 	}
 	size_t n = head_block(s, h, dst, flags, !h->end_stream &&
 	                      h->status >= 200 && h->status != 204 && h->content_length >= 0);
-	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = h2cl_data_read_cb };
+	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = data_read_cb };
 	nghttp2_submit_response(s->ng, st->id, s->nv, n, st->bodyless ? NULL : &prd);
 	h2cl_kick(s);
 }
@@ -260,7 +289,7 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	if (st->s->state == H2CL_CLOSED || st->trailers || st->bodyless || n <= 0)
 		return;     /* bodyless: no DATA will carry them out (a head that ended the stream) */
-	/* kept until the stream is destroyed: h2cl_data_read_cb submits them after the last DATA,
+	/* kept until the stream is destroyed: data_read_cb submits them after the last DATA,
 	 * without nghttp2's copy (NO_COPY) */
 	size_t bytes = fields_bytes(t, n);
 	/* one block for the list and its bytes (every gRPC response has trailers) */

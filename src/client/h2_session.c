@@ -15,6 +15,9 @@
  * sees that buffer through queued() and pauses a fast upstream. Everything that runs nghttp2
  * (recv, send, consume) runs from a clean stack: the read callback, the write callback, or the
  * send event that responder calls schedule; responder calls only submit and schedule.
+ *
+ * The top of the codec's files (h2_session_impl.h): this file calls into h2_request.c and
+ * the core; nothing in the codec calls it back but through nghttp2's callbacks and events.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -61,30 +64,7 @@ static void defence(struct h2_session *s, int kind, const char *detail)
 	slog(LOG_INFO, s->id, "http2 %s: %s", defence_name[kind], detail);
 }
 
-void h2cl_kick(struct h2_session *s)
-{
-	if (!s->send_pending && s->state != H2CL_CLOSED) {
-		s->send_pending = true;
-		event_active(s->send_ev, EV_TIMEOUT, 0);
-	}
-}
-
 /* ------------------------------------------------------------------ streams */
-
-void h2cl_stream_release(struct h2_client_stream *st)
-{
-	for (int i = 0; i < st->nrc; i++)
-		nghttp2_rcbuf_decref(st->rc[i]);
-	st->nrc = st->caprc = st->cap = 0;
-	if (st->rc != st->rc_in)
-		free(st->rc);
-	st->rc = NULL;
-	if (st->hdrs != st->hdrs_in)
-		free(st->hdrs);
-	st->hdrs = NULL;
-	st->head.hdrs = NULL;
-	st->head.nhdrs = 0;
-}
 
 static void stream_free_cb(void *p)
 {
@@ -109,7 +89,7 @@ static void stream_destroy(struct h2_client_stream *st)
 	s->resp_pending -= evbuffer_get_length(st->resp);
 	TAILQ_REMOVE(&s->streams, st, link);
 	s->nstreams--;
-	h2cl_stream_release(st);
+	h2cl_head_release(st);
 	free(st->cookie);
 	loop_blk_free(s->loop, st->head_blk);
 	loop_blk_free(s->loop, st->trailers);
@@ -121,23 +101,6 @@ static void stream_destroy(struct h2_client_stream *st)
 	st->req_in = st->resp = NULL;
 	loop_defer_free(s->loop, stream_free_cb, st);
 }
-
-/* The stream of ID. nghttp2's callbacks come a stream at a time (a head's fields, then its
- * frame; a response's frames), so the last one found is kept: a map lookup less for each
- * field of each request. stream_destroy forgets it. */
-struct h2_client_stream *h2cl_stream_of(struct h2_session *s, int32_t id)
-{
-	struct h2_client_stream *st = s->last;
-	if (st && st->id == id)
-		return st;
-	st = nghttp2_session_get_stream_user_data(s->ng, id);
-	if (st) {
-		MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
-		s->last = st;
-	}
-	return st;
-}
-
 
 /* ------------------------------------------------------------------ nghttp2 callbacks */
 
@@ -224,30 +187,6 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 	return (ssize_t)len;
 }
 
-ssize_t h2cl_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                          uint32_t *flags, nghttp2_data_source *src, void *arg)
-{
-	struct h2_client_stream *st = src->ptr;
-	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
-	if (st->cut)
-		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
-	size_t have = evbuffer_get_length(st->resp);
-	size_t n = have < length ? have : length;
-	if (n == 0 && !st->resp_eof) {
-		st->deferred = true;
-		return NGHTTP2_ERR_DEFERRED;
-	}
-	*flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-	if (st->resp_eof && n == have) {
-		*flags |= NGHTTP2_DATA_FLAG_EOF;
-		if (st->ntrailers > 0) {
-			*flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-			nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
-		}
-	}
-	return (ssize_t)n;
-}
-
 static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
                         size_t length, nghttp2_data_source *src, void *arg)
 {
@@ -281,7 +220,6 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 	}
 	return 0;
 }
-
 
 static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {

@@ -1,9 +1,16 @@
 /*
  * h2_session_impl: what the files of the HTTP/2 client codec share, and nobody else: the
- * connection and stream objects and the calls between them. h2_session.c runs the connection
- * (the send path, stream ends, defences, timers, drain); h2_request.c is the request intake
- * (heads, their checks, the exchange's start, request DATA and trailers); h2_responder.c is the
- * responder its exchanges answer through (response heads, DATA, trailers, the end of a stream).
+ * connection and stream objects, the session core, and the calls between the files.
+ * h2_session.c runs the connection (the send path, stream ends, defences, timers, drain);
+ * h2_request.c is the request intake (heads, their checks, the exchange's start, request DATA
+ * and trailers); h2_responder.c is the responder its exchanges answer through (response heads,
+ * DATA, trailers, the end of a stream).
+ *
+ * Calls go one way, down this list: h2_session.c -> h2_request.c -> h2_responder.c -> the core
+ * (at the end of this file: schedule a send, find a stream). Each file may call those below it,
+ * none those above: news goes up only as state in the objects (a flag, a buffer) that the
+ * connection reads on its next round, or through nghttp2's callbacks, which h2_session.c
+ * registers. The exchange (proxy/) reaches a stream only through the responder's table.
  */
 #ifndef RG_H2_SESSION_IMPL_H
 #define RG_H2_SESSION_IMPL_H
@@ -13,12 +20,14 @@
 #include <sys/queue.h>
 #include <sys/types.h>
 
+#include <event2/event.h>
 #include <nghttp2/nghttp2.h>
 
 #include "client/h2_guard.h"
 #include "http/h1_parser.h"
 #include "http/responder.h"
 #include "client/session.h"
+#include "base/util.h"
 
 struct cfg_listener;
 struct event;
@@ -126,29 +135,48 @@ struct h2_session {
 	unsigned reqids;                /* X-Request-Id fields sent: see unique_flags */
 };
 
-/* h2_session.c */
-/* Schedule a send (nghttp2 runs from a clean stack, never from a responder call). */
-void h2cl_kick(struct h2_session *s);
-/* The stream of ID, or NULL (the one found last is kept: a field at a time comes for it). */
-struct h2_client_stream *h2cl_stream_of(struct h2_session *s, int32_t id);
-/* Lets go of the rcbufs the stream's head points into: nothing of the head may be read after. */
-void h2cl_stream_release(struct h2_client_stream *st);
-/* The data provider of every response: pulls from the stream's pending response. */
-ssize_t h2cl_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                          uint32_t *flags, nghttp2_data_source *src, void *arg);
-
-/* h2_request.c */
+/* h2_request.c: called by h2_session.c */
 /* nghttp2's receive callbacks: heads, request DATA, trailers, a client's RST_STREAM. */
 void h2cl_request_callbacks(nghttp2_session_callbacks *cbs);
 /* Request DATA received and not yet taken by the exchange. */
 size_t h2cl_req_pending(const struct h2_client_stream *st);
 /* Request body to the exchange as far as it takes it; its end, and trailers, after. */
 void h2cl_stream_pump(struct h2_session *s, struct h2_client_stream *st);
+/* Lets go of the rcbufs the stream's head points into, and of its field array. */
+void h2cl_head_release(struct h2_client_stream *st);
 
-/* h2_responder.c */
+/* h2_responder.c: called by h2_request.c (and the exchange, through the table) */
 extern const struct responder h2_responder;
 /* A connection-specific field (RFC 9113 §8.2.2): never sent to an HTTP/2 peer. */
 bool h2cl_connection_field(const char *n, size_t len);
 void h2cl_rsp_end(void *arg, bool complete, bool close);
+
+/* ------------------------------------------------------------------ the core: called by all */
+
+/* Schedule a send: nghttp2 runs from a clean stack (the session's send event), never from a
+ * responder call or an nghttp2 callback. */
+static inline void h2cl_kick(struct h2_session *s)
+{
+	if (!s->send_pending && s->state != H2CL_CLOSED) {
+		s->send_pending = true;
+		event_active(s->send_ev, EV_TIMEOUT, 0);
+	}
+}
+
+/* The stream of ID, or NULL. nghttp2's callbacks come a stream at a time (a head's fields,
+ * then its frame; a response's frames), so the last one found is kept: a map lookup less for
+ * each field of each request. stream_destroy (h2_session.c) forgets it. */
+static inline struct h2_client_stream *h2cl_stream_of(struct h2_session *s, int32_t id)
+{
+	struct h2_client_stream *st = s->last;
+	if (st && st->id == id)
+		return st;
+	st = nghttp2_session_get_stream_user_data(s->ng, id);
+	if (st) {
+		MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+		s->last = st;
+	}
+	return st;
+}
 
 #endif
