@@ -108,10 +108,6 @@ static void stream_start(struct h2_client_stream *st)
 		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
 		return;
 	}
-	if (!st->malformed && st->authority && st->hosthdr &&
-	    !str_ieq(st->authority, st->alen, st->hosthdr, st->hlen)) {
-		st->malformed = true;
-	}
 	if (st->malformed) {
 		stream_malformed(st, ":authority and host differ, or a repeated host");
 		return;
@@ -246,6 +242,21 @@ void h2cl_head_release(struct h2_client_stream *st)
 	st->hdrs = NULL;
 	st->head.hdrs = NULL;
 	st->head.nhdrs = 0;
+	/* these point into the rcbufs just let go of */
+	st->authority = st->hosthdr = NULL;
+	st->alen = st->hlen = 0;
+	st->head.path = NULL;
+	st->head.path_len = 0;
+}
+
+/* :authority and host, both present, must agree (SPEC §9). Checked as the second of them is
+ * kept, while both are held: a head that passes max_header_bytes later lets go of them before
+ * it is complete. */
+static void check_host(struct h2_client_stream *st)
+{
+	if (st->authority && st->hosthdr &&
+	    !str_ieq(st->authority, st->alen, st->hosthdr, st->hlen))
+		st->malformed = true;
 }
 
 static int refuse_rank(int status)
@@ -262,7 +273,7 @@ static void refuse_head(struct h2_client_stream *st, int status, const char *rea
 	}
 	if (status == 431 && !st->oversize) {
 		st->oversize = true;
-		h2cl_head_release(st);     /* keep nothing more of an oversized head */
+		h2cl_head_release(st);  /* keep nothing more of an oversized head */
 	}
 }
 
@@ -368,11 +379,12 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 			keep(st, name, value);
 			st->authority = v;
 			st->alen = vl;
+			check_host(st);
 		}
 		return 0;
 	}
 	if (nl == 4 && memcmp(n, "host", 4) == 0) {
-		if (st->hosthdr) {
+		if (st->host_kept) {
 			st->malformed = true;
 			return 0;
 		}
@@ -380,6 +392,8 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 			keep(st, name, value);
 			st->hosthdr = v;
 			st->hlen = vl;
+			st->host_kept = true;
+			check_host(st);
 		}
 		return 0;
 	}

@@ -71,8 +71,9 @@ struct h2_client_stream {
 	nghttp2_rcbuf *rc_in[RC_INLINE];
 	char *cookie;                   /* the cookie fields joined with "; " (RFC 9113 §8.2.3) */
 	size_t cookie_len;
-	const char *authority, *hosthdr;
+	const char *authority, *hosthdr;  /* into rc, as hdrs; NULL once the head is released */
 	size_t alen, hlen;
+	bool host_kept;                 /* a host field was kept: a second one is malformed */
 	size_t list_bytes;              /* decoded header-list size, RFC 7541 §4.1 */
 	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
 	const char *refuse_reason;
@@ -142,7 +143,8 @@ void h2cl_request_callbacks(nghttp2_session_callbacks *cbs);
 size_t h2cl_req_pending(const struct h2_client_stream *st);
 /* Request body to the exchange as far as it takes it; its end, and trailers, after. */
 void h2cl_stream_pump(struct h2_session *s, struct h2_client_stream *st);
-/* Lets go of the rcbufs the stream's head points into, and of its field array. */
+/* Lets go of the rcbufs the stream's head points into and of its field array, and forgets
+ * every pointer into them: nothing of the head may be read after. */
 void h2cl_head_release(struct h2_client_stream *st);
 
 /* h2_responder.c: called by h2_request.c (and the exchange, through the table) */
