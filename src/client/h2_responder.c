@@ -4,6 +4,9 @@
  * field, content-length when known), DATA from the stream's pending buffer as the client's
  * window allows, trailers after the last DATA, RST_STREAM for a response cut short. It only
  * submits and schedules: nghttp2 itself runs from the session's clean stack.
+ *
+ * Calls go down only (h2_session_impl.h): into the core (schedule a send); the exchange and
+ * h2_request.c call it, h2_session.c does not, and it calls neither.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +33,7 @@
 
 /* By length first, then the first letter: asked for every field of every head (request and
  * response), it answers most with a switch and one compare. */
-bool h2s_connection_field(const char *n, size_t len)
+bool h2cl_connection_field(const char *n, size_t len)
 {
 	if (len == 0)
 		return false;
@@ -119,7 +122,8 @@ static uint8_t unique_flags(struct h2_session *s, uint8_t flags)
 
 static bool sent_field(const struct http_hdr *f)
 {
-	return !f->hop && f->nlen > 0 && f->name[0] != ':' && !h2s_connection_field(f->name, f->nlen);
+	return !f->hop && f->nlen > 0 && f->name[0] != ':' &&
+	       !h2cl_connection_field(f->name, f->nlen);
 }
 
 /* Fields as HTTP/2 sends them: lower-case names, no connection-specific field (RFC 9113
@@ -178,28 +182,54 @@ static size_t head_block(struct h2_session *s, const struct resp_head *h, char *
 	return n;
 }
 
+/* The data provider of every response: nghttp2 pulls DATA from the stream's pending response
+ * as the client's window allows; trailers go after the last of it. */
+static ssize_t data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                            uint32_t *flags, nghttp2_data_source *src, void *arg)
+{
+	struct h2_client_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+	if (st->cut)
+		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
+	size_t have = evbuffer_get_length(st->resp);
+	size_t n = have < length ? have : length;
+	if (n == 0 && !st->resp_eof) {
+		st->deferred = true;
+		return NGHTTP2_ERR_DEFERRED;
+	}
+	*flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+	if (st->resp_eof && n == have) {
+		*flags |= NGHTTP2_DATA_FLAG_EOF;
+		if (st->ntrailers > 0) {
+			*flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+			nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
+		}
+	}
+	return (ssize_t)n;
+}
+
 static void rsp_informational(void *arg, const struct resp_head *h)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	struct h2_session *s = st->s;
-	if (s->state == H_CLOSED || st->head_sent || h->status == 101)
+	if (s->state == H2CL_CLOSED || st->head_sent || h->status == 101)
 		return;
 	/* rare, and more than one may wait: nghttp2 copies these (from the session's scratch) */
 	size_t bytes = fields_bytes(h->hdrs, h->nhdrs) + STATUS_CL_BYTES;
 	nv_reserve(s, (size_t)h->nhdrs + 2, bytes);
 	size_t n = head_block(s, h, s->names, NGHTTP2_NV_FLAG_NONE, false);
 	nghttp2_submit_headers(s->ng, NGHTTP2_FLAG_NONE, st->id, NULL, s->nv, n, NULL);
-	h2s_kick(s);
+	h2cl_kick(s);
 }
 
 
 static void rsp_head(void *arg, const struct resp_head *h)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	struct h2_session *s = st->s;
-	if (s->state == H_CLOSED || st->head_sent)
+	if (s->state == H2CL_CLOSED || st->head_sent)
 		return;
 	st->head_sent = true;
 	st->bodyless = st->head.method_head || h->status == 204 || h->status == 304 || h->end_stream;
@@ -225,18 +255,18 @@ static void rsp_head(void *arg, const struct resp_head *h)
 	}
 	size_t n = head_block(s, h, dst, flags, !h->end_stream &&
 	                      h->status >= 200 && h->status != 204 && h->content_length >= 0);
-	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = h2s_data_read_cb };
+	nghttp2_data_provider prd = { .source.ptr = st, .read_callback = data_read_cb };
 	nghttp2_submit_response(s->ng, st->id, s->nv, n, st->bodyless ? NULL : &prd);
-	h2s_kick(s);
+	h2cl_kick(s);
 }
 
 static void rsp_body(void *arg, struct evbuffer *data)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	struct h2_session *s = st->s;
 	size_t n = evbuffer_get_length(data);
-	if (s->state == H_CLOSED || st->bodyless || st->cut || n == 0) {
+	if (s->state == H2CL_CLOSED || st->bodyless || st->cut || n == 0) {
 		evbuffer_drain(data, n);
 		return;
 	}
@@ -250,16 +280,16 @@ static void rsp_body(void *arg, struct evbuffer *data)
 		st->deferred = false;
 		nghttp2_session_resume_data(s->ng, st->id);
 	}
-	h2s_kick(s);
+	h2cl_kick(s);
 }
 
 static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	if (st->s->state == H_CLOSED || st->trailers || st->bodyless || n <= 0)
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+	if (st->s->state == H2CL_CLOSED || st->trailers || st->bodyless || n <= 0)
 		return;     /* bodyless: no DATA will carry them out (a head that ended the stream) */
-	/* kept until the stream is destroyed: h2s_data_read_cb submits them after the last DATA,
+	/* kept until the stream is destroyed: data_read_cb submits them after the last DATA,
 	 * without nghttp2's copy (NO_COPY) */
 	size_t bytes = fields_bytes(t, n);
 	/* one block for the list and its bytes (every gRPC response has trailers) */
@@ -270,7 +300,7 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 	char *p = (char *)(nv + n);
 	for (int i = 0; i < n; i++) {
 		const struct http_hdr *f = &t[i];
-		if (f->nlen == 0 || f->name[0] == ':' || h2s_connection_field(f->name, f->nlen))
+		if (f->nlen == 0 || f->name[0] == ':' || h2cl_connection_field(f->name, f->nlen))
 			continue;
 		char *name = p;
 		ascii_lower_copy(name, f->name, f->nlen);
@@ -282,7 +312,7 @@ static void rsp_trailers(void *arg, const struct http_hdr *t, int n)
 
 /* A response that closes (SPEC §5) resets its stream after it if the client is still sending
  * (RFC 9113 §8.1); nrst_after counts the streams waiting for that */
-static void reset_after(struct h2_session *s, struct h2_stream *st)
+static void reset_after(struct h2_session *s, struct h2_client_stream *st)
 {
 	if (st->req_end || st->rst_after)
 		return;
@@ -290,20 +320,20 @@ static void reset_after(struct h2_session *s, struct h2_stream *st)
 	s->nrst_after++;
 }
 
-void h2s_rsp_end(void *arg, bool complete, bool close)
+void h2cl_rsp_end(void *arg, bool complete, bool close)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	struct h2_session *s = st->s;
 	st->ex_done = true;
-	if (s->state == H_CLOSED)
+	if (s->state == H2CL_CLOSED)
 		return;
 	if (st->head_sent && st->resp_eof) {
 		/* the head ended the stream: nothing to cut or resume; a client still sending is
 		 * reset after it (NO_ERROR) as for any response that closes */
 		if (close)
 			reset_after(s, st);
-		h2s_kick(s);
+		h2cl_kick(s);
 		return;
 	}
 	if (!complete || !st->head_sent) {
@@ -323,33 +353,33 @@ void h2s_rsp_end(void *arg, bool complete, bool close)
 			nghttp2_session_resume_data(s->ng, st->id);
 		}
 	}
-	h2s_kick(s);
+	h2cl_kick(s);
 }
 
 static size_t rsp_queued(void *arg)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	return evbuffer_get_length(st->resp);
 }
 
 static void rsp_want_body(void *arg)
 {
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	h2s_kick(st->s);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+	h2cl_kick(st->s);
 }
 
 static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upstream)
 {
 	/* not reached: no HTTP/2 request is an Upgrade (req->upgrade is false) */
-	struct h2_stream *st = arg;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	struct h2_client_stream *st = arg;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	stream_free(upstream);
 	st->ex_done = true;
-	if (st->s->state != H_CLOSED)
+	if (st->s->state != H2CL_CLOSED)
 		nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
-	h2s_kick(st->s);
+	h2cl_kick(st->s);
 }
 
 const struct responder h2_responder = {
@@ -357,7 +387,7 @@ const struct responder h2_responder = {
 	.head = rsp_head,
 	.body = rsp_body,
 	.trailers = rsp_trailers,
-	.end = h2s_rsp_end,
+	.end = h2cl_rsp_end,
 	.queued = rsp_queued,
 	.want_body = rsp_want_body,
 	.tunnel = rsp_tunnel,

@@ -1,11 +1,13 @@
 /*
  * h2_session: one HTTP/2 client connection (see h2_session.h): an nghttp2 server session fed
- * from the stream's input and writing to its output, one exchange per stream, and the HTTP/2
- * responder those exchanges answer through.
+ * from the stream's input and writing to its output, one exchange per stream; the connection's
+ * side of it here (the send path, stream ends, defences, timers, drain, close), the request
+ * intake in h2_request.c, the HTTP/2 responder the exchanges answer through in h2_responder.c.
  *
- *   H_OPEN --drain--> H_DRAINING (shutdown notice, then the final GOAWAY) --+
- *     |                    no stream left, or a defence / error / EOF --------+--> H_CLOSING
- *     +----------------------------------------------------------------------+   (flush) --> H_CLOSED
+ *   H2CL_OPEN --drain--> H2CL_DRAINING (shutdown notice, then the final GOAWAY) --+
+ *     |                    no stream left, or a defence / error / EOF -----------+--> H2CL_CLOSING
+ *     +-------------------------------------------------------------------------+       (flush)
+ *                                                                                 --> H2CL_CLOSED
  *
  * Flow control both ways (DESIGN rule 4): request DATA is consumed (WINDOW_UPDATE) only as the
  * exchange takes it, so a slow upstream stalls its client's stream; response DATA waits in a
@@ -13,6 +15,9 @@
  * sees that buffer through queued() and pauses a fast upstream. Everything that runs nghttp2
  * (recv, send, consume) runs from a clean stack: the read callback, the write callback, or the
  * send event that responder calls schedule; responder calls only submit and schedule.
+ *
+ * The top of the codec's files (h2_session_impl.h): this file calls into h2_request.c and
+ * the core; nothing in the codec calls it back but through nghttp2's callbacks and events.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,30 +29,24 @@
 #include <event2/event.h>
 #include <nghttp2/nghttp2.h>
 
-#include "obs/accesslog.h"
 #include "base/clock.h"
 #include "config/config.h"
 #include "proxy/exchange.h"
-#include "http/grpc.h"
 #include "client/h2_guard.h"
 #include "base/h2_mem.h"
 #include "client/h2_session.h"
 #include "client/h2_session_impl.h"
-#include "http/h1_parser.h"
 #include "base/log.h"
 #include "base/loop.h"
-#include "http/respond.h"
-#include "http/responder.h"
 #include "obs/stats.h"
 #include "net/stream.h"
 #include "state/runtime.h"
 #include "base/util.h"
 
 static void flush(struct h2_session *s);
-static struct http_hdr *hdr_slot(struct h2_stream *st);
 
 /* The one writer of s's state (DESIGN rule 2). */
-DEFINE_STATE_SETTER(set_state, h2_session, hstate, H_CLOSED)
+DEFINE_STATE_SETTER(set_state, h2_session, h2cl_state, H2CL_CLOSED)
 
 static const char *const defence_name[] = {
 #define X_NAME(id, value) [id] = value,
@@ -65,41 +64,18 @@ static void defence(struct h2_session *s, int kind, const char *detail)
 	slog(LOG_INFO, s->id, "http2 %s: %s", defence_name[kind], detail);
 }
 
-void h2s_kick(struct h2_session *s)
-{
-	if (!s->send_pending && s->state != H_CLOSED) {
-		s->send_pending = true;
-		event_active(s->send_ev, EV_TIMEOUT, 0);
-	}
-}
-
 /* ------------------------------------------------------------------ streams */
-
-static void stream_release(struct h2_stream *st)
-{
-	for (int i = 0; i < st->nrc; i++)
-		nghttp2_rcbuf_decref(st->rc[i]);
-	st->nrc = st->caprc = st->cap = 0;
-	if (st->rc != st->rc_in)
-		free(st->rc);
-	st->rc = NULL;
-	if (st->hdrs != st->hdrs_in)
-		free(st->hdrs);
-	st->hdrs = NULL;
-	st->head.hdrs = NULL;
-	st->head.nhdrs = 0;
-}
 
 static void stream_free_cb(void *p)
 {
-	struct h2_stream *st = p;
+	struct h2_client_stream *st = p;
 	st->magic = 0;
 	loop_obj_put(st->loop, LOOP_H2_STREAM, st);
 }
 
 /* The stream is gone (closed by nghttp2, or the connection closes): its exchange, if still
  * running, is cancelled (SPEC §3: the attempt's connection closed, its slot released). */
-static void stream_destroy(struct h2_stream *st)
+static void stream_destroy(struct h2_client_stream *st)
 {
 	struct h2_session *s = st->s;
 	if (st->ex) {
@@ -113,7 +89,7 @@ static void stream_destroy(struct h2_stream *st)
 	s->resp_pending -= evbuffer_get_length(st->resp);
 	TAILQ_REMOVE(&s->streams, st, link);
 	s->nstreams--;
-	stream_release(st);
+	h2cl_head_release(st);
 	free(st->cookie);
 	loop_blk_free(s->loop, st->head_blk);
 	loop_blk_free(s->loop, st->trailers);
@@ -126,201 +102,12 @@ static void stream_destroy(struct h2_stream *st)
 	loop_defer_free(s->loop, stream_free_cb, st);
 }
 
-/* The stream of ID. nghttp2's callbacks come a stream at a time (a head's fields, then its
- * frame; a response's frames), so the last one found is kept: a map lookup less for each
- * field of each request. stream_destroy forgets it. */
-static struct h2_stream *stream_of(struct h2_session *s, int32_t id)
-{
-	struct h2_stream *st = s->last;
-	if (st && st->id == id)
-		return st;
-	st = nghttp2_session_get_stream_user_data(s->ng, id);
-	if (st) {
-		MAGIC_CHECK(st, H2ST_MAGIC);
-		s->last = st;
-	}
-	return st;
-}
-
-/* ------------------------------------------------------------------ requests */
-
-static bool refresh_config(struct h2_session *s)
-{
-	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
-	if (rt == s->rt)
-		return s->lcfg != NULL;
-	struct cfg_listener *l = config_listener(rt->cfg, s->lname);
-	if (!l)
-		return false;
-	runtime_unref(s->rt);
-	s->rt = runtime_ref(rt);
-	s->lcfg = l;
-	return true;
-}
-
-/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits). */
-static void stream_refuse(struct h2_stream *st, int status, const char *reason)
-{
-	struct h2_session *s = st->s;
-	slog(LOG_INFO, s->id, "stream %d refused %d %s", st->id, status, reason);
-	char reqid[33];
-	struct access_rec r;
-	request_id_new(reqid, &s->loop->rng);
-	access_begin(&r, s->id, s->peer_ip, NULL, reqid);
-	r.status = status;
-	r.reason = reason;
-	accesslog_write(&r);
-	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
-	struct made_response m;
-	if (st->grpc)
-		respond_grpc_error(&m, reason, "", 0, NULL);    /* SPEC §10 */
-	else
-		respond_error(&m, status, reason, "", 0, NULL, NULL, true);
-	struct responder rsp = h2_responder;
-	rsp.arg = st;
-	respond_send(&rsp, &m.head, m.body, m.body_len);
-	h2s_rsp_end(st, true, true);
-}
-
-static void stream_malformed(struct h2_stream *st, const char *why)
-{
-	slog(LOG_DEBUG, st->s->id, "stream %d malformed: %s", st->id, why);
-	st->ex_done = true;
-	nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
-}
-
-static int64_t parse_length(const char *v, size_t n)
-{
-	int64_t x = 0;
-	if (n == 0 || n > 18)
-		return -2;
-	for (size_t i = 0; i < n; i++) {
-		if (v[i] < '0' || v[i] > '9')
-			return -2;
-		x = x * 10 + (v[i] - '0');
-	}
-	return x;
-}
-
-/* The head is complete: check what nghttp2 leaves to us, build the http_head, start. */
-static void stream_start(struct h2_stream *st)
-{
-	struct h2_session *s = st->s;
-	struct http_head *h = &st->head;
-	st->head_done = true;
-	if (st->refused) {
-		st->ex_done = true;
-		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
-		return;
-	}
-	if (!st->malformed && st->authority && st->hosthdr &&
-	    !str_ieq(st->authority, st->alen, st->hosthdr, st->hlen)) {
-		st->malformed = true;
-	}
-	if (st->malformed) {
-		stream_malformed(st, ":authority and host differ, or a repeated host");
-		return;
-	}
-	if (st->cookie) {
-		if (st->refuse_status == 0 && h->nhdrs < HTTP_MAX_HEADERS) {
-			*hdr_slot(st) = (struct http_hdr){ .name = "cookie", .nlen = 6, .value = st->cookie,
-			                        .vlen = (uint32_t)st->cookie_len };
-		}
-	}
-	if (st->refuse_status) {
-		stream_refuse(st, st->refuse_status, st->refuse_reason);
-		return;
-	}
-	int mc = http_method_class(h->method, strlen(h->method));
-	if (mc != METH_OK) {
-		stream_refuse(st, 501, "not-implemented");
-		return;
-	}
-	if (st->authority) {
-		h->host = st->authority;
-		h->host_len = st->alen;
-	} else if (st->hosthdr) {
-		h->host = st->hosthdr;
-		h->host_len = st->hlen;
-	}
-	h->target = h->path;
-	h->target_len = h->path_len;
-	h->version = 20;
-	h->keep_alive = true;
-	h->method_head = strcmp(h->method, "HEAD") == 0;
-	h->chunked = !st->req_end && h->content_length < 0;
-	h->hdrs = st->hdrs;
-	if (!refresh_config(s)) {
-		stream_refuse(st, 404, "no-route");
-		return;
-	}
-	struct client_info ci = { .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls };
-	struct responder rsp = h2_responder;
-	rsp.arg = st;
-	st->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, &rsp);
-	exchange_start(st->ex);
-}
-
-/* The kept request trailers go to the exchange (before its body ends). */
-static void deliver_request_trailers(struct h2_stream *st)
-{
-	const char *p = (const char *)evbuffer_pullup(st->req_trailers, -1);
-	struct http_hdr t[HTTP_MAX_HEADERS];
-	int n = 0;
-	for (; n < st->nreq_trailers; n++) {
-		uint32_t lens[2];
-		memcpy(lens, p, sizeof(lens));
-		p += sizeof(lens);
-		t[n] = (struct http_hdr){ .name = p, .nlen = lens[0], .value = p + lens[0],
-		                          .vlen = lens[1] };
-		p += lens[0] + lens[1];
-	}
-	exchange_trailers(st->ex, t, n);
-}
-
-/* Request DATA received and not yet taken. The buffer is got with the first DATA: most
- * requests (GET) have none, and flush asks this of every stream each round. */
-static size_t req_pending(const struct h2_stream *st)
-{
-	return st->req_in ? evbuffer_get_length(st->req_in) : 0;
-}
-
-/* Request body bytes go to the exchange as it takes them, and only then are consumed
- * (WINDOW_UPDATE): a stalled upstream stalls this stream, nothing else. */
-static void stream_pump(struct h2_session *s, struct h2_stream *st)
-{
-	while (st->ex && !st->ex_done && req_pending(st) > 0) {
-		size_t room = exchange_body_room(st->ex);
-		if (room == 0)
-			return;
-		size_t have = evbuffer_get_length(st->req_in);
-		size_t n = room < have ? room : have;
-		evbuffer_remove_buffer(st->req_in, s->tmp, n);
-		exchange_body(st->ex, s->tmp);
-		evbuffer_drain(s->tmp, evbuffer_get_length(s->tmp));
-		nghttp2_session_consume(s->ng, st->id, n);
-	}
-	size_t left = req_pending(st);
-	if (left > 0 && (st->ex_done || !st->ex)) {
-		evbuffer_drain(st->req_in, left);    /* nobody reads it: discard, keep the window */
-		nghttp2_session_consume(s->ng, st->id, left);
-		left = 0;
-	}
-	if (st->req_end && left == 0 && !st->body_end_sent && st->ex && !st->ex_done) {
-		st->body_end_sent = true;
-		if (st->nreq_trailers > 0)
-			deliver_request_trailers(st);
-		if (!st->ex_done)
-			exchange_body_end(st->ex);
-	}
-}
-
 /* ------------------------------------------------------------------ nghttp2 callbacks */
 
 /* nghttp2 makes a stream beyond the SETTINGS_MAX_CONCURRENT_STREAMS it sent a connection
  * error; SPEC §9 wants REFUSED_STREAM. So nghttp2 is told a limit it never reaches and the
- * first SETTINGS frame is rewritten on its way out to advertise ours (begin_headers_cb
- * refuses the streams beyond it). */
+ * first SETTINGS frame is rewritten on its way out to advertise ours (h2_request.c's
+ * begin_headers_cb refuses the streams beyond it). */
 #define NG_STREAM_LIMIT 0x7fffffffu
 
 static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
@@ -372,7 +159,7 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
                        void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
@@ -400,37 +187,13 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 	return (ssize_t)len;
 }
 
-ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                            uint32_t *flags, nghttp2_data_source *src, void *arg)
-{
-	struct h2_stream *st = src->ptr;
-	MAGIC_CHECK(st, H2ST_MAGIC);
-	if (st->cut)
-		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
-	size_t have = evbuffer_get_length(st->resp);
-	size_t n = have < length ? have : length;
-	if (n == 0 && !st->resp_eof) {
-		st->deferred = true;
-		return NGHTTP2_ERR_DEFERRED;
-	}
-	*flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-	if (st->resp_eof && n == have) {
-		*flags |= NGHTTP2_DATA_FLAG_EOF;
-		if (st->ntrailers > 0) {
-			*flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-			nghttp2_submit_trailer(ng, id, st->trailers, st->ntrailers);
-		}
-	}
-	return (ssize_t)n;
-}
-
 static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
                         size_t length, nghttp2_data_source *src, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = src->ptr;
-	MAGIC_CHECK(st, H2ST_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = src->ptr;
+	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
 	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
@@ -458,249 +221,10 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 	return 0;
 }
 
-static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
-{
-	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
-		return 0;
-	struct h2_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
-	st->magic = H2ST_MAGIC;
-	st->loop = s->loop;
-	st->s = s;
-	st->id = frame->hd.stream_id;
-	st->head.content_length = -1;
-	st->resp = loop_buf_get(s->loop);     /* req_in: with the first DATA */
-	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
-	TAILQ_INSERT_TAIL(&s->streams, st, link);
-	s->nstreams++;
-	nghttp2_session_set_stream_user_data(ng, st->id, st);
-	s->last = st;       /* its fields come next */
-	return 0;
-}
-
-static int refuse_rank(int status)
-{
-	return status == 414 ? 3 : status == 431 ? 2 : status ? 1 : 0;
-}
-
-/* Precedence (SPEC §5): 414 (checked before the head size), then 431, then 501. */
-static void refuse_head(struct h2_stream *st, int status, const char *reason)
-{
-	if (refuse_rank(status) > refuse_rank(st->refuse_status)) {
-		st->refuse_status = status;
-		st->refuse_reason = reason;
-	}
-	if (status == 431 && !st->oversize) {
-		st->oversize = true;
-		stream_release(st);     /* keep nothing more of an oversized head */
-	}
-}
-
-/* Room for one more field in the head: the stream's own array first, then the heap. */
-static struct http_hdr *hdr_slot(struct h2_stream *st)
-{
-	if (st->cap == 0) {
-		st->hdrs = st->hdrs_in;
-		st->cap = HDRS_INLINE;
-	}
-	if (st->head.nhdrs + 1 >= st->cap) {
-		int cap = 2 * st->cap;
-		struct http_hdr *h = xmalloc((size_t)cap * sizeof(*h));
-		memcpy(h, st->hdrs, (size_t)st->head.nhdrs * sizeof(*h));
-		if (st->hdrs != st->hdrs_in)
-			free(st->hdrs);
-		st->hdrs = h;
-		st->cap = cap;
-	}
-	return &st->hdrs[st->head.nhdrs++];
-}
-
-static void keep(struct h2_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
-{
-	if (st->caprc == 0) {
-		st->rc = st->rc_in;
-		st->caprc = RC_INLINE;
-	}
-	if (st->nrc + 2 > st->caprc) {
-		int cap = 2 * st->caprc;
-		nghttp2_rcbuf **r = xmalloc((size_t)cap * sizeof(*r));
-		memcpy(r, st->rc, (size_t)st->nrc * sizeof(*r));
-		if (st->rc != st->rc_in)
-			free(st->rc);
-		st->rc = r;
-		st->caprc = cap;
-	}
-	nghttp2_rcbuf_incref(a);
-	nghttp2_rcbuf_incref(b);
-	st->rc[st->nrc++] = a;
-	st->rc[st->nrc++] = b;
-}
-
-/* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
- * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
- * upstream; past that the rest is dropped. */
-static void keep_request_trailer(struct h2_session *s, struct h2_stream *st, nghttp2_rcbuf *name,
-                                 nghttp2_rcbuf *value)
-{
-	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
-	st->req_trailer_bytes += nv.len + vv.len + 32;
-	if (st->req_trailer_bytes > (size_t)s->lcfg->limits.max_header_bytes ||
-	    st->nreq_trailers >= HTTP_MAX_HEADERS)
-		return;
-	if (!st->req_trailers)
-		st->req_trailers = loop_buf_get(s->loop);
-	uint32_t lens[2] = { (uint32_t)nv.len, (uint32_t)vv.len };
-	evbuffer_add(st->req_trailers, lens, sizeof(lens));
-	evbuffer_add(st->req_trailers, nv.base, nv.len);
-	evbuffer_add(st->req_trailers, vv.base, vv.len);
-	st->nreq_trailers++;
-}
-
-static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rcbuf *name,
-                     nghttp2_rcbuf *value, uint8_t flags, void *arg)
-{
-	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = stream_of(s, frame->hd.stream_id);
-	if (!st || st->malformed || st->refused)
-		return 0;
-	if (st->head_done) {
-		keep_request_trailer(s, st, name, value);
-		return 0;
-	}
-	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
-	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
-	size_t nl = nv.len, vl = vv.len;
-	st->list_bytes += nl + vl + 32;
-	if (st->list_bytes > (size_t)s->lcfg->limits.max_header_bytes)
-		refuse_head(st, 431, "headers-too-large");
-	if (nl > 0 && n[0] == ':') {
-		if (nl == 7 && memcmp(n, ":method", 7) == 0) {
-			if (vl >= sizeof(st->head.method)) {
-				refuse_head(st, 501, "not-implemented");
-				return 0;
-			}
-			memcpy(st->head.method, v, vl);
-			st->head.method[vl] = 0;
-			if (strcmp(st->head.method, "CONNECT") == 0)
-				refuse_head(st, 501, "not-implemented");
-		} else if (nl == 5 && memcmp(n, ":path", 5) == 0) {
-			if (vl > (size_t)s->lcfg->limits.max_uri_bytes) {
-				refuse_head(st, 414, "uri-too-long");
-				return 0;
-			}
-			if (st->oversize)
-				return 0;
-			keep(st, name, value);
-			st->head.path = v;
-			st->head.path_len = vl;
-		} else if (nl == 10 && memcmp(n, ":authority", 10) == 0 && !st->oversize) {
-			keep(st, name, value);
-			st->authority = v;
-			st->alen = vl;
-		}
-		return 0;
-	}
-	if (nl == 4 && memcmp(n, "host", 4) == 0) {
-		if (st->hosthdr) {
-			st->malformed = true;
-			return 0;
-		}
-		if (!st->oversize) {
-			keep(st, name, value);
-			st->hosthdr = v;
-			st->hlen = vl;
-		}
-		return 0;
-	}
-	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
-		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
-	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
-		int64_t cl = parse_length(v, vl);
-		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))
-			st->malformed = true;
-		st->head.content_length = cl;
-	}
-	if (st->oversize)
-		return 0;
-	if (nl == 6 && memcmp(n, "cookie", 6) == 0) {
-		st->cookie = xrealloc(st->cookie, st->cookie_len + 2 + vl + 1);
-		if (st->cookie_len > 0) {
-			memcpy(st->cookie + st->cookie_len, "; ", 2);
-			st->cookie_len += 2;
-		}
-		memcpy(st->cookie + st->cookie_len, v, vl);
-		st->cookie_len += vl;
-		return 0;
-	}
-	if (st->head.nhdrs >= HTTP_MAX_HEADERS) {
-		refuse_head(st, 431, "headers-too-large");
-		return 0;
-	}
-	keep(st, name, value);
-	*hdr_slot(st) = (struct http_hdr){
-		.name = n, .nlen = (uint32_t)nl, .value = v, .vlen = (uint32_t)vl,
-		.hop = h2s_connection_field(n, nl),
-	};
-	return 0;
-}
-
-/* nghttp2 drops a field whose name has bytes outside a token; SPEC §9 resets the stream. */
-static int invalid_header_cb(nghttp2_session *ng, const nghttp2_frame *frame,
-                             nghttp2_rcbuf *name, nghttp2_rcbuf *value, uint8_t flags, void *arg)
-{
-	MAGIC_CHECK((struct h2_session *)arg, H2S_MAGIC);
-	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  /* RST_STREAM PROTOCOL_ERROR */
-}
-
-static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
-{
-	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = frame->hd.stream_id ? stream_of(s, frame->hd.stream_id) : NULL;
-	if (!st)
-		return 0;
-	switch (frame->hd.type) {
-	case NGHTTP2_HEADERS:
-		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
-			st->req_end = true;
-		if (!st->head_done)
-			stream_start(st);
-		break;
-	case NGHTTP2_DATA:
-		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
-			st->req_end = true;
-		break;
-	case NGHTTP2_RST_STREAM:
-		st->client_reset = true;
-		break;
-	default:
-		break;
-	}
-	return 0;
-}
-
-static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
-                         size_t len, void *arg)
-{
-	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = stream_of(s, id);
-	if (!st || st->ex_done || !st->ex) {
-		nghttp2_session_consume(ng, id, len);
-		return 0;
-	}
-	if (!st->req_in)
-		st->req_in = loop_buf_get(s->loop);
-	evbuffer_add(st->req_in, data, len);
-	return 0;
-}
-
 static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	if (frame->hd.type == NGHTTP2_RST_STREAM) {
 		if (frame->rst_stream.error_code == NGHTTP2_REFUSED_STREAM)
 			defence(s, H2E_REFUSED, "stream beyond max_concurrent_streams refused");
@@ -714,7 +238,7 @@ static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	if (s->nrst_after > 0 &&
 	    (frame->hd.type == NGHTTP2_DATA || frame->hd.type == NGHTTP2_HEADERS) &&
 	    (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
-		struct h2_stream *st = stream_of(s, frame->hd.stream_id);
+		struct h2_client_stream *st = h2cl_stream_of(s, frame->hd.stream_id);
 		if (st && st->rst_after && !st->req_end)
 			nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
 	}
@@ -724,26 +248,27 @@ static int frame_send_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 static void terminate(struct h2_session *s, uint32_t code)
 {
 	nghttp2_session_terminate_session(s->ng, code);
-	if (s->state == H_OPEN || s->state == H_DRAINING)
-		set_state(s, H_CLOSING);
+	if (s->state == H2CL_OPEN || s->state == H2CL_DRAINING)
+		set_state(s, H2CL_CLOSING);
 }
 
 /* Never a fatal error from here (issue 12): the stream is gone, the connection goes on. */
 static int stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	struct h2_stream *st = stream_of(s, id);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = h2cl_stream_of(s, id);
 	if (!st)
 		return 0;
 	nghttp2_session_set_stream_user_data(ng, id, NULL);
-	size_t left = req_pending(st);
+	size_t left = h2cl_req_pending(st);
 	if (left > 0)
 		nghttp2_session_consume_connection(ng, left);
 	bool early = st->client_reset && !st->head_sent;
 	bool by_us = code != NGHTTP2_NO_ERROR && !st->client_reset;
 	stream_destroy(st);
-	if (h2_guard_stream_closed(&s->guard, (uint32_t)id, early, by_us) && s->state < H_CLOSING) {
+	if (h2_guard_stream_closed(&s->guard, (uint32_t)id, early, by_us) &&
+	    s->state < H2CL_CLOSING) {
 		defence(s, H2E_RAPID_RESET, "most streams reset by the client before a response");
 		terminate(s, NGHTTP2_ENHANCE_YOUR_CALM);
 	}
@@ -764,11 +289,11 @@ static void session_free_cb(void *p)
 
 void h2_session_close(struct h2_session *s, const char *why)
 {
-	if (s->state == H_CLOSED)
+	if (s->state == H2CL_CLOSED)
 		return;
-	set_state(s, H_CLOSED);
+	set_state(s, H2CL_CLOSED);
 	slog(LOG_DEBUG, s->id, "close: %s", why);
-	struct h2_stream *st;
+	struct h2_client_stream *st;
 	while ((st = TAILQ_FIRST(&s->streams))) {
 		nghttp2_session_set_stream_user_data(s->ng, st->id, NULL);
 		stream_destroy(st);     /* cancels its exchange */
@@ -819,12 +344,12 @@ static void timers(struct h2_session *s)
 /* One round: request bodies to their exchanges, frames out, timers, the end. */
 static void flush(struct h2_session *s)
 {
-	struct h2_stream *st, *next;
-	if (s->state == H_CLOSED)
+	struct h2_client_stream *st, *next;
+	if (s->state == H2CL_CLOSED)
 		return;
-	for (st = TAILQ_FIRST(&s->streams); st && s->state < H_CLOSING; st = next) {
+	for (st = TAILQ_FIRST(&s->streams); st && s->state < H2CL_CLOSING; st = next) {
 		next = TAILQ_NEXT(st, link);
-		stream_pump(s, st);
+		h2cl_stream_pump(s, st);
 	}
 	int rv = session_send(s);
 	if (rv != 0) {
@@ -839,12 +364,12 @@ static void flush(struct h2_session *s)
 				exchange_client_drained(st->ex);
 		}
 	}
-	if (s->state == H_DRAINING && s->goaway_final && s->nstreams == 0)
-		set_state(s, H_CLOSING);
+	if (s->state == H2CL_DRAINING && s->goaway_final && s->nstreams == 0)
+		set_state(s, H2CL_CLOSING);
 	if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
-	    s->state < H_CLOSING)
-		set_state(s, H_CLOSING);
-	if (s->state == H_CLOSING) {
+	    s->state < H2CL_CLOSING)
+		set_state(s, H2CL_CLOSING);
+	if (s->state == H2CL_CLOSING) {
 		/* the GOAWAY (if any) is in the output: close once it left */
 		stream_disable(s->strm, EV_READ);
 		if (evbuffer_get_length(stream_output(s->strm)) == 0)
@@ -857,7 +382,7 @@ static void flush(struct h2_session *s)
 static void send_ev_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	s->send_pending = false;
 	flush(s);
 }
@@ -889,9 +414,9 @@ static void guard_verdict(struct h2_session *s, enum h2g_verdict g)
 static void read_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct evbuffer *in = stream_input(strm);
-	while (s->state < H_CLOSING && evbuffer_get_length(in) > 0) {
+	while (s->state < H2CL_CLOSING && evbuffer_get_length(in) > 0) {
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
@@ -920,19 +445,19 @@ static void read_cb(struct stream *strm, void *arg)
 			} else {
 				defence(s, H2E_MALFORMED, nghttp2_strerror((int)n));
 			}
-			if (s->state < H_CLOSING)
-				set_state(s, H_CLOSING);
+			if (s->state < H2CL_CLOSING)
+				set_state(s, H2CL_CLOSING);
 			break;
 		}
 		evbuffer_drain(in, (size_t)n);
 		/* replies (SETTINGS and PING ACKs) leave as they are due, before more is read:
 		 * nghttp2 bounds how many may wait */
 		if (session_send(s) != 0) {
-			set_state(s, H_CLOSING);
+			set_state(s, H2CL_CLOSING);
 			break;
 		}
 	}
-	if (s->state >= H_CLOSING)
+	if (s->state >= H2CL_CLOSING)
 		evbuffer_drain(in, evbuffer_get_length(in));
 	flush(s);
 }
@@ -940,14 +465,14 @@ static void read_cb(struct stream *strm, void *arg)
 static void write_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	flush(s);
 }
 
 static void event_cb(struct stream *strm, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	if (what & BEV_EVENT_CONNECTED)
 		return;
 	if (what & BEV_EVENT_TIMEOUT) {
@@ -969,16 +494,16 @@ static void defend_and_end(struct h2_session *s, int kind, const char *detail, u
 static void idle_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->nstreams == 0 && s->state < H_CLOSING)
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (s->nstreams == 0 && s->state < H2CL_CLOSING)
 		defend_and_end(s, H2E_IDLE, "no stream for idle_timeout", NGHTTP2_NO_ERROR);
 }
 
 static void hdr_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->state < H_CLOSING && h2_guard_block_open(&s->guard, NULL))
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (s->state < H2CL_CLOSING && h2_guard_block_open(&s->guard, NULL))
 		defend_and_end(s, H2E_HEADER_BLOCK, "header block not complete within header_timeout",
 		               NGHTTP2_ENHANCE_YOUR_CALM);
 }
@@ -988,8 +513,8 @@ static void hdr_cb(evutil_socket_t fd, short what, void *arg)
 static void stall_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_session *s = arg;
-	MAGIC_CHECK(s, H2S_MAGIC);
-	if (s->state == H_CLOSED || s->resp_pending == 0)
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (s->state == H2CL_CLOSED || s->resp_pending == 0)
 		return;
 	int64_t idle = s->lcfg->limits.idle_timeout_us, now = clock_now_us();
 	if (now - s->last_progress_us < idle) {
@@ -1004,7 +529,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
                                   const struct h2_handoff *h)
 {
 	struct h2_session *s = xcalloc(1, sizeof(*s));
-	s->magic = H2S_MAGIC;
+	s->magic = H2CL_SESSION_MAGIC;
 	s->loop = loop;
 	s->own = *own;
 	s->lname = xstrdup(h->lname);
@@ -1020,7 +545,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	s->hdr_ev = evtimer_new(loop->base, hdr_cb, s);
 	s->stall_ev = evtimer_new(loop->base, stall_cb, s);
 	s->tmp = evbuffer_new();
-	set_state(s, H_OPEN);
+	set_state(s, H2CL_OPEN);
 	if (!s->lcfg) {
 		h2_session_close(s, "listener no longer configured");
 		return NULL;
@@ -1032,11 +557,7 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	nghttp2_session_callbacks_new(&cbs);
 	nghttp2_session_callbacks_set_send_callback(cbs, send_cb);
 	nghttp2_session_callbacks_set_send_data_callback(cbs, send_data_cb);
-	nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, begin_headers_cb);
-	nghttp2_session_callbacks_set_on_header_callback2(cbs, header_cb);
-	nghttp2_session_callbacks_set_on_invalid_header_callback2(cbs, invalid_header_cb);
-	nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, frame_recv_cb);
-	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, data_chunk_cb);
+	h2cl_request_callbacks(cbs);
 	nghttp2_session_callbacks_set_on_frame_send_callback(cbs, frame_send_cb);
 	nghttp2_session_callbacks_set_on_stream_close_callback(cbs, stream_close_cb);
 	nghttp2_option *opt;
@@ -1064,19 +585,19 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	stream_enable(s->strm, EV_READ | EV_WRITE);
 	/* the preface (and more) may already be in the input: read it from the loop */
 	stream_trigger_read(s->strm);
-	h2s_kick(s);
+	h2cl_kick(s);
 	return s;
 }
 
 void h2_session_drain(struct h2_session *s, bool close_idle)
 {
-	if (s->state >= H_CLOSING)
+	if (s->state >= H2CL_CLOSING)
 		return;
 	int64_t now = clock_now_us();
 	if (!s->notice_sent) {
 		s->notice_sent = true;
 		s->notice_us = now;
-		set_state(s, H_DRAINING);
+		set_state(s, H2CL_DRAINING);
 		nghttp2_submit_shutdown_notice(s->ng);
 	}
 	if (!s->goaway_final && (close_idle || now - s->notice_us >= NOTICE_RTT_US)) {
@@ -1086,5 +607,5 @@ void h2_session_drain(struct h2_session *s, bool close_idle)
 		                      nghttp2_session_get_last_proc_stream_id(s->ng), NGHTTP2_NO_ERROR,
 		                      NULL, 0);
 	}
-	h2s_kick(s);
+	h2cl_kick(s);
 }

@@ -1,8 +1,16 @@
 /*
- * h2_session_impl: what the two files of the HTTP/2 client codec share, and nobody else: the
- * connection and stream objects and the calls between them. h2_session.c runs the connection
- * (nghttp2 callbacks, request intake, defences, timers, drain); h2_responder.c is the responder
- * its exchanges answer through (response heads, DATA, trailers, the end of a stream).
+ * h2_session_impl: what the files of the HTTP/2 client codec share, and nobody else: the
+ * connection and stream objects, the session core, and the calls between the files.
+ * h2_session.c runs the connection (the send path, stream ends, defences, timers, drain);
+ * h2_request.c is the request intake (heads, their checks, the exchange's start, request DATA
+ * and trailers); h2_responder.c is the responder its exchanges answer through (response heads,
+ * DATA, trailers, the end of a stream).
+ *
+ * Calls go one way, down this list: h2_session.c -> h2_request.c -> h2_responder.c -> the core
+ * (at the end of this file: schedule a send, find a stream). Each file may call those below it,
+ * none those above: news goes up only as state in the objects (a flag, a buffer) that the
+ * connection reads on its next round, or through nghttp2's callbacks, which h2_session.c
+ * registers. The exchange (proxy/) reaches a stream only through the responder's table.
  */
 #ifndef RG_H2_SESSION_IMPL_H
 #define RG_H2_SESSION_IMPL_H
@@ -12,12 +20,14 @@
 #include <sys/queue.h>
 #include <sys/types.h>
 
+#include <event2/event.h>
 #include <nghttp2/nghttp2.h>
 
 #include "client/h2_guard.h"
 #include "http/h1_parser.h"
 #include "http/responder.h"
 #include "client/session.h"
+#include "base/util.h"
 
 struct cfg_listener;
 struct event;
@@ -27,8 +37,9 @@ struct loop;
 struct runtime;
 struct stream;
 
-#define H2S_MAGIC 0x4832a55au
-#define H2ST_MAGIC 0x4832a57bu
+/* The client side's objects: names and values apart from the upstream h2_conn's */
+#define H2CL_SESSION_MAGIC 0x4832a55au
+#define H2CL_STREAM_MAGIC 0x4832a57bu
 #define STREAM_WINDOW (64 * 1024)       /* request body a stream may send ahead of the exchange */
 #define CONN_WINDOW (1024 * 1024)       /* ... and all streams of a connection together */
 #define OUT_HIGH (128 * 1024)           /* connection output: pack no more frames above this */
@@ -40,17 +51,17 @@ struct stream;
 #define RC_INLINE 32                    /* ... and the rcbufs they point into: no allocation
                                          * for the head of a typical request */
 
-enum hstate { H_OPEN, H_DRAINING, H_CLOSING, H_CLOSED };
+enum h2cl_state { H2CL_OPEN, H2CL_DRAINING, H2CL_CLOSING, H2CL_CLOSED };
 
 struct h2_session;
 
 /* From the loop's free list (LOOP_H2_STREAM): the first member is overwritten while free. */
-struct h2_stream {
+struct h2_client_stream {
 	uint32_t magic;
 	struct loop *loop;              /* for the deferred free: the session may be gone by then */
 	struct h2_session *s;
 	int32_t id;
-	TAILQ_ENTRY(h2_stream) link;
+	TAILQ_ENTRY(h2_client_stream) link;
 	struct http_head head;
 	struct http_hdr *hdrs;          /* point into the rcbufs held in rc; hdrs_in until it grows */
 	int cap;
@@ -60,8 +71,9 @@ struct h2_stream {
 	nghttp2_rcbuf *rc_in[RC_INLINE];
 	char *cookie;                   /* the cookie fields joined with "; " (RFC 9113 §8.2.3) */
 	size_t cookie_len;
-	const char *authority, *hosthdr;
+	const char *authority, *hosthdr;  /* into rc, as hdrs; NULL once the head is released */
 	size_t alen, hlen;
+	bool host_kept;                 /* a host field was kept: a second one is malformed */
 	size_t list_bytes;              /* decoded header-list size, RFC 7541 §4.1 */
 	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
 	const char *refuse_reason;
@@ -90,7 +102,7 @@ struct h2_stream {
 
 struct h2_session {
 	uint32_t magic;
-	enum hstate state;
+	enum h2cl_state state;
 	uint64_t id;
 	struct loop *loop;
 	struct session_owner own;
@@ -99,9 +111,9 @@ struct h2_session {
 	struct cfg_listener *lcfg;
 	struct stream *strm;
 	nghttp2_session *ng;
-	TAILQ_HEAD(, h2_stream) streams;
+	TAILQ_HEAD(, h2_client_stream) streams;
 	int nstreams;
-	struct h2_stream *last;         /* the stream stream_of found last (or NULL) */
+	struct h2_client_stream *last;  /* the stream stream_of found last (or NULL) */
 	int nrst_after;                 /* streams with rst_after set */
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
@@ -124,17 +136,49 @@ struct h2_session {
 	unsigned reqids;                /* X-Request-Id fields sent: see unique_flags */
 };
 
-/* h2_session.c */
-/* Schedule a send (nghttp2 runs from a clean stack, never from a responder call). */
-void h2s_kick(struct h2_session *s);
-/* The data provider of every response: pulls from the stream's pending response. */
-ssize_t h2s_data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
-                         uint32_t *flags, nghttp2_data_source *src, void *arg);
+/* h2_request.c: called by h2_session.c */
+/* nghttp2's receive callbacks: heads, request DATA, trailers, a client's RST_STREAM. */
+void h2cl_request_callbacks(nghttp2_session_callbacks *cbs);
+/* Request DATA received and not yet taken by the exchange. */
+size_t h2cl_req_pending(const struct h2_client_stream *st);
+/* Request body to the exchange as far as it takes it; its end, and trailers, after. */
+void h2cl_stream_pump(struct h2_session *s, struct h2_client_stream *st);
+/* Lets go of the rcbufs the stream's head points into and of its field array, and forgets
+ * every pointer into them: nothing of the head may be read after. */
+void h2cl_head_release(struct h2_client_stream *st);
 
-/* h2_responder.c */
+/* h2_responder.c: called by h2_request.c (and the exchange, through the table) */
 extern const struct responder h2_responder;
 /* A connection-specific field (RFC 9113 §8.2.2): never sent to an HTTP/2 peer. */
-bool h2s_connection_field(const char *n, size_t len);
-void h2s_rsp_end(void *arg, bool complete, bool close);
+bool h2cl_connection_field(const char *n, size_t len);
+void h2cl_rsp_end(void *arg, bool complete, bool close);
+
+/* ------------------------------------------------------------------ the core: called by all */
+
+/* Schedule a send: nghttp2 runs from a clean stack (the session's send event), never from a
+ * responder call or an nghttp2 callback. */
+static inline void h2cl_kick(struct h2_session *s)
+{
+	if (!s->send_pending && s->state != H2CL_CLOSED) {
+		s->send_pending = true;
+		event_active(s->send_ev, EV_TIMEOUT, 0);
+	}
+}
+
+/* The stream of ID, or NULL. nghttp2's callbacks come a stream at a time (a head's fields,
+ * then its frame; a response's frames), so the last one found is kept: a map lookup less for
+ * each field of each request. stream_destroy (h2_session.c) forgets it. */
+static inline struct h2_client_stream *h2cl_stream_of(struct h2_session *s, int32_t id)
+{
+	struct h2_client_stream *st = s->last;
+	if (st && st->id == id)
+		return st;
+	st = nghttp2_session_get_stream_user_data(s->ng, id);
+	if (st) {
+		MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+		s->last = st;
+	}
+	return st;
+}
 
 #endif

@@ -1,11 +1,12 @@
 /*
- * fuzz_h2_session: libFuzzer target for the HTTP/2 client codec (h2_session.c, h2_guard.c)
- * with everything under it real: exchanges, attempts and a fake HTTP/1.1 upstream on the same
- * loop that answers every request "200 hello" and closes. Each input is what one client
- * connection sends (byte 0 bit 0: prepend the connection preface, so inputs can start with
- * frames); it is written into a socketpair, the loop runs until quiet while the client end is
- * read, then the session is closed and its deferred frees run. ASan/UBSan and the magic checks
- * (RG_CHECK_MAGIC) are the oracle; nothing may leak between inputs.
+ * fuzz_h2_session: libFuzzer target for the HTTP/2 client codec (h2_session.c, h2_request.c,
+ * h2_responder.c, h2_guard.c) with everything under it real: exchanges, attempts and a fake
+ * HTTP/1.1 upstream on the same loop that answers every request "200 hello" and closes. Each
+ * input is what one client connection sends (byte 0 bit 0: prepend the connection preface, so
+ * inputs can start with frames); it is written into a socketpair, the loop runs until quiet
+ * while the client end is read, then the session is closed and its deferred frees run.
+ * ASan/UBSan and the magic checks (RG_CHECK_MAGIC) are the oracle; nothing may leak between
+ * inputs.
  */
 #include <errno.h>
 #include <netinet/in.h>

@@ -7,6 +7,7 @@ in retrygate_downstream_h2_protocol_errors_total{error}."""
 import time
 
 import pytest
+from hpack import NeverIndexedHeaderTuple
 from hyperframe.frame import (ContinuationFrame, DataFrame, HeadersFrame, PriorityFrame,
                               SettingsFrame, WindowUpdateFrame)
 
@@ -114,6 +115,47 @@ def test_header_list_size_431_and_uri_414(upstream, rg_factory):
     assert r.status == 200
     time.sleep(0.05)
     assert [q.path for q in upstream.requests] == ["/fine"]
+
+
+def send_block(c, sid, fields, frame_max=16384):
+    """One request whose every field is a never-indexed literal (RFC 7541 §6.2.3): HPACK's
+    table keeps no copy of a value, so the request's own buffers are the only ones. The block
+    goes out as HEADERS (END_STREAM) and as many CONTINUATION frames as it needs."""
+    block = c.enc.encode([NeverIndexedHeaderTuple(k.encode(), v.encode()) for k, v in fields],
+                         huffman=False)
+    chunks = [block[i:i + frame_max] for i in range(0, len(block), frame_max)]
+    for i, chunk in enumerate(chunks):
+        f = HeadersFrame(sid, flags=["END_STREAM"]) if i == 0 else ContinuationFrame(sid)
+        f.data = chunk
+        if i == len(chunks) - 1:
+            f.flags.add("END_HEADERS")
+        c.frame(f)
+
+
+@pytest.mark.parametrize("host", ["same", "different"])
+def test_431_after_authority_and_host(upstream, rg_factory, host):
+    """:authority and host (2 KB each) come before the head passes max_header_bytes (~40 KB
+    of other fields): what the stream held of the head is let go then, so the two must have
+    been compared while it was still held. The same: 431; different: malformed, reset. Either
+    way the connection carries on and nothing is forwarded."""
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"max_header_bytes": "32KiB"}))
+    c = H2Raw(rg.port)
+    c.settle()
+    name = "h" * 2000 + ".example"
+    fields = base(authority=name) + [("host", name if host == "same" else "x" + name[1:])]
+    fields += [("x-f%d" % i, "v" * 1000) for i in range(40)]
+    sid = c.new_id()
+    send_block(c, sid, fields)
+    r = c.response(sid)
+    if host == "same":
+        assert r.status == 431 and r.header("x-retrygate-reason") == "headers-too-large", r
+    else:
+        assert r.status is None and r.reset == PROTOCOL_ERROR, r
+    ok = c.response(c.get("/after"))
+    assert ok.status == 200, ok
+    time.sleep(0.05)
+    assert [q.path for q in upstream.requests] == ["/after"]
 
 
 def test_streams_beyond_limit_refused(upstream, rg_factory):

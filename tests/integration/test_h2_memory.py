@@ -42,7 +42,7 @@ UP_STREAMS = 1000                           # the stalled upstream's MAX_CONCURR
 
 # ------------------------------------------------------------------------------- BOUND
 #
-# What a client can make retrygate hold, by the limits (src/h2_session_impl.h, h2_conn.c):
+# What a client can make retrygate hold, by the limits (src/client/h2_session_impl.h, h2_conn.c):
 #   per connection: the session (nghttp2 server session, its two HPACK tables of 4 KiB each,
 #     the event, the socket buffers accounted to the process: none, they are kernel memory),
 #     and its output, capped at OUT_HIGH (128 KiB) plus a frame; request bodies up to

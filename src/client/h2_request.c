@@ -1,0 +1,491 @@
+/*
+ * h2_request: request intake of the HTTP/2 client codec (see h2_session_impl.h). nghttp2's
+ * receive callbacks for what the client sends on a stream: the head's fields (kept in the
+ * rcbufs nghttp2 decoded them into, no copy), its checks (SPEC §9: malformed, 414 / 431 /
+ * 501, the §5 precedence), the start of the stream's exchange, request DATA and trailers, and
+ * the pump that hands the body to the exchange as it takes it.
+ *
+ * Invariants: a stream's exchange starts once, when its head is complete and passed every
+ * check, and only from a receive callback; the request's http_head points into rcbufs the
+ * stream holds until it is destroyed (an oversized head holds none: see refuse_head); request
+ * DATA is consumed (WINDOW_UPDATE) only as the exchange takes it, or when nobody will.
+ *
+ * Calls go down only (h2_session_impl.h): into h2_responder.c (the responder each exchange
+ * gets, the refusals made here) and the core; h2_session.c calls this file, never the reverse.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include <event2/buffer.h>
+#include <nghttp2/nghttp2.h>
+
+#include "obs/accesslog.h"
+#include "config/config.h"
+#include "proxy/exchange.h"
+#include "http/grpc.h"
+#include "client/h2_session_impl.h"
+#include "http/h1_parser.h"
+#include "base/log.h"
+#include "base/loop.h"
+#include "http/respond.h"
+#include "http/responder.h"
+#include "obs/stats.h"
+#include "state/runtime.h"
+#include "base/util.h"
+
+static struct http_hdr *hdr_slot(struct h2_client_stream *st);
+
+/* ------------------------------------------------------------------ the exchange */
+
+static bool refresh_config(struct h2_session *s)
+{
+	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
+	if (rt == s->rt)
+		return s->lcfg != NULL;
+	struct cfg_listener *l = config_listener(rt->cfg, s->lname);
+	if (!l)
+		return false;
+	runtime_unref(s->rt);
+	s->rt = runtime_ref(rt);
+	s->lcfg = l;
+	return true;
+}
+
+/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits). */
+static void stream_refuse(struct h2_client_stream *st, int status, const char *reason)
+{
+	struct h2_session *s = st->s;
+	slog(LOG_INFO, s->id, "stream %d refused %d %s", st->id, status, reason);
+	char reqid[33];
+	struct access_rec r;
+	request_id_new(reqid, &s->loop->rng);
+	access_begin(&r, s->id, s->peer_ip, NULL, reqid);
+	r.status = status;
+	r.reason = reason;
+	accesslog_write(&r);
+	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
+	struct made_response m;
+	if (st->grpc)
+		respond_grpc_error(&m, reason, "", 0, NULL);    /* SPEC §10 */
+	else
+		respond_error(&m, status, reason, "", 0, NULL, NULL, true);
+	struct responder rsp = h2_responder;
+	rsp.arg = st;
+	respond_send(&rsp, &m.head, m.body, m.body_len);
+	h2cl_rsp_end(st, true, true);
+}
+
+static void stream_malformed(struct h2_client_stream *st, const char *why)
+{
+	slog(LOG_DEBUG, st->s->id, "stream %d malformed: %s", st->id, why);
+	st->ex_done = true;
+	nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+}
+
+static int64_t parse_length(const char *v, size_t n)
+{
+	int64_t x = 0;
+	if (n == 0 || n > 18)
+		return -2;
+	for (size_t i = 0; i < n; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return -2;
+		x = x * 10 + (v[i] - '0');
+	}
+	return x;
+}
+
+/* The head is complete: check what nghttp2 leaves to us, build the http_head, start. */
+static void stream_start(struct h2_client_stream *st)
+{
+	struct h2_session *s = st->s;
+	struct http_head *h = &st->head;
+	st->head_done = true;
+	if (st->refused) {
+		st->ex_done = true;
+		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
+		return;
+	}
+	if (st->malformed) {
+		stream_malformed(st, ":authority and host differ, or a repeated host");
+		return;
+	}
+	if (st->cookie) {
+		if (st->refuse_status == 0 && h->nhdrs < HTTP_MAX_HEADERS) {
+			*hdr_slot(st) = (struct http_hdr){ .name = "cookie", .nlen = 6, .value = st->cookie,
+			                        .vlen = (uint32_t)st->cookie_len };
+		}
+	}
+	if (st->refuse_status) {
+		stream_refuse(st, st->refuse_status, st->refuse_reason);
+		return;
+	}
+	int mc = http_method_class(h->method, strlen(h->method));
+	if (mc != METH_OK) {
+		stream_refuse(st, 501, "not-implemented");
+		return;
+	}
+	if (st->authority) {
+		h->host = st->authority;
+		h->host_len = st->alen;
+	} else if (st->hosthdr) {
+		h->host = st->hosthdr;
+		h->host_len = st->hlen;
+	}
+	h->target = h->path;
+	h->target_len = h->path_len;
+	h->version = 20;
+	h->keep_alive = true;
+	h->method_head = strcmp(h->method, "HEAD") == 0;
+	h->chunked = !st->req_end && h->content_length < 0;
+	h->hdrs = st->hdrs;
+	if (!refresh_config(s)) {
+		stream_refuse(st, 404, "no-route");
+		return;
+	}
+	struct client_info ci = { .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls };
+	struct responder rsp = h2_responder;
+	rsp.arg = st;
+	st->ex = exchange_new(s->loop, s->rt, s->lcfg, &ci, h, &rsp);
+	exchange_start(st->ex);
+}
+
+/* The kept request trailers go to the exchange (before its body ends). */
+static void deliver_request_trailers(struct h2_client_stream *st)
+{
+	const char *p = (const char *)evbuffer_pullup(st->req_trailers, -1);
+	struct http_hdr t[HTTP_MAX_HEADERS];
+	int n = 0;
+	for (; n < st->nreq_trailers; n++) {
+		uint32_t lens[2];
+		memcpy(lens, p, sizeof(lens));
+		p += sizeof(lens);
+		t[n] = (struct http_hdr){ .name = p, .nlen = lens[0], .value = p + lens[0],
+		                          .vlen = lens[1] };
+		p += lens[0] + lens[1];
+	}
+	exchange_trailers(st->ex, t, n);
+}
+
+/* Request DATA received and not yet taken. The buffer is got with the first DATA: most
+ * requests (GET) have none, and flush asks this of every stream each round. */
+size_t h2cl_req_pending(const struct h2_client_stream *st)
+{
+	return st->req_in ? evbuffer_get_length(st->req_in) : 0;
+}
+
+/* Request body bytes go to the exchange as it takes them, and only then are consumed
+ * (WINDOW_UPDATE): a stalled upstream stalls this stream, nothing else. */
+void h2cl_stream_pump(struct h2_session *s, struct h2_client_stream *st)
+{
+	while (st->ex && !st->ex_done && h2cl_req_pending(st) > 0) {
+		size_t room = exchange_body_room(st->ex);
+		if (room == 0)
+			return;
+		size_t have = evbuffer_get_length(st->req_in);
+		size_t n = room < have ? room : have;
+		evbuffer_remove_buffer(st->req_in, s->tmp, n);
+		exchange_body(st->ex, s->tmp);
+		evbuffer_drain(s->tmp, evbuffer_get_length(s->tmp));
+		nghttp2_session_consume(s->ng, st->id, n);
+	}
+	size_t left = h2cl_req_pending(st);
+	if (left > 0 && (st->ex_done || !st->ex)) {
+		evbuffer_drain(st->req_in, left);    /* nobody reads it: discard, keep the window */
+		nghttp2_session_consume(s->ng, st->id, left);
+		left = 0;
+	}
+	if (st->req_end && left == 0 && !st->body_end_sent && st->ex && !st->ex_done) {
+		st->body_end_sent = true;
+		if (st->nreq_trailers > 0)
+			deliver_request_trailers(st);
+		if (!st->ex_done)
+			exchange_body_end(st->ex);
+	}
+}
+
+/* ------------------------------------------------------------------ nghttp2's receive side */
+
+static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+		return 0;
+	struct h2_client_stream *st = loop_obj_get(s->loop, LOOP_H2_STREAM, sizeof(*st));
+	st->magic = H2CL_STREAM_MAGIC;
+	st->loop = s->loop;
+	st->s = s;
+	st->id = frame->hd.stream_id;
+	st->head.content_length = -1;
+	st->resp = loop_buf_get(s->loop);     /* req_in: with the first DATA */
+	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
+	TAILQ_INSERT_TAIL(&s->streams, st, link);
+	s->nstreams++;
+	nghttp2_session_set_stream_user_data(ng, st->id, st);
+	s->last = st;       /* its fields come next */
+	return 0;
+}
+
+void h2cl_head_release(struct h2_client_stream *st)
+{
+	for (int i = 0; i < st->nrc; i++)
+		nghttp2_rcbuf_decref(st->rc[i]);
+	st->nrc = st->caprc = st->cap = 0;
+	if (st->rc != st->rc_in)
+		free(st->rc);
+	st->rc = NULL;
+	if (st->hdrs != st->hdrs_in)
+		free(st->hdrs);
+	st->hdrs = NULL;
+	st->head.hdrs = NULL;
+	st->head.nhdrs = 0;
+	/* these point into the rcbufs just let go of */
+	st->authority = st->hosthdr = NULL;
+	st->alen = st->hlen = 0;
+	st->head.path = NULL;
+	st->head.path_len = 0;
+}
+
+/* :authority and host, both present, must agree (SPEC §9). Checked as the second of them is
+ * kept, while both are held: a head that passes max_header_bytes later lets go of them before
+ * it is complete. */
+static void check_host(struct h2_client_stream *st)
+{
+	if (st->authority && st->hosthdr &&
+	    !str_ieq(st->authority, st->alen, st->hosthdr, st->hlen))
+		st->malformed = true;
+}
+
+static int refuse_rank(int status)
+{
+	return status == 414 ? 3 : status == 431 ? 2 : status ? 1 : 0;
+}
+
+/* Precedence (SPEC §5): 414 (checked before the head size), then 431, then 501. */
+static void refuse_head(struct h2_client_stream *st, int status, const char *reason)
+{
+	if (refuse_rank(status) > refuse_rank(st->refuse_status)) {
+		st->refuse_status = status;
+		st->refuse_reason = reason;
+	}
+	if (status == 431 && !st->oversize) {
+		st->oversize = true;
+		h2cl_head_release(st);  /* keep nothing more of an oversized head */
+	}
+}
+
+/* Room for one more field in the head: the stream's own array first, then the heap. */
+static struct http_hdr *hdr_slot(struct h2_client_stream *st)
+{
+	if (st->cap == 0) {
+		st->hdrs = st->hdrs_in;
+		st->cap = HDRS_INLINE;
+	}
+	if (st->head.nhdrs + 1 >= st->cap) {
+		int cap = 2 * st->cap;
+		struct http_hdr *h = xmalloc((size_t)cap * sizeof(*h));
+		memcpy(h, st->hdrs, (size_t)st->head.nhdrs * sizeof(*h));
+		if (st->hdrs != st->hdrs_in)
+			free(st->hdrs);
+		st->hdrs = h;
+		st->cap = cap;
+	}
+	return &st->hdrs[st->head.nhdrs++];
+}
+
+static void keep(struct h2_client_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b)
+{
+	if (st->caprc == 0) {
+		st->rc = st->rc_in;
+		st->caprc = RC_INLINE;
+	}
+	if (st->nrc + 2 > st->caprc) {
+		int cap = 2 * st->caprc;
+		nghttp2_rcbuf **r = xmalloc((size_t)cap * sizeof(*r));
+		memcpy(r, st->rc, (size_t)st->nrc * sizeof(*r));
+		if (st->rc != st->rc_in)
+			free(st->rc);
+		st->rc = r;
+		st->caprc = cap;
+	}
+	nghttp2_rcbuf_incref(a);
+	nghttp2_rcbuf_incref(b);
+	st->rc[st->nrc++] = a;
+	st->rc[st->nrc++] = b;
+}
+
+/* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
+ * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
+ * upstream; past that the rest is dropped. */
+static void keep_request_trailer(struct h2_session *s, struct h2_client_stream *st,
+                                 nghttp2_rcbuf *name, nghttp2_rcbuf *value)
+{
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	st->req_trailer_bytes += nv.len + vv.len + 32;
+	if (st->req_trailer_bytes > (size_t)s->lcfg->limits.max_header_bytes ||
+	    st->nreq_trailers >= HTTP_MAX_HEADERS)
+		return;
+	if (!st->req_trailers)
+		st->req_trailers = loop_buf_get(s->loop);
+	uint32_t lens[2] = { (uint32_t)nv.len, (uint32_t)vv.len };
+	evbuffer_add(st->req_trailers, lens, sizeof(lens));
+	evbuffer_add(st->req_trailers, nv.base, nv.len);
+	evbuffer_add(st->req_trailers, vv.base, vv.len);
+	st->nreq_trailers++;
+}
+
+static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rcbuf *name,
+                     nghttp2_rcbuf *value, uint8_t flags, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = h2cl_stream_of(s, frame->hd.stream_id);
+	if (!st || st->malformed || st->refused)
+		return 0;
+	if (st->head_done) {
+		keep_request_trailer(s, st, name, value);
+		return 0;
+	}
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
+	size_t nl = nv.len, vl = vv.len;
+	st->list_bytes += nl + vl + 32;
+	if (st->list_bytes > (size_t)s->lcfg->limits.max_header_bytes)
+		refuse_head(st, 431, "headers-too-large");
+	if (nl > 0 && n[0] == ':') {
+		if (nl == 7 && memcmp(n, ":method", 7) == 0) {
+			if (vl >= sizeof(st->head.method)) {
+				refuse_head(st, 501, "not-implemented");
+				return 0;
+			}
+			memcpy(st->head.method, v, vl);
+			st->head.method[vl] = 0;
+			if (strcmp(st->head.method, "CONNECT") == 0)
+				refuse_head(st, 501, "not-implemented");
+		} else if (nl == 5 && memcmp(n, ":path", 5) == 0) {
+			if (vl > (size_t)s->lcfg->limits.max_uri_bytes) {
+				refuse_head(st, 414, "uri-too-long");
+				return 0;
+			}
+			if (st->oversize)
+				return 0;
+			keep(st, name, value);
+			st->head.path = v;
+			st->head.path_len = vl;
+		} else if (nl == 10 && memcmp(n, ":authority", 10) == 0 && !st->oversize) {
+			keep(st, name, value);
+			st->authority = v;
+			st->alen = vl;
+			check_host(st);
+		}
+		return 0;
+	}
+	if (nl == 4 && memcmp(n, "host", 4) == 0) {
+		if (st->host_kept) {
+			st->malformed = true;
+			return 0;
+		}
+		if (!st->oversize) {
+			keep(st, name, value);
+			st->hosthdr = v;
+			st->hlen = vl;
+			st->host_kept = true;
+			check_host(st);
+		}
+		return 0;
+	}
+	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
+		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
+	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
+		int64_t cl = parse_length(v, vl);
+		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))
+			st->malformed = true;
+		st->head.content_length = cl;
+	}
+	if (st->oversize)
+		return 0;
+	if (nl == 6 && memcmp(n, "cookie", 6) == 0) {
+		st->cookie = xrealloc(st->cookie, st->cookie_len + 2 + vl + 1);
+		if (st->cookie_len > 0) {
+			memcpy(st->cookie + st->cookie_len, "; ", 2);
+			st->cookie_len += 2;
+		}
+		memcpy(st->cookie + st->cookie_len, v, vl);
+		st->cookie_len += vl;
+		return 0;
+	}
+	if (st->head.nhdrs >= HTTP_MAX_HEADERS) {
+		refuse_head(st, 431, "headers-too-large");
+		return 0;
+	}
+	keep(st, name, value);
+	*hdr_slot(st) = (struct http_hdr){
+		.name = n, .nlen = (uint32_t)nl, .value = v, .vlen = (uint32_t)vl,
+		.hop = h2cl_connection_field(n, nl),
+	};
+	return 0;
+}
+
+/* nghttp2 drops a field whose name has bytes outside a token; SPEC §9 resets the stream. */
+static int invalid_header_cb(nghttp2_session *ng, const nghttp2_frame *frame,
+                             nghttp2_rcbuf *name, nghttp2_rcbuf *value, uint8_t flags, void *arg)
+{
+	MAGIC_CHECK((struct h2_session *)arg, H2CL_SESSION_MAGIC);
+	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  /* RST_STREAM PROTOCOL_ERROR */
+}
+
+static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st =
+		frame->hd.stream_id ? h2cl_stream_of(s, frame->hd.stream_id) : NULL;
+	if (!st)
+		return 0;
+	switch (frame->hd.type) {
+	case NGHTTP2_HEADERS:
+		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+			st->req_end = true;
+		if (!st->head_done)
+			stream_start(st);
+		break;
+	case NGHTTP2_DATA:
+		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+			st->req_end = true;
+		break;
+	case NGHTTP2_RST_STREAM:
+		st->client_reset = true;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data,
+                         size_t len, void *arg)
+{
+	struct h2_session *s = arg;
+	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	struct h2_client_stream *st = h2cl_stream_of(s, id);
+	if (!st || st->ex_done || !st->ex) {
+		nghttp2_session_consume(ng, id, len);
+		return 0;
+	}
+	if (!st->req_in)
+		st->req_in = loop_buf_get(s->loop);
+	evbuffer_add(st->req_in, data, len);
+	return 0;
+}
+
+void h2cl_request_callbacks(nghttp2_session_callbacks *cbs)
+{
+	nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, begin_headers_cb);
+	nghttp2_session_callbacks_set_on_header_callback2(cbs, header_cb);
+	nghttp2_session_callbacks_set_on_invalid_header_callback2(cbs, invalid_header_cb);
+	nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, frame_recv_cb);
+	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, data_chunk_cb);
+}
