@@ -1,7 +1,7 @@
 /*
  * attempt: one try against one endpoint (see attempt.h).
  *
- * States: A_RESOLVING -> A_CONNECTING -> A_WAITING (request written or being written, no
+ * States: A_CONNECTING -> A_WAITING (request written or being written, no
  * final head yet) -> A_BODY (final head delivered, body streaming) -> A_DONE.
  * Every failure is reported once, through on_end, from a clean stack (a failure noticed inside
  * attempt_start() is delivered from a zero-delay timer), so the owner never sees a callback
@@ -39,7 +39,7 @@
 #define ATTEMPT_MAGIC 0xa77e3b71u
 #define BODY_CHUNK (64 * 1024)
 
-enum astate { A_RESOLVING, A_CONNECTING, A_WAITING, A_BODY, A_DONE };
+enum astate { A_CONNECTING, A_WAITING, A_BODY, A_DONE };
 
 struct attempt {
 	uint32_t magic;
@@ -68,7 +68,6 @@ struct attempt {
 	bool timer_set, timer_on;       /* assigned; added and not yet fired or deleted */
 	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
 	const char *fail_detail;
-	struct pool_waiter wt;
 	SSL_CTX *tls;
 	char sni[256];
 	bool verify;
@@ -80,7 +79,6 @@ struct attempt {
 	int ntr;
 };
 
-static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen);
 static void attempt_process(struct attempt *a);
 
 /* The one writer of the state (DESIGN rule 2). */
@@ -170,8 +168,6 @@ static void attempt_end(struct attempt *a, enum outcome out, bool bad, const cha
 		return;
 	set_state(a, A_DONE);
 	timer_stop(a);
-	if (a->pe && a->wt.fn)
-		pool_resolve_cancel(a->pe, &a->wt);
 	conn_detach(a, false);
 	h2_stream_cancel(a->h2s);
 	a->h2s = NULL;
@@ -196,9 +192,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		attempt_end(a, a->fail_out, false, a->fail_detail);
 		return;
 	}
-	if (a->state == A_RESOLVING || a->state == A_CONNECTING || !attempt_wrote_any(a))
-		attempt_end(a, OUT_CONNECT_FAILURE, false,
-		            a->state == A_RESOLVING ? "resolve timeout" : "connect timeout");
+	if (a->state == A_CONNECTING || !attempt_wrote_any(a))
+		attempt_end(a, OUT_CONNECT_FAILURE, false, "connect timeout");
 	else
 		attempt_end(a, OUT_TIMEOUT, false, "no response head in time");
 }
@@ -300,21 +295,8 @@ static void conn_write_request(struct attempt *a)
 	out_counted(a, before);
 }
 
-static void resolved_cb(void *arg, const struct sockaddr *sa, int salen, const char *err)
-{
-	struct attempt *a = arg;
-	MAGIC_CHECK(a, ATTEMPT_MAGIC);
-	a->wt.fn = NULL;
-	if (a->state == A_DONE)
-		return;
-	if (err) {
-		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "name resolution failed");
-		return;
-	}
-	attempt_connect(a, sa, salen);
-}
-
-static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int salen)
+/* A new connection to the endpoint's address (resolved once per process: resolve.c). */
+static void attempt_connect(struct attempt *a)
 {
 	set_state(a, A_CONNECTING);
 	SSL *ssl = a->tls ? tls_client_ssl(a->tls, a->sni, a->verify) : NULL;
@@ -333,20 +315,12 @@ static void attempt_connect(struct attempt *a, const struct sockaddr *sa, int sa
 	a->reused = false;
 	conn_setup(a);
 	/* the request is queued now; it leaves once connected */
-	if (stream_connect(strm, sa, salen) < 0) {
+	if (stream_connect(strm, (struct sockaddr *)&a->pe->addr, a->pe->addrlen) < 0) {
 		conn_detach(a, false);
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "connect failed");
 		return;
 	}
 	conn_write_request(a);
-}
-
-static void start_fresh(struct attempt *a)
-{
-	set_state(a, A_RESOLVING);
-	a->wt.fn = resolved_cb;
-	a->wt.arg = a;
-	pool_resolve(a->pe, &a->wt);
 }
 
 /* Our head went out on a pooled connection the peer had closed: nothing was written
@@ -362,7 +336,7 @@ static void replace_conn(struct attempt *a)
 	evbuffer_free(again);
 	/* the body reference and pending bytes were moved into the head buffer above */
 	a->body = NULL;
-	start_fresh(a);
+	attempt_connect(a);
 }
 
 /* ---------------------------------------------------------------- HTTP/2 transport */
@@ -574,7 +548,7 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 		if (a->head_timeout_us > 0 && a->head_timeout_us < t)
 			t = a->head_timeout_us;
 		timer_arm(a, t);
-		start_fresh(a);
+		attempt_connect(a);
 	}
 	return a;
 }
@@ -587,8 +561,6 @@ void attempt_free(struct attempt *a)
 	upstream_ep_attempt_end(a->ep);     /* the endpoint's in-flight count (least-request) */
 	if (a->state != A_DONE) {
 		set_state(a, A_DONE);
-		if (a->pe && a->wt.fn)
-			pool_resolve_cancel(a->pe, &a->wt);
 		conn_detach(a, false);
 	}
 	h2_stream_cancel(a->h2s);   /* in flight: RST_STREAM CANCEL, its slot released */

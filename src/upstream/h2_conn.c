@@ -1,7 +1,7 @@
 /*
  * h2_conn: multiplexed HTTP/2 connections to upstream endpoints (see h2_conn.h).
  *
- * Connection states: C_RESOLVING -> C_CONNECTING -> C_READY -> C_GOAWAY (the peer's GOAWAY,
+ * Connection states: C_CONNECTING -> C_READY -> C_GOAWAY (the peer's GOAWAY,
  * or our drain: no new stream, the rest finish) -> C_DEAD (unlinked, every stream reported,
  * freed once the callback stack unwound). Streams: H_OPEN (no final head) -> H_BODY -> H_CLOSED.
  * Frames are serialized with nghttp2_session_mem_send into the stream's output only while the
@@ -42,7 +42,7 @@
 #define H2_HEAD_MAX (64 * 1024)         /* response header block, as for HTTP/1.1 */
 #define H2_MAX_FIELDS 100               /* ... and its fields */
 
-enum cstate { C_RESOLVING, C_CONNECTING, C_READY, C_GOAWAY, C_DEAD };
+enum cstate { C_CONNECTING, C_READY, C_GOAWAY, C_DEAD };
 enum hstate { H_OPEN, H_BODY, H_CLOSED };
 
 struct hfield {
@@ -85,7 +85,6 @@ struct h2_conn {
 	char sni[256];
 	bool verify;
 	struct pool_ep *pe;
-	struct pool_waiter wt;
 	struct stream *strm;
 	struct evbuffer_cb_entry *out_cb;
 	nghttp2_session *ng;
@@ -288,10 +287,6 @@ static void conn_close(struct h2_conn *c)
 	TAILQ_REMOVE(&c->t->conns, c, link);
 	evtimer_del(&c->timer);
 	evtimer_del(&c->kick);
-	if (c->wt.fn) {
-		pool_resolve_cancel(c->pe, &c->wt);
-		c->wt.fn = NULL;
-	}
 	if (c->strm) {
 		if (c->out_cb)
 			evbuffer_remove_cb_entry(stream_output(c->strm), c->out_cb);
@@ -780,8 +775,8 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_conn *c = arg;
 	MAGIC_CHECK(c, H2C_MAGIC);
-	if (c->state == C_RESOLVING || c->state == C_CONNECTING) {
-		conn_fail(c, c->state == C_RESOLVING ? "resolve timeout" : "connect timeout", true);
+	if (c->state == C_CONNECTING) {
+		conn_fail(c, "connect timeout", true);
 		return;
 	}
 	if (c->nstreams == 0) {
@@ -798,17 +793,9 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 /* ---------------------------------------------------------------- connecting */
 
-static void conn_resolved_cb(void *arg, const struct sockaddr *sa, int salen, const char *err)
+/* Connect to the endpoint's address (resolved once per process: resolve.c). */
+static void conn_connect(struct h2_conn *c)
 {
-	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	c->wt.fn = NULL;
-	if (c->state != C_RESOLVING)
-		return;
-	if (err) {
-		conn_fail(c, "name resolution failed", true);
-		return;
-	}
 	SSL *ssl = NULL;
 	if (c->tls) {
 		ssl = tls_client_ssl(c->tls, c->sni[0] ? c->sni : NULL, c->verify);
@@ -825,8 +812,7 @@ static void conn_resolved_cb(void *arg, const struct sockaddr *sa, int salen, co
 	stream_setcb(strm, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	c->out_cb = evbuffer_add_cb(stream_output(strm), out_drained_cb, c);
 	stream_enable(strm, EV_READ | EV_WRITE);
-	conn_set_state(c, C_CONNECTING);
-	if (stream_connect(strm, sa, salen) < 0)
+	if (stream_connect(strm, (struct sockaddr *)&c->pe->addr, c->pe->addrlen) < 0)
 		conn_fail(c, "connect failed", true);
 }
 
@@ -890,14 +876,12 @@ static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool
 		return NULL;
 	}
 	TAILQ_INSERT_TAIL(&c->t->conns, c, link);
-	conn_set_state(c, C_RESOLVING);
+	conn_set_state(c, C_CONNECTING);
 	evtimer_assign(&c->timer, l->base, conn_timer_cb, c);
 	evtimer_assign(&c->kick, l->base, conn_kick_cb, c);
 	struct timeval tv = clock_tv(o->connect_timeout_us > 0 ? o->connect_timeout_us : 1000000);
 	evtimer_add(&c->timer, &tv);
-	c->wt.fn = conn_resolved_cb;
-	c->wt.arg = c;
-	pool_resolve(pe, &c->wt);     /* may answer now: the connection then is connecting */
+	conn_connect(c);     /* may fail at once: the connection is then dead */
 	return c;
 }
 

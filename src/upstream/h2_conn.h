@@ -61,7 +61,7 @@ struct h2_open {
 	bool verify;
 };
 
-/* Open a stream towards EP (PE resolves its address). Never calls back before returning. */
+/* Open a stream towards EP (PE holds its address). Never calls back before returning. */
 struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
                                  const struct h2_open *o, const struct h2_stream_cbs *cbs,
                                  void *arg);

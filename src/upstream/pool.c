@@ -97,7 +97,6 @@ struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
 	if (!pe) {
 		pe = xcalloc(1, sizeof(*pe));
 		TAILQ_INIT(&pe->idle);
-		TAILQ_INIT(&pe->waiters);
 		pe->name = xstrdup(ep->name);
 		pe->serial = ep->serial;
 		memcpy(&pe->addr, &ep->addr, sizeof(pe->addr));
@@ -216,23 +215,6 @@ struct upconn *pool_get(struct pool_ep *pe)
 		return c;
 	}
 	return NULL;
-}
-
-/* The address is the endpoint's own (upstream.c keeps one per slot and serial): known now. */
-void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
-{
-	wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
-}
-
-void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
-{
-	struct pool_waiter *x;
-	TAILQ_FOREACH(x, &pe->waiters, link) {
-		if (x == wt) {
-			TAILQ_REMOVE(&pe->waiters, wt, link);
-			return;
-		}
-	}
 }
 
 void pool_drain(struct loop *l)

@@ -52,20 +52,12 @@ struct upconn {
 	int uses;
 };
 
-typedef void (*pool_resolved_fn)(void *arg, const struct sockaddr *sa, int salen, const char *err);
-
-struct pool_waiter {
-	pool_resolved_fn fn;
-	void *arg;
-	TAILQ_ENTRY(pool_waiter) link;
-};
-
 struct pool_ep {
 	TAILQ_HEAD(, upconn) idle;
 	int nidle;
-	struct sockaddr_storage addr;   /* the endpoint's, copied when the pool is made */
+	struct sockaddr_storage addr;   /* the endpoint's, copied when the pool is made: what
+	                                 * the transports connect to */
 	int addrlen;
-	TAILQ_HEAD(, pool_waiter) waiters;
 	char *name;                     /* the endpoint's label */
 	uint64_t serial;                /* of the ep_state it caches */
 	int up_id, index;               /* its slot */
@@ -81,11 +73,6 @@ struct upconn *pool_get(struct pool_ep *pe);
 void pool_put(struct upconn *c);
 /* Close and free C (deferred). Idempotent. */
 void upconn_close(struct upconn *c);
-
-/* The endpoint address: calls FN now (the interface allows later: W must then stay
- * registered until called or cancelled). */
-void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt);
-void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt);
 
 /* Drain: close every idle connection and park no more (called down by the worker). */
 void pool_drain(struct loop *l);
