@@ -73,7 +73,7 @@ struct attempt {
 	bool verify;
 	bool h2;                        /* the transport is the HTTP/2 stream h2s */
 	bool h2_complete;               /* END_STREAM came while body bytes still wait in decoded */
-	struct h2_stream *h2s;
+	struct h2_upstream_stream *h2s;
 	struct http_hdr *tr;            /* trailers that came while body bytes still wait */
 	char *trbuf;
 	int ntr;
@@ -104,13 +104,13 @@ static void out_counted(struct attempt *a, size_t before)
 
 bool attempt_wrote_any(const struct attempt *a)
 {
-	return a->wrote_any || conn_wrote(a) || (a->h2s && h2_stream_sent(a->h2s));
+	return a->wrote_any || conn_wrote(a) || (a->h2s && h2_upstream_sent(a->h2s));
 }
 const char *attempt_peer(const struct attempt *a) { return a->ep->name; }
 size_t attempt_send_pending(const struct attempt *a)
 {
 	if (a->h2)
-		return a->h2s ? h2_stream_pending(a->h2s) : 0;
+		return a->h2s ? h2_upstream_pending(a->h2s) : 0;
 	size_t n = a->pending ? evbuffer_get_length(a->pending) : 0;
 	if (a->c && a->c->strm)
 		n += evbuffer_get_length(stream_output(a->c->strm));
@@ -169,7 +169,7 @@ static void attempt_end(struct attempt *a, enum outcome out, bool bad, const cha
 	set_state(a, A_DONE);
 	timer_stop(a);
 	conn_detach(a, false);
-	h2_stream_cancel(a->h2s);
+	h2_upstream_cancel(a->h2s);
 	a->h2s = NULL;
 	a->cbs.on_end(a->arg, a, out, bad, detail);
 }
@@ -382,7 +382,7 @@ static void h2_deliver(struct attempt *a)
 		if (a->freed || a->state == A_DONE)
 			return;
 		size_t took = before - evbuffer_get_length(a->decoded);
-		h2_stream_consume(a->h2s, took);
+		h2_upstream_consume(a->h2s, took);
 		if (took == 0)
 			break;
 	}
@@ -450,7 +450,7 @@ static void h2_close_cb(void *arg, enum outcome out, bool bad, const char *detai
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
-	a->wrote_any = a->wrote_any || (a->h2s && h2_stream_sent(a->h2s)) ||
+	a->wrote_any = a->wrote_any || (a->h2s && h2_upstream_sent(a->h2s)) ||
 	               out != OUT_CONNECT_FAILURE;
 	a->h2s = NULL;      /* gone: never touched again */
 	if (a->state == A_DONE)
@@ -463,7 +463,7 @@ static void h2_close_cb(void *arg, enum outcome out, bool bad, const char *detai
 	attempt_end(a, out == OUT_NONE ? OUT_RESET : out, bad && a->state == A_WAITING, detail);
 }
 
-static const struct h2_stream_cbs h2_callbacks = {
+static const struct h2_upstream_cbs h2_callbacks = {
 	.on_head = h2_head_cb,
 	.on_data = h2_data_cb,
 	.on_trailers = h2_trailers_cb,
@@ -489,7 +489,7 @@ static void attempt_start_h2(struct attempt *a, const struct attempt_req *req)
 		.sni = a->sni[0] ? a->sni : NULL,
 		.verify = a->verify,
 	};
-	a->h2s = h2_stream_open(a->loop, a->ep, a->pe, &o, &h2_callbacks, a);
+	a->h2s = h2_upstream_open(a->loop, a->ep, a->pe, &o, &h2_callbacks, a);
 	if (!a->h2s) {
 		attempt_fail_soon(a, OUT_CONNECT_FAILURE, "cannot open an HTTP/2 connection");
 		return;
@@ -497,7 +497,7 @@ static void attempt_start_h2(struct attempt *a, const struct attempt_req *req)
 	/* a stream cut before its HEADERS left is a connect-failure, whichever timer cut it */
 	arm_head_timer(a);
 	if (a->pending && evbuffer_get_length(a->pending) > 0)
-		h2_stream_send_body(a->h2s, a->pending);
+		h2_upstream_send_body(a->h2s, a->pending);
 }
 
 struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct attempt_req *req,
@@ -563,7 +563,7 @@ void attempt_free(struct attempt *a)
 		set_state(a, A_DONE);
 		conn_detach(a, false);
 	}
-	h2_stream_cancel(a->h2s);   /* in flight: RST_STREAM CANCEL, its slot released */
+	h2_upstream_cancel(a->h2s);   /* in flight: RST_STREAM CANCEL, its slot released */
 	a->h2s = NULL;
 	timer_stop(a);
 	free(a->tr);
@@ -585,7 +585,7 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 		return;
 	}
 	if (a->h2) {
-		h2_stream_send_body(a->h2s, data);
+		h2_upstream_send_body(a->h2s, data);
 		return;
 	}
 	/* once a connection exists its output queues bytes until connected */
@@ -604,7 +604,7 @@ void attempt_send_body(struct attempt *a, struct evbuffer *data)
 void attempt_send_trailers(struct attempt *a, const struct http_hdr *t, int n)
 {
 	if (a->h2 && a->h2s && !a->body_ended)
-		h2_stream_send_trailers(a->h2s, t, n);
+		h2_upstream_send_trailers(a->h2s, t, n);
 }
 
 void attempt_send_body_end(struct attempt *a)
@@ -614,7 +614,7 @@ void attempt_send_body_end(struct attempt *a)
 	a->body_ended = true;
 	if (a->h2) {
 		if (a->h2s)
-			h2_stream_body_end(a->h2s);
+			h2_upstream_body_end(a->h2s);
 		return;
 	}
 	if (a->state == A_DONE || !a->chunked)

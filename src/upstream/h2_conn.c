@@ -1,9 +1,10 @@
 /*
  * h2_conn: multiplexed HTTP/2 connections to upstream endpoints (see h2_conn.h).
  *
- * Connection states: C_CONNECTING -> C_READY -> C_GOAWAY (the peer's GOAWAY,
- * or our drain: no new stream, the rest finish) -> C_DEAD (unlinked, every stream reported,
- * freed once the callback stack unwound). Streams: H_OPEN (no final head) -> H_BODY -> H_CLOSED.
+ * Connection states: UC_CONNECTING -> UC_READY -> UC_GOAWAY (the peer's GOAWAY, or our drain:
+ * no new stream, the rest finish) -> UC_DEAD (unlinked, every stream reported, freed once the
+ * callback stack unwound). Streams: US_OPEN (no final head) -> US_BODY -> US_CLOSED. (UC_, US_,
+ * h2u_, h2_upstream_: the upstream side; the client side's streams are in src/client/.)
  * Frames are serialized with nghttp2_session_mem_send into the stream's output only while the
  * output is below H2_OUT_HIGH and never from inside an nghttp2 callback (c->busy): a flush
  * asked for meanwhile runs when the outer call returns. Received DATA opens the windows only
@@ -32,8 +33,10 @@
 #include "state/upstream.h"
 #include "base/util.h"
 
-#define H2C_MAGIC 0x4832c0a1u
-#define H2S_MAGIC 0x48325e7au
+/* distinct from the client side's (h2_session_impl.h): a stream of one side handed to the
+ * other fails the check */
+#define H2U_CONN_MAGIC 0x4832c0a1u
+#define H2U_STREAM_MAGIC 0x48557e5bu
 #define H2_OUT_HIGH (64 * 1024)         /* serialize no more while this much waits to be written */
 #define H2_STREAM_WINDOW (256 * 1024)   /* per stream: what a paused owner may leave unread */
 #define H2_CONN_WINDOW (4 * 1024 * 1024)
@@ -42,19 +45,19 @@
 #define H2_HEAD_MAX (64 * 1024)         /* response header block, as for HTTP/1.1 */
 #define H2_MAX_FIELDS 100               /* ... and its fields */
 
-enum cstate { C_CONNECTING, C_READY, C_GOAWAY, C_DEAD };
-enum hstate { H_OPEN, H_BODY, H_CLOSED };
+enum h2u_conn_state { UC_CONNECTING, UC_READY, UC_GOAWAY, UC_DEAD };
+enum h2u_stream_state { US_OPEN, US_BODY, US_CLOSED };
 
 struct hfield {
 	uint32_t noff, nlen, voff, vlen;
 };
 
-struct h2_stream {
+struct h2_upstream_stream {
 	uint32_t magic;
-	enum hstate state;
+	enum h2u_stream_state state;
 	struct h2_conn *c;
 	int32_t id;
-	struct h2_stream_cbs cbs;
+	struct h2_upstream_cbs cbs;
 	void *arg;
 	bool hdr_queued;                /* our HEADERS were serialized, starting at hdr_mark */
 	uint64_t hdr_mark;
@@ -66,18 +69,18 @@ struct h2_stream {
 	size_t ntnv;
 	char *tmem;
 	int status;
-	TAILQ_ENTRY(h2_stream) link;
+	TAILQ_ENTRY(h2_upstream_stream) link;
 	/* A copy of the request's field bytes follows the struct: nghttp2 was told not to copy
 	 * them (NGHTTP2_NV_FLAG_NO_COPY_*), and reads them when it serializes the HEADERS, which
 	 * may be a flush later. A stream is freed only once its HEADERS left, was dropped
-	 * (on_frame_not_send), or was cancelled in the queue by our RST_STREAM (h2_stream_cancel:
+	 * (on_frame_not_send), or was cancelled in the queue by our RST_STREAM (h2_upstream_cancel:
 	 * nghttp2 then never serializes it) — or with the whole session. */
 	char fields[];
 };
 
 struct h2_conn {
 	uint32_t magic;
-	enum cstate state;
+	enum h2u_conn_state state;
 	struct loop *loop;
 	struct h2_table *t;
 	uint64_t serial;                /* of the endpoint: with tls, the table's key */
@@ -91,7 +94,7 @@ struct h2_conn {
 	uint64_t queued, drained;       /* bytes serialized into / written out of the output */
 	int nstreams;
 	uint32_t peer_max;
-	int32_t goaway_last;            /* valid in C_GOAWAY when goaway_seen */
+	int32_t goaway_last;            /* valid in UC_GOAWAY when goaway_seen */
 	bool goaway_seen;
 	/* the last x-timeout-ms and grpc-timeout values sent (see repeats_last) */
 	char last_tmo[2][16];
@@ -101,11 +104,11 @@ struct h2_conn {
 	int64_t connect_timeout_us;
 	struct event timer;             /* connect timeout, then idle lifetime */
 	struct event kick;              /* zero-delay flush: a stream opened never hears back
-	                                 * before h2_stream_open returned */
-	TAILQ_HEAD(, h2_stream) streams;
+	                                 * before h2_upstream_open returned */
+	TAILQ_HEAD(, h2_upstream_stream) streams;
 	TAILQ_ENTRY(h2_conn) link;
-	struct h2_stream *last;         /* the last stream find() returned: the callbacks of one
-	                                 * frame all name the same stream */
+	/* the last stream find() returned: the callbacks of one frame all name the same stream */
+	struct h2_upstream_stream *last;
 	/* The header block being received. A block is never interleaved with another stream's
 	 * (RFC 9113 §4.3: CONTINUATION follows at once), so one per connection serves every
 	 * stream, and no stream allocates for its head. */
@@ -153,8 +156,8 @@ static bool repeats_last(struct h2_conn *c, const nghttp2_nv *e)
 }
 
 /* The one writer of each object's state (DESIGN rule 2). */
-DEFINE_STATE_SETTER(conn_set_state, h2_conn, cstate, C_DEAD)
-DEFINE_STATE_SETTER(stream_set_state, h2_stream, hstate, H_CLOSED)
+DEFINE_STATE_SETTER(conn_set_state, h2_conn, h2u_conn_state, UC_DEAD)
+DEFINE_STATE_SETTER(h2u_set_state, h2_upstream_stream, h2u_stream_state, US_CLOSED)
 
 static struct h2_table *table(struct loop *l)
 {
@@ -165,31 +168,31 @@ static struct h2_table *table(struct loop *l)
 	return l->h2;
 }
 
-bool h2_stream_sent(const struct h2_stream *s)
+bool h2_upstream_sent(const struct h2_upstream_stream *s)
 {
 	return s->hdr_queued && s->c && s->c->drained > s->hdr_mark;
 }
 
-size_t h2_stream_pending(const struct h2_stream *s)
+size_t h2_upstream_pending(const struct h2_upstream_stream *s)
 {
 	return s->pending ? evbuffer_get_length(s->pending) : 0;
 }
 
 /* nghttp2 keeps each stream's owner (given at submit, cleared when the stream is detached):
  * a lookup in its stream map, not a walk of ours */
-static struct h2_stream *find(struct h2_conn *c, int32_t id)
+static struct h2_upstream_stream *find(struct h2_conn *c, int32_t id)
 {
 	if (c->last && c->last->id == id)
 		return c->last;
-	struct h2_stream *s = nghttp2_session_get_stream_user_data(c->ng, id);
+	struct h2_upstream_stream *s = nghttp2_session_get_stream_user_data(c->ng, id);
 	if (s)
 		c->last = s;
 	return s;
 }
 
-static void stream_free_cb(void *p)
+static void h2u_free_cb(void *p)
 {
-	struct h2_stream *s = p;
+	struct h2_upstream_stream *s = p;
 	s->magic = 0;
 	free(s->tnv);
 	free(s->tmem);
@@ -197,7 +200,7 @@ static void stream_free_cb(void *p)
 }
 
 /* Keep a copy of the request trailers T[N] (names lowercase, pseudo-fields skipped). */
-static void keep_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
+static void keep_trailers(struct h2_upstream_stream *s, const struct http_hdr *t, int n)
 {
 	if (s->tnv || n <= 0)
 		return;
@@ -223,7 +226,7 @@ static void keep_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
 }
 
 /* The request body is all out: END_STREAM on the last DATA, or the trailers carry it. */
-static void body_eof(struct h2_conn *c, struct h2_stream *s, uint32_t *flags)
+static void body_eof(struct h2_conn *c, struct h2_upstream_stream *s, uint32_t *flags)
 {
 	*flags |= NGHTTP2_DATA_FLAG_EOF;
 	if (s && s->ntnv > 0 &&
@@ -232,10 +235,10 @@ static void body_eof(struct h2_conn *c, struct h2_stream *s, uint32_t *flags)
 }
 
 /* Take S off its connection: no callback reaches its owner after this. */
-static void stream_detach(struct h2_stream *s)
+static void h2u_detach(struct h2_upstream_stream *s)
 {
 	struct h2_conn *c = s->c;
-	stream_set_state(s, H_CLOSED);
+	h2u_set_state(s, US_CLOSED);
 	TAILQ_REMOVE(&c->streams, s, link);
 	c->nstreams--;
 	/* fails only for a stream nghttp2 no longer knows (its HEADERS dropped): nothing of
@@ -248,8 +251,8 @@ static void stream_detach(struct h2_stream *s)
 	s->pending = NULL;
 	s->body = NULL;
 	s->c = NULL;
-	loop_defer_free(c->loop, stream_free_cb, s);
-	if (c->nstreams == 0 && c->state == C_READY) {
+	loop_defer_free(c->loop, h2u_free_cb, s);
+	if (c->nstreams == 0 && c->state == UC_READY) {
 		/* idle: its lifetime starts (at once when the worker drains) */
 		evtimer_del(&c->timer);
 		struct timeval tv = clock_tv(c->t->draining ? 0 : POOL_IDLE_US);
@@ -258,12 +261,12 @@ static void stream_detach(struct h2_stream *s)
 }
 
 /* Report the end and forget S. The owner may open or cancel streams from inside on_close. */
-static void stream_end(struct h2_stream *s, enum outcome out, const char *detail)
+static void h2u_end(struct h2_upstream_stream *s, enum outcome out, const char *detail)
 {
-	struct h2_stream_cbs cbs = s->cbs;
+	struct h2_upstream_cbs cbs = s->cbs;
 	void *arg = s->arg;
 	bool bad = s->bad_head && out == OUT_RESET;
-	stream_detach(s);
+	h2u_detach(s);
 	cbs.on_close(arg, out, bad, detail);
 }
 
@@ -281,9 +284,9 @@ static void conn_free_cb(void *p)
 
 static void conn_close(struct h2_conn *c)
 {
-	if (c->state == C_DEAD)
+	if (c->state == UC_DEAD)
 		return;
-	conn_set_state(c, C_DEAD);
+	conn_set_state(c, UC_DEAD);
 	TAILQ_REMOVE(&c->t->conns, c, link);
 	evtimer_del(&c->timer);
 	evtimer_del(&c->kick);
@@ -301,20 +304,20 @@ static void conn_close(struct h2_conn *c)
  * endpoint never spoke HTTP/2 with us: a failed connect, TLS, or ALPN). */
 static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed)
 {
-	if (c->state == C_DEAD)
+	if (c->state == UC_DEAD)
 		return;
-	struct h2_stream *s;
+	struct h2_upstream_stream *s;
 	/* streams the owners open from on_close go elsewhere; no flush meanwhile */
-	conn_set_state(c, C_GOAWAY);
+	conn_set_state(c, UC_GOAWAY);
 	c->goaway_seen = false;
 	c->busy++;
 	while ((s = TAILQ_FIRST(&c->streams)) != NULL) {
-		if (s->state == H_BODY)
-			stream_end(s, OUT_RESET, "upstream connection lost after the response head");
-		else if (unprocessed || !h2_stream_sent(s))
-			stream_end(s, OUT_CONNECT_FAILURE, detail);
+		if (s->state == US_BODY)
+			h2u_end(s, OUT_RESET, "upstream connection lost after the response head");
+		else if (unprocessed || !h2_upstream_sent(s))
+			h2u_end(s, OUT_CONNECT_FAILURE, detail);
 		else
-			stream_end(s, OUT_RESET, "upstream connection lost before a response head");
+			h2u_end(s, OUT_RESET, "upstream connection lost before a response head");
 	}
 	c->busy--;
 	conn_close(c);
@@ -323,7 +326,7 @@ static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed)
 /* A connection that may take no new stream and has none left closes. */
 static void conn_maybe_retire(struct h2_conn *c)
 {
-	if (c->state == C_GOAWAY && c->nstreams == 0 && c->busy == 0 && c->strm &&
+	if (c->state == UC_GOAWAY && c->nstreams == 0 && c->busy == 0 && c->strm &&
 	    evbuffer_get_length(stream_output(c->strm)) == 0)
 		conn_close(c);
 }
@@ -333,7 +336,7 @@ static void conn_maybe_retire(struct h2_conn *c)
 static void deliver_drains(struct h2_conn *c)
 {
 	for (;;) {
-		struct h2_stream *s, *due = NULL;
+		struct h2_upstream_stream *s, *due = NULL;
 		TAILQ_FOREACH(s, &c->streams, link)
 			if (s->drain_due) {
 				due = s;
@@ -343,14 +346,14 @@ static void deliver_drains(struct h2_conn *c)
 			return;
 		due->drain_due = false;
 		due->cbs.on_drain(due->arg);
-		if (c->state == C_DEAD)
+		if (c->state == UC_DEAD)
 			return;
 	}
 }
 
 static void conn_flush(struct h2_conn *c)
 {
-	if (c->state != C_READY && c->state != C_GOAWAY)
+	if (c->state != UC_READY && c->state != UC_GOAWAY)
 		return;
 	if (!c->strm)
 		return;
@@ -393,7 +396,7 @@ static void conn_flush(struct h2_conn *c)
 		evbuffer_add(out, stage, staged);
 	c->busy--;
 	deliver_drains(c);
-	if (c->state == C_DEAD)
+	if (c->state == UC_DEAD)
 		return;
 	if (!nghttp2_session_want_read(c->ng) && !nghttp2_session_want_write(c->ng) &&
 	    evbuffer_get_length(out) == 0) {
@@ -406,7 +409,7 @@ static void conn_flush(struct h2_conn *c)
 static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
 {
 	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	c->drained += info->n_deleted;
 }
 
@@ -415,10 +418,10 @@ static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *
 static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	if (f->hd.type != NGHTTP2_HEADERS)
 		return 0;
-	struct h2_stream *s = find(c, f->hd.stream_id);
+	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
 	if (s && !s->hdr_queued) {
 		/* mem_send reports a frame before returning its bytes: they start here */
 		s->hdr_queued = true;
@@ -430,22 +433,22 @@ static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *f, void *u
 static int on_frame_not_send_cb(nghttp2_session *ng, const nghttp2_frame *f, int err, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	if (f->hd.type != NGHTTP2_HEADERS)
 		return 0;
-	struct h2_stream *s = find(c, f->hd.stream_id);
+	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
 	if (s && !s->hdr_queued)
-		stream_end(s, OUT_CONNECT_FAILURE, nghttp2_strerror(err));
+		h2u_end(s, OUT_CONNECT_FAILURE, nghttp2_strerror(err));
 	return 0;
 }
 
 static int on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	c->hused = 0;
 	c->nhf = 0;
-	struct h2_stream *s = find(c, f->hd.stream_id);
+	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
 	if (s)
 		s->status = 0;
 	return 0;
@@ -455,8 +458,8 @@ static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *f, const uint8
                         size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	struct h2_stream *s = find(c, f->hd.stream_id);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
 	if (!s)
 		return 0;
 	if (nlen == 7 && memcmp(name, ":status", 7) == 0) {
@@ -513,7 +516,7 @@ static void block_fields(struct h2_conn *c, int64_t *clen)
 }
 
 /* The fields (c->hdrs) are valid for the callback only: the next block reuses them. */
-static void deliver_head(struct h2_stream *s, bool end_stream)
+static void deliver_head(struct h2_upstream_stream *s, bool end_stream)
 {
 	struct h2_conn *c = s->c;
 	struct http_head h;
@@ -526,7 +529,7 @@ static void deliver_head(struct h2_stream *s, bool end_stream)
 	h.nhdrs = c->nhf;
 	block_fields(c, &h.content_length);
 	if (s->status >= 200) {
-		stream_set_state(s, H_BODY);
+		h2u_set_state(s, US_BODY);
 		if (end_stream && h.content_length < 0)
 			h.content_length = 0;
 		h.end_stream = end_stream;
@@ -534,7 +537,7 @@ static void deliver_head(struct h2_stream *s, bool end_stream)
 	s->cbs.on_head(s->arg, &h);
 }
 
-static void deliver_trailers(struct h2_stream *s)
+static void deliver_trailers(struct h2_upstream_stream *s)
 {
 	struct h2_conn *c = s->c;
 	int64_t clen;
@@ -545,7 +548,7 @@ static void deliver_trailers(struct h2_stream *s)
 static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	switch (f->hd.type) {
 	case NGHTTP2_SETTINGS:
 		if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
@@ -555,8 +558,8 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *u
 	case NGHTTP2_GOAWAY:
 		c->goaway_seen = true;
 		c->goaway_last = f->goaway.last_stream_id;
-		if (c->state != C_DEAD)
-			conn_set_state(c, C_GOAWAY);
+		if (c->state != UC_DEAD)
+			conn_set_state(c, UC_GOAWAY);
 		return 0;
 	case NGHTTP2_HEADERS:
 	case NGHTTP2_DATA:
@@ -564,12 +567,12 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *u
 	default:
 		return 0;
 	}
-	struct h2_stream *s = find(c, f->hd.stream_id);
+	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
 	if (!s)
 		return 0;
 	bool es = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
 	if (f->hd.type == NGHTTP2_HEADERS) {
-		if (s->state == H_OPEN) {
+		if (s->state == US_OPEN) {
 			if (s->status < 100) {
 				s->bad_head = true;
 				return 0;   /* nghttp2 resets a response without :status */
@@ -579,11 +582,11 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *u
 			deliver_trailers(s);
 		}
 		/* the owner may have cancelled it meanwhile */
-		if (s->state == H_CLOSED || s->c != c)
+		if (s->state == US_CLOSED || s->c != c)
 			return 0;
 	}
-	if (es && s->state == H_BODY)
-		stream_end(s, OUT_NONE, NULL);     /* complete: a later RST_STREAM changes nothing */
+	if (es && s->state == US_BODY)
+		h2u_end(s, OUT_NONE, NULL);     /* complete: a later RST_STREAM changes nothing */
 	return 0;
 }
 
@@ -591,9 +594,9 @@ static int on_data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, cons
                             size_t len, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	struct h2_stream *s = find(c, id);
-	if (!s || s->state != H_BODY) {
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	struct h2_upstream_stream *s = find(c, id);
+	if (!s || s->state != US_BODY) {
 		nghttp2_session_consume(ng, id, len);   /* nobody wants it: keep the window open */
 		return 0;
 	}
@@ -619,22 +622,22 @@ static const char *rst_detail(uint32_t code)
 static int on_stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	struct h2_stream *s = find(c, id);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	struct h2_upstream_stream *s = find(c, id);
 	if (!s)
 		return 0;
-	if (s->state == H_BODY)
-		stream_end(s, OUT_RESET, "upstream stream reset after the response head");
+	if (s->state == US_BODY)
+		h2u_end(s, OUT_RESET, "upstream stream reset after the response head");
 	else if (code == NGHTTP2_REFUSED_STREAM)
-		stream_end(s, OUT_CONNECT_FAILURE, "RST_STREAM REFUSED_STREAM");
+		h2u_end(s, OUT_CONNECT_FAILURE, "RST_STREAM REFUSED_STREAM");
 	else if (c->goaway_seen && id > c->goaway_last)
-		stream_end(s, OUT_CONNECT_FAILURE, "above the GOAWAY last-stream-id");
-	else if (!h2_stream_sent(s))
-		stream_end(s, OUT_CONNECT_FAILURE, "HEADERS never sent");
+		h2u_end(s, OUT_CONNECT_FAILURE, "above the GOAWAY last-stream-id");
+	else if (!h2_upstream_sent(s))
+		h2u_end(s, OUT_CONNECT_FAILURE, "HEADERS never sent");
 	else if (s->bad_head)
-		stream_end(s, OUT_RESET, "invalid response header block");
+		h2u_end(s, OUT_RESET, "invalid response header block");
 	else
-		stream_end(s, OUT_RESET, rst_detail(code));
+		h2u_end(s, OUT_RESET, rst_detail(code));
 	return 0;
 }
 
@@ -643,8 +646,8 @@ static ssize_t body_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
                             uint32_t *flags, nghttp2_data_source *src, void *ud)
 {
 	struct h2_conn *c = ud;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	struct h2_stream *s = find(c, id);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	struct h2_upstream_stream *s = find(c, id);
 	if (!s) {
 		body_eof(c, NULL, flags);
 		return 0;
@@ -686,12 +689,12 @@ static ssize_t body_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 static void conn_read_cb(struct stream *strm, void *arg)
 {
 	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	if (c->state == C_DEAD)
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	if (c->state == UC_DEAD)
 		return;
 	struct evbuffer *in = stream_input(strm);
 	c->busy++;
-	while (evbuffer_get_length(in) > 0 && c->state != C_DEAD) {
+	while (evbuffer_get_length(in) > 0 && c->state != UC_DEAD) {
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
@@ -704,7 +707,7 @@ static void conn_read_cb(struct stream *strm, void *arg)
 		evbuffer_drain(in, (size_t)n);
 	}
 	c->busy--;
-	if (c->state == C_DEAD)
+	if (c->state == UC_DEAD)
 		return;
 	conn_flush(c);
 }
@@ -712,8 +715,8 @@ static void conn_read_cb(struct stream *strm, void *arg)
 static void conn_write_cb(struct stream *strm, void *arg)
 {
 	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	if (c->state != C_DEAD)
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	if (c->state != UC_DEAD)
 		conn_flush(c);
 }
 
@@ -732,8 +735,8 @@ static bool alpn_is_h2(struct stream *strm, SSL_CTX *tls)
 static void conn_event_cb(struct stream *strm, short what, void *arg)
 {
 	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	if (c->state == C_DEAD)
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	if (c->state == UC_DEAD)
 		return;
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
@@ -743,16 +746,16 @@ static void conn_event_cb(struct stream *strm, short what, void *arg)
 			return;
 		}
 		evtimer_del(&c->timer);
-		if (c->state == C_CONNECTING)
-			conn_set_state(c, C_READY);
-		if (c->nstreams == 0 && c->state == C_READY) {
+		if (c->state == UC_CONNECTING)
+			conn_set_state(c, UC_READY);
+		if (c->nstreams == 0 && c->state == UC_READY) {
 			struct timeval tv = clock_tv(POOL_IDLE_US);
 			evtimer_add(&c->timer, &tv);
 		}
 		conn_flush(c);
 		return;
 	}
-	if (c->state == C_CONNECTING) {
+	if (c->state == UC_CONNECTING) {
 		conn_fail(c, (what & BEV_EVENT_ERROR) ?
 		          evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()) : "closed while connecting",
 		          true);
@@ -760,22 +763,22 @@ static void conn_event_cb(struct stream *strm, short what, void *arg)
 	}
 	/* whatever is still buffered may be the server's last frames (a GOAWAY, a response) */
 	conn_read_cb(strm, c);
-	if (c->state != C_DEAD)
+	if (c->state != UC_DEAD)
 		conn_fail(c, "upstream closed the HTTP/2 connection", false);
 }
 
 static void conn_kick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	conn_flush(c);
 }
 
 static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2C_MAGIC);
-	if (c->state == C_CONNECTING) {
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	if (c->state == UC_CONNECTING) {
 		conn_fail(c, "connect timeout", true);
 		return;
 	}
@@ -784,9 +787,9 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 		nghttp2_submit_goaway(c->ng, NGHTTP2_FLAG_NONE,
 		                      nghttp2_session_get_last_proc_stream_id(c->ng), NGHTTP2_NO_ERROR,
 		                      NULL, 0);
-		conn_set_state(c, C_GOAWAY);
+		conn_set_state(c, UC_GOAWAY);
 		conn_flush(c);
-		if (c->state != C_DEAD)
+		if (c->state != UC_DEAD)
 			conn_close(c);
 	}
 }
@@ -857,7 +860,7 @@ static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool
                                 const struct h2_open *o)
 {
 	struct h2_conn *c = xcalloc(1, sizeof(*c));
-	c->magic = H2C_MAGIC;
+	c->magic = H2U_CONN_MAGIC;
 	c->loop = l;
 	c->t = table(l);
 	c->serial = ep->serial;
@@ -876,7 +879,7 @@ static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool
 		return NULL;
 	}
 	TAILQ_INSERT_TAIL(&c->t->conns, c, link);
-	conn_set_state(c, C_CONNECTING);
+	conn_set_state(c, UC_CONNECTING);
 	evtimer_assign(&c->timer, l->base, conn_timer_cb, c);
 	evtimer_assign(&c->kick, l->base, conn_kick_cb, c);
 	struct timeval tv = clock_tv(o->connect_timeout_us > 0 ? o->connect_timeout_us : 1000000);
@@ -893,8 +896,8 @@ static struct h2_conn *conn_pick(struct loop *l, struct ep_state *ep, struct poo
 	struct h2_conn *c, *least = NULL;
 	int n = 0;
 	TAILQ_FOREACH(c, &t->conns, link) {
-		if (c->serial != ep->serial || c->tls != o->tls || c->state == C_GOAWAY ||
-		    c->state == C_DEAD)
+		if (c->serial != ep->serial || c->tls != o->tls || c->state == UC_GOAWAY ||
+		    c->state == UC_DEAD)
 			continue;
 		if ((uint32_t)c->nstreams < c->peer_max)
 			return c;
@@ -916,17 +919,17 @@ static void conn_kick(struct h2_conn *c)
 	event_active(&c->kick, EV_TIMEOUT, 0);
 }
 
-struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
-                                 const struct h2_open *o, const struct h2_stream_cbs *cbs,
-                                 void *arg)
+struct h2_upstream_stream *h2_upstream_open(struct loop *l, struct ep_state *ep,
+                                            struct pool_ep *pe, const struct h2_open *o,
+                                            const struct h2_upstream_cbs *cbs, void *arg)
 {
 	struct h2_conn *c = conn_pick(l, ep, pe, o);
-	if (!c || c->state == C_DEAD)
+	if (!c || c->state == UC_DEAD)
 		return NULL;    /* a new connection that failed at once: the caller reports it */
 	size_t nb = o->nv_bytes && o->nvlen <= NV_LOCAL ? o->nv_bytes_len : 0;
-	struct h2_stream *s = xmalloc(sizeof(*s) + nb);
+	struct h2_upstream_stream *s = xmalloc(sizeof(*s) + nb);
 	memset(s, 0, sizeof(*s));
-	s->magic = H2S_MAGIC;
+	s->magic = H2U_STREAM_MAGIC;
 	s->c = c;
 	s->cbs = *cbs;
 	s->arg = arg;
@@ -967,14 +970,14 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 		free(s->tnv);
 		free(s->tmem);
 		free(s);
-		if (c->nstreams == 0 && c->state != C_DEAD)
+		if (c->nstreams == 0 && c->state != UC_DEAD)
 			conn_fail(c, "cannot submit", true);
 		return NULL;
 	}
 	s->id = id;
 	TAILQ_INSERT_TAIL(&c->streams, s, link);
 	c->nstreams++;
-	if (c->state == C_READY && c->nstreams == 1)
+	if (c->state == UC_READY && c->nstreams == 1)
 		evtimer_del(&c->timer);     /* no longer idle (armed only while no stream is) */
 	/* activated rather than a zero timeout (a heap insertion and removal per stream): queued
 	 * behind the callbacks of this loop round, it still sends the HEADERS they opened in one
@@ -983,22 +986,22 @@ struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct poo
 	return s;
 }
 
-void h2_stream_cancel(struct h2_stream *s)
+void h2_upstream_cancel(struct h2_upstream_stream *s)
 {
-	if (!s || s->state == H_CLOSED)
+	if (!s || s->state == US_CLOSED)
 		return;
-	MAGIC_CHECK(s, H2S_MAGIC);
+	MAGIC_CHECK(s, H2U_STREAM_MAGIC);
 	struct h2_conn *c = s->c;
 	/* a HEADERS still queued is dropped by nghttp2; a sent stream is reset */
-	if (c->state != C_DEAD)
+	if (c->state != UC_DEAD)
 		nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
-	stream_detach(s);
+	h2u_detach(s);
 	conn_flush(c);
 }
 
-void h2_stream_send_body(struct h2_stream *s, struct evbuffer *data)
+void h2_upstream_send_body(struct h2_upstream_stream *s, struct evbuffer *data)
 {
-	if (s->state == H_CLOSED || !s->pending) {
+	if (s->state == US_CLOSED || !s->pending) {
 		evbuffer_drain(data, evbuffer_get_length(data));
 		return;
 	}
@@ -1010,16 +1013,16 @@ void h2_stream_send_body(struct h2_stream *s, struct evbuffer *data)
 	conn_kick(s->c);
 }
 
-void h2_stream_send_trailers(struct h2_stream *s, const struct http_hdr *t, int n)
+void h2_upstream_send_trailers(struct h2_upstream_stream *s, const struct http_hdr *t, int n)
 {
-	if (s->state == H_CLOSED || s->body_ended)
+	if (s->state == US_CLOSED || s->body_ended)
 		return;
 	keep_trailers(s, t, n);
 }
 
-void h2_stream_body_end(struct h2_stream *s)
+void h2_upstream_body_end(struct h2_upstream_stream *s)
 {
-	if (s->state == H_CLOSED || s->body_ended)
+	if (s->state == US_CLOSED || s->body_ended)
 		return;
 	s->body_ended = true;
 	if (s->data_deferred) {
@@ -1029,9 +1032,9 @@ void h2_stream_body_end(struct h2_stream *s)
 	conn_kick(s->c);
 }
 
-void h2_stream_consume(struct h2_stream *s, size_t n)
+void h2_upstream_consume(struct h2_upstream_stream *s, size_t n)
 {
-	if (!s || s->state == H_CLOSED || n == 0)
+	if (!s || s->state == US_CLOSED || n == 0)
 		return;
 	nghttp2_session_consume(s->c->ng, s->id, n);
 	conn_kick(s->c);
@@ -1049,7 +1052,7 @@ void h2_drain(struct loop *l)
 	struct h2_conn *c, *next;
 	for (c = TAILQ_FIRST(&t->conns); c; c = next) {
 		next = TAILQ_NEXT(c, link);
-		if (c->nstreams == 0 && c->state == C_READY) {
+		if (c->nstreams == 0 && c->state == UC_READY) {
 			evtimer_del(&c->timer);
 			struct timeval tv = { 0, 0 };
 			evtimer_add(&c->timer, &tv);

@@ -27,12 +27,12 @@ struct pool_ep;
 struct evbuffer;
 struct http_head;
 struct http_hdr;
-struct h2_stream;
+struct h2_upstream_stream;
 
-struct h2_stream_cbs {
+struct h2_upstream_cbs {
 	/* A response head (1xx, or the final one). */
 	void (*on_head)(void *arg, const struct http_head *h);
-	/* Response DATA: the callee hands back what it consumed with h2_stream_consume(). */
+	/* Response DATA: the callee hands back what it consumed with h2_upstream_consume(). */
 	void (*on_data)(void *arg, const uint8_t *data, size_t len);
 	void (*on_trailers)(void *arg, const struct http_hdr *t, int n);
 	/* The streamed request body left our buffer: room for more. */
@@ -51,7 +51,7 @@ struct h2_open {
 	                                 * copies each field) */
 	size_t nv_bytes_len;
 	struct evbuffer *body;          /* complete body (referenced, not drained) or NULL */
-	bool streaming;                 /* more body through h2_stream_send_body() */
+	bool streaming;                 /* more body through h2_upstream_send_body() */
 	const struct http_hdr *trailers;    /* request trailers (copied), or NULL: SPEC §9 relays
 	                                     * them between HTTP/2 peers */
 	int ntrailers;
@@ -62,20 +62,20 @@ struct h2_open {
 };
 
 /* Open a stream towards EP (PE holds its address). Never calls back before returning. */
-struct h2_stream *h2_stream_open(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
-                                 const struct h2_open *o, const struct h2_stream_cbs *cbs,
-                                 void *arg);
+struct h2_upstream_stream *h2_upstream_open(struct loop *l, struct ep_state *ep,
+                                            struct pool_ep *pe, const struct h2_open *o,
+                                            const struct h2_upstream_cbs *cbs, void *arg);
 /* The owner gives up: RST_STREAM CANCEL if it was sent, no callback ever again. */
-void h2_stream_cancel(struct h2_stream *s);
-bool h2_stream_sent(const struct h2_stream *s);
+void h2_upstream_cancel(struct h2_upstream_stream *s);
+bool h2_upstream_sent(const struct h2_upstream_stream *s);
 
-void h2_stream_send_body(struct h2_stream *s, struct evbuffer *data);
-void h2_stream_body_end(struct h2_stream *s);
-/* Trailer fields to send after the streamed body (copied; before h2_stream_body_end). */
-void h2_stream_send_trailers(struct h2_stream *s, const struct http_hdr *t, int n);
-size_t h2_stream_pending(const struct h2_stream *s);
+void h2_upstream_send_body(struct h2_upstream_stream *s, struct evbuffer *data);
+void h2_upstream_body_end(struct h2_upstream_stream *s);
+/* Trailer fields to send after the streamed body (copied; before h2_upstream_body_end). */
+void h2_upstream_send_trailers(struct h2_upstream_stream *s, const struct http_hdr *t, int n);
+size_t h2_upstream_pending(const struct h2_upstream_stream *s);
 /* N bytes of DATA were taken by the owner: open the flow-control windows by as much. */
-void h2_stream_consume(struct h2_stream *s, size_t n);
+void h2_upstream_consume(struct h2_upstream_stream *s, size_t n);
 
 /* Worker exit, called down: GOAWAY on every connection and take no new stream; then free. */
 void h2_drain(struct loop *l);
