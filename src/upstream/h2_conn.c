@@ -53,12 +53,14 @@ struct hfield {
 };
 
 struct h2_upstream_stream {
+	struct transport t;             /* first: what the attempt holds */
 	uint32_t magic;
 	enum h2u_stream_state state;
 	struct h2_conn *c;
 	int32_t id;
-	struct h2_upstream_cbs cbs;
+	struct transport_cbs cbs;
 	void *arg;
+	struct evbuffer *body_out;      /* the opener's: response DATA goes here */
 	bool hdr_queued;                /* our HEADERS were serialized, starting at hdr_mark */
 	uint64_t hdr_mark;
 	bool streaming, body_ended, drain_due, data_deferred, bad_head;
@@ -168,14 +170,9 @@ static struct h2_table *table(struct loop *l)
 	return l->h2;
 }
 
-bool h2_upstream_sent(const struct h2_upstream_stream *s)
+static bool stream_sent(const struct h2_upstream_stream *s)
 {
 	return s->hdr_queued && s->c && s->c->drained > s->hdr_mark;
-}
-
-size_t h2_upstream_pending(const struct h2_upstream_stream *s)
-{
-	return s->pending ? evbuffer_get_length(s->pending) : 0;
 }
 
 /* nghttp2 keeps each stream's owner (given at submit, cleared when the stream is detached):
@@ -263,7 +260,7 @@ static void h2u_detach(struct h2_upstream_stream *s)
 /* Report the end and forget S. The owner may open or cancel streams from inside on_close. */
 static void h2u_end(struct h2_upstream_stream *s, enum outcome out, const char *detail)
 {
-	struct h2_upstream_cbs cbs = s->cbs;
+	struct transport_cbs cbs = s->cbs;
 	void *arg = s->arg;
 	bool bad = s->bad_head && out == OUT_RESET;
 	h2u_detach(s);
@@ -314,7 +311,7 @@ static void conn_fail(struct h2_conn *c, const char *detail, bool unprocessed)
 	while ((s = TAILQ_FIRST(&c->streams)) != NULL) {
 		if (s->state == US_BODY)
 			h2u_end(s, OUT_RESET, "upstream connection lost after the response head");
-		else if (unprocessed || !h2_upstream_sent(s))
+		else if (unprocessed || !stream_sent(s))
 			h2u_end(s, OUT_CONNECT_FAILURE, detail);
 		else
 			h2u_end(s, OUT_RESET, "upstream connection lost before a response head");
@@ -600,7 +597,8 @@ static int on_data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, cons
 		nghttp2_session_consume(ng, id, len);   /* nobody wants it: keep the window open */
 		return 0;
 	}
-	s->cbs.on_data(s->arg, data, len);
+	evbuffer_add(s->body_out, data, len);
+	s->cbs.on_data(s->arg);
 	return 0;
 }
 
@@ -632,7 +630,7 @@ static int on_stream_close_cb(nghttp2_session *ng, int32_t id, uint32_t code, vo
 		h2u_end(s, OUT_CONNECT_FAILURE, "RST_STREAM REFUSED_STREAM");
 	else if (c->goaway_seen && id > c->goaway_last)
 		h2u_end(s, OUT_CONNECT_FAILURE, "above the GOAWAY last-stream-id");
-	else if (!h2_upstream_sent(s))
+	else if (!stream_sent(s))
 		h2u_end(s, OUT_CONNECT_FAILURE, "HEADERS never sent");
 	else if (s->bad_head)
 		h2u_end(s, OUT_RESET, "invalid response header block");
@@ -857,7 +855,7 @@ static nghttp2_session *session_new(struct h2_conn *c)
 }
 
 static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
-                                const struct h2_open *o)
+                                const struct transport_req *o)
 {
 	struct h2_conn *c = xcalloc(1, sizeof(*c));
 	c->magic = H2U_CONN_MAGIC;
@@ -890,7 +888,7 @@ static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool
 
 /* The connection for a new stream to EP: the first with room, else a new one. */
 static struct h2_conn *conn_pick(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
-                                 const struct h2_open *o)
+                                 const struct transport_req *o)
 {
 	struct h2_table *t = table(l);
 	struct h2_conn *c, *least = NULL;
@@ -919,20 +917,32 @@ static void conn_kick(struct h2_conn *c)
 	event_active(&c->kick, EV_TIMEOUT, 0);
 }
 
-struct h2_upstream_stream *h2_upstream_open(struct loop *l, struct ep_state *ep,
-                                            struct pool_ep *pe, const struct h2_open *o,
-                                            const struct h2_upstream_cbs *cbs, void *arg)
+static struct h2_upstream_stream *stream_of(struct transport *t)
 {
-	struct h2_conn *c = conn_pick(l, ep, pe, o);
-	if (!c || c->state == UC_DEAD)
-		return NULL;    /* a new connection that failed at once: the caller reports it */
+	struct h2_upstream_stream *s = (struct h2_upstream_stream *)t;
+	MAGIC_CHECK(s, H2U_STREAM_MAGIC);
+	return s;
+}
+
+static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
+                                          const struct transport_req *o,
+                                          const struct transport_cbs *cbs, void *arg,
+                                          const char **err)
+{
+	struct h2_conn *c = conn_pick(l, ep, pool_ep_get(l, ep), o);
+	if (!c || c->state == UC_DEAD) {
+		*err = "cannot open an HTTP/2 connection";
+		return NULL;    /* a new connection that failed at once */
+	}
 	size_t nb = o->nv_bytes && o->nvlen <= NV_LOCAL ? o->nv_bytes_len : 0;
 	struct h2_upstream_stream *s = xmalloc(sizeof(*s) + nb);
 	memset(s, 0, sizeof(*s));
+	s->t.ops = &h2_transport;
 	s->magic = H2U_STREAM_MAGIC;
 	s->c = c;
 	s->cbs = *cbs;
 	s->arg = arg;
+	s->body_out = o->body_out;
 	s->body = o->body;
 	s->streaming = o->streaming;
 	if (o->streaming)
@@ -972,6 +982,7 @@ struct h2_upstream_stream *h2_upstream_open(struct loop *l, struct ep_state *ep,
 		free(s);
 		if (c->nstreams == 0 && c->state != UC_DEAD)
 			conn_fail(c, "cannot submit", true);
+		*err = "cannot open an HTTP/2 connection";
 		return NULL;
 	}
 	s->id = id;
@@ -983,14 +994,14 @@ struct h2_upstream_stream *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	 * behind the callbacks of this loop round, it still sends the HEADERS they opened in one
 	 * flush */
 	event_active(&c->kick, EV_TIMEOUT, 0);
-	return s;
+	return &s->t;
 }
 
-void h2_upstream_cancel(struct h2_upstream_stream *s)
+static void h2_upstream_cancel(struct transport *t)
 {
-	if (!s || s->state == US_CLOSED)
+	struct h2_upstream_stream *s = stream_of(t);
+	if (s->state == US_CLOSED)
 		return;
-	MAGIC_CHECK(s, H2U_STREAM_MAGIC);
 	struct h2_conn *c = s->c;
 	/* a HEADERS still queued is dropped by nghttp2; a sent stream is reset */
 	if (c->state != UC_DEAD)
@@ -999,8 +1010,20 @@ void h2_upstream_cancel(struct h2_upstream_stream *s)
 	conn_flush(c);
 }
 
-void h2_upstream_send_body(struct h2_upstream_stream *s, struct evbuffer *data)
+static bool h2_upstream_sent(const struct transport *t)
 {
+	return stream_sent((const struct h2_upstream_stream *)t);
+}
+
+static size_t h2_upstream_pending(const struct transport *t)
+{
+	const struct h2_upstream_stream *s = (const struct h2_upstream_stream *)t;
+	return s->pending ? evbuffer_get_length(s->pending) : 0;
+}
+
+static void h2_upstream_send_body(struct transport *t, struct evbuffer *data)
+{
+	struct h2_upstream_stream *s = stream_of(t);
 	if (s->state == US_CLOSED || !s->pending) {
 		evbuffer_drain(data, evbuffer_get_length(data));
 		return;
@@ -1013,15 +1036,17 @@ void h2_upstream_send_body(struct h2_upstream_stream *s, struct evbuffer *data)
 	conn_kick(s->c);
 }
 
-void h2_upstream_send_trailers(struct h2_upstream_stream *s, const struct http_hdr *t, int n)
+static void h2_upstream_send_trailers(struct transport *t, const struct http_hdr *f, int n)
 {
+	struct h2_upstream_stream *s = stream_of(t);
 	if (s->state == US_CLOSED || s->body_ended)
 		return;
-	keep_trailers(s, t, n);
+	keep_trailers(s, f, n);
 }
 
-void h2_upstream_body_end(struct h2_upstream_stream *s)
+static void h2_upstream_body_end(struct transport *t)
 {
+	struct h2_upstream_stream *s = stream_of(t);
 	if (s->state == US_CLOSED || s->body_ended)
 		return;
 	s->body_ended = true;
@@ -1032,13 +1057,32 @@ void h2_upstream_body_end(struct h2_upstream_stream *s)
 	conn_kick(s->c);
 }
 
-void h2_upstream_consume(struct h2_upstream_stream *s, size_t n)
+static void h2_upstream_consume(struct transport *t, size_t n)
 {
-	if (!s || s->state == US_CLOSED || n == 0)
+	struct h2_upstream_stream *s = stream_of(t);
+	if (s->state == US_CLOSED || n == 0)
 		return;
 	nghttp2_session_consume(s->c->ng, s->id, n);
 	conn_kick(s->c);
 }
+
+static void h2_upstream_pause(struct transport *t, bool paused)
+{
+	/* nothing to do: what the owner does not consume keeps the windows shut */
+}
+
+const struct transport_ops h2_transport = {
+	.open = h2_upstream_open,
+	.cancel = h2_upstream_cancel,
+	.sent = h2_upstream_sent,
+	.pending = h2_upstream_pending,
+	.send_body = h2_upstream_send_body,
+	.send_trailers = h2_upstream_send_trailers,
+	.body_end = h2_upstream_body_end,
+	.consume = h2_upstream_consume,
+	.pause = h2_upstream_pause,
+	.take_stream = NULL,    /* no Upgrade over HTTP/2 */
+};
 
 /* ---------------------------------------------------------------- worker exit */
 
