@@ -8,10 +8,11 @@
  *   - open never calls back before it returned; it fails only at once (returns NULL and why).
  *   - Every opened transport ends exactly once through on_close, unless its owner cancelled it
  *     first: after either, the owner never touches it again and it never calls back again.
- *   - on_close's OUT_CONNECT_FAILURE means no byte of the request can have been processed
- *     (never sent, refused, above a GOAWAY, a dead pooled connection replaced until a fresh
- *     one failed); OUT_RESET after some was, with BAD when the head received was invalid HTTP
- *     (SPEC §4 "bad-response"); OUT_NONE once the response ended cleanly.
+ *   - on_close's OUT_CONNECT_FAILURE means the request was provably not processed (not
+ *     connected, nothing written, refused, above a GOAWAY); OUT_RESET that it may have been,
+ *     with BAD when the head received was invalid HTTP (SPEC §4 "bad-response"); OUT_NONE
+ *     that the response ended cleanly. A timer of the opener's that cuts the request asks
+ *     sent() to tell the two apart.
  *   - Decoded response body bytes are appended to the opener's buffer (transport_req.body_out)
  *     and announced by on_data; the opener says what it took (consume) or that it takes
  *     nothing for now (pause): the HTTP/2 windows or the HTTP/1 socket reads follow.
