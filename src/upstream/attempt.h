@@ -5,9 +5,9 @@
  * writing), timeout (no head in time), or a status. It makes no retry decision: it reports
  * through the callbacks it was handed (DESIGN rule 7) and the exchange decides.
  *
- * The transport is an HTTP/1.1 connection (pool.c, or a fresh one) or, with req->h2, a stream
- * on a multiplexed HTTP/2 connection (h2_conn.c): REFUSED_STREAM, above-GOAWAY and never-sent
- * streams are connect-failures there, other resets are resets.
+ * The transport (transport.h) is an HTTP/1.1 connection (h1_conn.c: pooled, or a fresh one)
+ * or, with req->h2, a stream on a multiplexed HTTP/2 connection (h2_conn.c): REFUSED_STREAM,
+ * above-GOAWAY and never-sent streams are connect-failures there, other resets are resets.
  *
  * The owner frees an attempt with attempt_free() at any time, including from inside one of
  * its callbacks (an HTTP/2 stream in flight is then reset with CANCEL); the connection is

@@ -14,7 +14,6 @@
 #include <event2/util.h>
 
 #include "base/clock.h"
-#include "http/h1_parser.h"
 #include "base/log.h"
 #include "upstream/pool.h"
 #include "state/upstream.h"
@@ -38,8 +37,14 @@ static struct pool_table *pool_table(struct loop *l)
 	return l->pools;
 }
 
-static void upconn_free_cb(void *p);
-static void pool_unlink(struct upconn *c);
+static void pool_unlink(struct pool_conn *c);
+
+/* Unlink C if it is idle and let its owner close it. */
+static void pool_close(struct pool_conn *c)
+{
+	pool_unlink(c);
+	c->close(c);
+}
 
 static void pe_free(struct pool_ep *pe)
 {
@@ -51,9 +56,9 @@ static void pe_free(struct pool_ep *pe)
  * table knows it). */
 static void pe_retire(struct pool_table *t, struct pool_ep *pe)
 {
-	struct upconn *c;
+	struct pool_conn *c;
 	while ((c = TAILQ_FIRST(&pe->idle)))
-		upconn_close(c);
+		pool_close(c);
 	pe_free(pe);
 }
 
@@ -97,7 +102,6 @@ struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
 	if (!pe) {
 		pe = xcalloc(1, sizeof(*pe));
 		TAILQ_INIT(&pe->idle);
-		TAILQ_INIT(&pe->waiters);
 		pe->name = xstrdup(ep->name);
 		pe->serial = ep->serial;
 		memcpy(&pe->addr, &ep->addr, sizeof(pe->addr));
@@ -110,16 +114,7 @@ struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep)
 	return pe;
 }
 
-static void upconn_free_cb(void *p)
-{
-	struct upconn *c = p;
-	if (c->parser)
-		http_msg_free(c->parser);
-	c->magic = 0;
-	free(c);
-}
-
-static void pool_unlink(struct upconn *c)
+static void pool_unlink(struct pool_conn *c)
 {
 	if (!c->idle)
 		return;
@@ -133,44 +128,31 @@ static void pool_unlink(struct upconn *c)
 	}
 }
 
-void upconn_close(struct upconn *c)
-{
-	if (c->closed)
-		return;         /* idempotent: the second close of a connection is a no-op */
-	c->closed = true;
-	pool_unlink(c);
-	if (c->strm) {
-		stream_free(c->strm);
-		c->strm = NULL;
-	}
-	loop_defer_free(c->loop, upconn_free_cb, c);
-}
-
 /* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
 static void idle_read_cb(struct stream *strm, void *arg)
 {
-	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
-	upconn_close(arg);
+	MAGIC_CHECK((struct pool_conn *)arg, POOL_CONN_MAGIC);
+	pool_close(arg);
 }
 
 static void idle_event_cb(struct stream *strm, short what, void *arg)
 {
-	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
-	upconn_close(arg);
+	MAGIC_CHECK((struct pool_conn *)arg, POOL_CONN_MAGIC);
+	pool_close(arg);
 }
 
 static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
-	MAGIC_CHECK((struct upconn *)arg, UPCONN_MAGIC);
-	upconn_close(arg);
+	MAGIC_CHECK((struct pool_conn *)arg, POOL_CONN_MAGIC);
+	pool_close(arg);
 }
 
-void pool_put(struct upconn *c)
+void pool_put(struct pool_conn *c)
 {
 	struct pool_ep *pe = pool_ep_get(c->loop, c->ep);
 	if (pe->nidle >= POOL_MAX_IDLE || pool_table(c->loop)->draining ||
 	    evbuffer_get_length(stream_input(c->strm)) > 0) {
-		upconn_close(c);
+		c->close(c);
 		return;
 	}
 	c->pe = pe;
@@ -186,7 +168,7 @@ void pool_put(struct upconn *c)
 }
 
 /* The peer may have closed while we were not looking (the read event not yet run): peek. */
-static bool conn_alive(struct upconn *c)
+static bool conn_alive(struct pool_conn *c)
 {
 	char b;
 	evutil_socket_t fd = stream_fd(c->strm);
@@ -196,10 +178,10 @@ static bool conn_alive(struct upconn *c)
 	return errno == EAGAIN || errno == EWOULDBLOCK;
 }
 
-struct upconn *pool_get(struct pool_ep *pe)
+struct pool_conn *pool_get(struct pool_ep *pe)
 {
 	int64_t now = clock_now_us();
-	struct upconn *c;
+	struct pool_conn *c;
 	while ((c = TAILQ_FIRST(&pe->idle))) {
 		pool_unlink(c);
 		/* A close that came in while we were not looking shows on a peek. A connection
@@ -207,7 +189,7 @@ struct upconn *pool_get(struct pool_ep *pe)
 		 * connections after seconds, so the peek (a system call) is skipped for it. */
 		int64_t idle = now - c->idle_since_us;
 		if (idle > POOL_REUSE_MAX_US || (idle > POOL_PEEK_AFTER_US && !conn_alive(c))) {
-			upconn_close(c);
+			c->close(c);
 			continue;
 		}
 		stream_disable(c->strm, EV_READ);
@@ -218,23 +200,6 @@ struct upconn *pool_get(struct pool_ep *pe)
 	return NULL;
 }
 
-/* The address is the endpoint's own (endpoint.c keeps one per slot and serial): known now. */
-void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt)
-{
-	wt->fn(wt->arg, (struct sockaddr *)&pe->addr, pe->addrlen, NULL);
-}
-
-void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt)
-{
-	struct pool_waiter *x;
-	TAILQ_FOREACH(x, &pe->waiters, link) {
-		if (x == wt) {
-			TAILQ_REMOVE(&pe->waiters, wt, link);
-			return;
-		}
-	}
-}
-
 void pool_drain(struct loop *l)
 {
 	struct pool_table *t = pool_table(l);
@@ -242,9 +207,9 @@ void pool_drain(struct loop *l)
 	for (int i = 0; i < t->npools; i++)
 		for (int e = 0; t->pools[i] && e < MAX_ENDPOINTS; e++) {
 			struct pool_ep *pe = t->pools[i][e];
-			struct upconn *c;
+			struct pool_conn *c;
 			while (pe && (c = TAILQ_FIRST(&pe->idle)))
-				upconn_close(c);
+				pool_close(c);
 		}
 }
 
@@ -260,13 +225,9 @@ void pool_free_all(struct loop *l)
 			struct pool_ep *pe = t->pools[i][e];
 			if (!pe)
 				continue;
-			struct upconn *c;
-			while ((c = TAILQ_FIRST(&pe->idle))) {
-				pool_unlink(c);
-				stream_free(c->strm);
-				c->strm = NULL;
-				upconn_free_cb(c);
-			}
+			struct pool_conn *c;
+			while ((c = TAILQ_FIRST(&pe->idle)))
+				pool_close(c);  /* freed by the loop's last deferred run */
 			pe_free(pe);
 		}
 		free(t->pools[i]);

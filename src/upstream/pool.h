@@ -2,6 +2,8 @@
  * pool: per worker, per endpoint address: idle keep-alive upstream connections. The address
  * itself is the endpoint state's (names are resolved once per process: resolve.c).
  *
+ * The pool knows a connection only as its struct pool_conn, embedded in the transport's own
+ * object (h1_conn.c), which gives the pool its close function: the pool never parses a byte.
  * A connection goes back to the pool only after a complete response on a keep-alive
  * connection. While idle it is watched: any byte or EOF from the peer closes it (SPEC §8), and
  * it is closed after POOL_IDLE_US. pool_get() skips connections idle for longer than
@@ -26,7 +28,7 @@
 struct loop;
 struct ep_state;
 struct stream;
-struct http_msg;
+struct pool_conn;
 
 #define POOL_IDLE_US        (30 * 1000000LL)
 #define POOL_REUSE_MAX_US   (4 * 1000000LL)
@@ -35,37 +37,31 @@ struct http_msg;
 
 struct pool_ep;
 
-#define UPCONN_MAGIC 0x0bc0e11au
+#define POOL_CONN_MAGIC 0x0bc0e11au
 
-struct upconn {
+struct pool_conn {
 	uint32_t magic;
-	bool closed;                    /* upconn_close ran (it is idempotent) */
 	struct loop *loop;
-	struct ep_state *ep;            /* valid only while an attempt holds the connection */
-	struct pool_ep *pe;             /* while idle: the pool it is parked in */
+	struct ep_state *ep;            /* valid only while a request holds the connection */
 	struct stream *strm;
-	struct http_msg *parser;
+	/* The owner's close (idempotent): frees the stream and the object it is embedded in,
+	 * deferred (DESIGN rule 1). The pool calls it once it unlinked the connection. */
+	void (*close)(struct pool_conn *pc);
+	/* the pool's */
+	struct pool_ep *pe;             /* while idle: the pool it is parked in */
 	int64_t idle_since_us;
 	struct event *idle_ev;
-	TAILQ_ENTRY(upconn) link;
+	TAILQ_ENTRY(pool_conn) link;
 	bool idle;
 	int uses;
 };
 
-typedef void (*pool_resolved_fn)(void *arg, const struct sockaddr *sa, int salen, const char *err);
-
-struct pool_waiter {
-	pool_resolved_fn fn;
-	void *arg;
-	TAILQ_ENTRY(pool_waiter) link;
-};
-
 struct pool_ep {
-	TAILQ_HEAD(, upconn) idle;
+	TAILQ_HEAD(, pool_conn) idle;
 	int nidle;
-	struct sockaddr_storage addr;   /* the endpoint's, copied when the pool is made */
+	struct sockaddr_storage addr;   /* the endpoint's, copied when the pool is made: what
+	                                 * the transports connect to */
 	int addrlen;
-	TAILQ_HEAD(, pool_waiter) waiters;
 	char *name;                     /* the endpoint's label */
 	uint64_t serial;                /* of the ep_state it caches */
 	int up_id, index;               /* its slot */
@@ -75,17 +71,10 @@ struct pool_ep {
 /* The pool of EP (alive: the caller holds a runtime binding it), made on first use. */
 struct pool_ep *pool_ep_get(struct loop *l, struct ep_state *ep);
 
-/* An idle connection that still looks alive, or NULL. */
-struct upconn *pool_get(struct pool_ep *pe);
-/* Park C as idle (after a complete keep-alive response). */
-void pool_put(struct upconn *c);
-/* Close and free C (deferred). Idempotent. */
-void upconn_close(struct upconn *c);
-
-/* The endpoint address: calls FN now (the interface allows later: W must then stay
- * registered until called or cancelled). */
-void pool_resolve(struct pool_ep *pe, struct pool_waiter *wt);
-void pool_resolve_cancel(struct pool_ep *pe, struct pool_waiter *wt);
+/* An idle connection that still looks alive (its callbacks cleared, reads off), or NULL. */
+struct pool_conn *pool_get(struct pool_ep *pe);
+/* Park PC as idle (after a complete keep-alive response), or close it if it may not be. */
+void pool_put(struct pool_conn *pc);
 
 /* Drain: close every idle connection and park no more (called down by the worker). */
 void pool_drain(struct loop *l);
