@@ -1,0 +1,49 @@
+"""HTTP/2 client-side hardening (SPEC §9, §1 drain, §12): a response cut by the upstream reaches
+an HTTP/2 client as one (head, the body that came, then RST_STREAM); refusals retrygate makes
+itself are logged a bounded number of times per connection and counted every time; requests
+answered by retrygate itself keep a connection from being closed as idle; a reload that lowers
+max_concurrent_streams tells open connections before it enforces the new value; the expiry of
+drain_timeout resets the streams it cuts and records a request that may have executed as an
+unknown outcome."""
+
+import json
+import signal
+import time
+
+import pytest
+from hyperframe.frame import (GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame)
+
+from harness import FAST_RETRY, InThread, RawConn, make_config, wait_for
+from h2raw import INTERNAL_ERROR, REFUSED_STREAM, H2Raw
+import h2upstream as h2u
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def h2api(up, retry=None, **more):
+    r = dict(FAST_RETRY)
+    r.update(retry or {})
+    d = {"endpoints": [up.endpoint], "protocol": "h2", "retry": r}
+    d.update(more)
+    return {"api": d}
+
+
+# ------------------------------------------------------------------------------- cut response
+
+def test_cut_response_reaches_an_h2_client_as_head_body_then_reset(h2up, rg_factory):
+    # head, some body and RST_STREAM arrive from the upstream in one read: the client must see
+    # the head and the bytes that came, then the reset (never END_STREAM, never only the reset)
+    up = h2up()
+    up.set_default(h2u.rst(h2u.INTERNAL_ERROR, after_head=True, body=b"x" * 100, together=True))
+    rg = rg_factory(upstreams=h2api(up))
+    c = H2Raw(rg.port)
+    for i in range(3):
+        r = c.response(c.get("/cut%d" % i))
+        assert r.status == 200, r
+        assert r.body == b"x" * 100, r
+        assert r.reset == INTERNAL_ERROR and not r.ended, r
+    # the connection carries on
+    up.set_default(h2u.respond(200, body=b"fine"))
+    r = c.response(c.get("/after"))
+    assert r.status == 200 and r.body == b"fine" and r.ended
+
