@@ -53,11 +53,31 @@ static bool refresh_config(struct h2_session *s)
 	return true;
 }
 
-/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits). */
+/* The kind of a refusal, for its log line: a bit of h2_session.refusals_logged. */
+static unsigned refusal_bit(int status)
+{
+	switch (status) {
+	case 404: return 1u << 0;
+	case 414: return 1u << 1;
+	case 431: return 1u << 2;
+	case 501: return 1u << 3;
+	default: return 1u << 4;
+	}
+}
+
+/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits).
+ * Logged once per connection and kind, as the connection defences are: the connection stays
+ * open, and a client could otherwise write a line per stream; the access log and the metrics
+ * count every one. */
 static void stream_refuse(struct h2_client_stream *st, int status, const char *reason)
 {
 	struct h2_session *s = st->s;
-	slog(LOG_INFO, s->id, "stream %d refused %d %s", st->id, status, reason);
+	unsigned bit = refusal_bit(status);
+	if (!(s->refusals_logged & bit)) {
+		s->refusals_logged |= bit;
+		slog(LOG_INFO, s->id, "stream %d refused %d %s (logged once per connection; "
+		     "every one is counted)", st->id, status, reason);
+	}
 	char reqid[33];
 	struct access_rec r;
 	request_id_new(reqid, &s->loop->rng);

@@ -124,6 +124,7 @@ struct h2_session {
 	bool notice_sent, goaway_final;
 	int64_t notice_us;
 	unsigned logged;                /* defences logged on this connection, a bit per kind */
+	unsigned refusals_logged;       /* the same for the refusals of h2_request.c */
 	bool tls;
 	char peer_ip[64];
 	struct evbuffer *tmp;

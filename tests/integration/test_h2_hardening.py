@@ -47,3 +47,28 @@ def test_cut_response_reaches_an_h2_client_as_head_body_then_reset(h2up, rg_fact
     r = c.response(c.get("/after"))
     assert r.status == 200 and r.body == b"fine" and r.ended
 
+
+# ------------------------------------------------------------------------------- refusal logs
+
+def test_refusals_are_logged_a_bounded_number_of_times_and_all_counted(upstream, rg_factory):
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       listener_limits={"max_uri_bytes": "1KiB"}))
+    c = H2Raw(rg.port)
+    n = 100
+    for i in range(n):
+        r = c.response(c.get("/x", method="BREW"))
+        assert r.status == 501, r
+        r = c.response(c.get("/" + "p" * 2000))
+        assert r.status == 414, r
+    r = c.response(c.get("/fine"))
+    assert r.status == 200
+    assert rg.wait_metric("retrygate_downstream_requests_total", n, code="5xx")
+    assert rg.wait_metric("retrygate_downstream_requests_total", n, code="4xx")
+    lines = [ln for ln in rg.stderr_text().splitlines() if "refused" in ln]
+    assert 1 <= len(lines) <= 4, lines[:10]
+    # a second connection logs its own first refusal of each kind
+    c2 = H2Raw(rg.port)
+    assert c2.response(c2.get("/x", method="BREW")).status == 501
+    wait_for(lambda: len([ln for ln in rg.stderr_text().splitlines() if "refused" in ln])
+             > len(lines), 3, what="the second connection's refusal logged")
+
