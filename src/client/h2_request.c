@@ -244,6 +244,7 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
+	s->stream_seen = true;      /* for the idle timer: it may end before the round does */
 	nghttp2_session_set_stream_user_data(ng, st->id, st);
 	s->last = st;       /* its fields come next */
 	return 0;

@@ -320,16 +320,18 @@ static void arm(struct event *ev, int64_t us)
 }
 
 /* Timers follow the state after every round: idle (no stream open), header block open,
- * response bytes waiting (stall). */
+ * response bytes waiting (stall). A stream that opened and ended within the round (one
+ * retrygate answered itself) restarts the idle count as any stream does. */
 static void timers(struct h2_session *s)
 {
 	const struct cfg_limits *lim = &s->lcfg->limits;
 	if (s->nstreams == 0) {
-		if (!evtimer_pending(s->idle_ev, NULL))
+		if (s->stream_seen || !evtimer_pending(s->idle_ev, NULL))
 			arm(s->idle_ev, lim->idle_timeout_us);
 	} else {
 		evtimer_del(s->idle_ev);
 	}
+	s->stream_seen = false;
 	int64_t since;
 	if (h2_guard_block_open(&s->guard, &since)) {
 		if (!evtimer_pending(s->hdr_ev, NULL))

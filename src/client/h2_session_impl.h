@@ -115,6 +115,7 @@ struct h2_session {
 	int nstreams;
 	struct h2_client_stream *last;  /* the stream stream_of found last (or NULL) */
 	int nrst_after;                 /* streams with rst_after set */
+	bool stream_seen;               /* a stream began since the timers were last set */
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
 	bool send_pending;

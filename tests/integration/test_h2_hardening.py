@@ -72,3 +72,23 @@ def test_refusals_are_logged_a_bounded_number_of_times_and_all_counted(upstream,
     wait_for(lambda: len([ln for ln in rg.stderr_text().splitlines() if "refused" in ln])
              > len(lines), 3, what="the second connection's refusal logged")
 
+
+# ------------------------------------------------------------------------------- idle timer
+
+def test_self_answered_requests_keep_the_connection_from_idling(upstream, rg_factory):
+    # only host "api" has a route: every other host is answered 404 by retrygate itself
+    rg = rg_factory(config=make_config(upstreams={"api": {"endpoints": [upstream]}},
+                                       routes=[{"host": "api", "upstream": "api"}],
+                                       listener_limits={"idle_timeout": "1s"}))
+    c = H2Raw(rg.port)
+    t_end = time.monotonic() + 3.2
+    n = 0
+    while time.monotonic() < t_end:
+        r = c.response(c.get("/nothing", authority="nobody.example"), timeout=2)
+        assert r.status == 404, (n, r, c.goaway_frame)
+        n += 1
+        time.sleep(0.2)
+    assert not c.closed and c.goaway_frame is None
+    assert n >= 12
+    # and idle, it is closed after idle_timeout
+    assert c.goaway(3) is not None
