@@ -591,6 +591,33 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	return s;
 }
 
+/* CANCEL, on the streams and in the GOAWAY: retrygate abandons work it promised (the final
+ * GOAWAY's last-stream-id covered these streams) on purpose, as its operator asked. Not
+ * REFUSED_STREAM: the request may have been processed, a client must not take it as safe
+ * to retry; not INTERNAL_ERROR: nothing failed, and gRPC clients read CANCEL as CANCELLED,
+ * a call ended by the server's side without a verdict. */
+void h2_session_expire(struct h2_session *s)
+{
+	if (s->state >= H2CL_CLOSING)
+		return;
+	struct h2_client_stream *st;
+	TAILQ_FOREACH(st, &s->streams, link) {
+		/* first: the reset the exchange's cut would submit finds this one queued */
+		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
+		if (st->ex && !st->ex_done)
+			exchange_expire(st->ex);    /* its end() only marks the stream */
+	}
+	slog(LOG_DEBUG, s->id, "drain timeout: %d stream(s) reset", s->nstreams);
+	/* the resets go out before the GOAWAY is queued: nghttp2 sends no RST_STREAM once it
+	 * is terminating the session (from the worker's event: a clean stack) */
+	if (session_send(s) != 0) {
+		h2_session_close(s, "nghttp2 send error");
+		return;
+	}
+	terminate(s, NGHTTP2_CANCEL);
+	flush(s);
+}
+
 void h2_session_drain(struct h2_session *s, bool close_idle)
 {
 	if (s->state >= H2CL_CLOSING)

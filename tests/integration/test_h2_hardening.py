@@ -14,8 +14,9 @@ import pytest
 from hyperframe.frame import (GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame)
 
 from harness import FAST_RETRY, InThread, RawConn, make_config, wait_for
-from h2raw import INTERNAL_ERROR, REFUSED_STREAM, H2Raw
+from h2raw import CANCEL, INTERNAL_ERROR, REFUSED_STREAM, H2Raw
 import h2upstream as h2u
+from upstream import respond, stall
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,3 +93,61 @@ def test_self_answered_requests_keep_the_connection_from_idling(upstream, rg_fac
     assert n >= 12
     # and idle, it is closed after idle_timeout
     assert c.goaway(3) is not None
+
+
+# ------------------------------------------------------------------------------- drain_timeout
+
+def _stalled(upstream, tmp_path):
+    upstream.set_default(stall(20))
+    return make_config(upstreams={"api": {"endpoints": [upstream],
+                                          "deadline": {"default": "30s"},
+                                          "retry": dict(FAST_RETRY, per_try_timeout="30s")}},
+                       drain_timeout="1s", access_log=str(tmp_path / "access.log"))
+
+
+def _access_lines(tmp_path):
+    p = tmp_path / "access.log"
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
+
+
+def test_drain_timeout_resets_h2_streams_and_leaves_an_unknown_outcome(upstream, rg_factory,
+                                                                         tmp_path):
+    rg = rg_factory(config=_stalled(upstream, tmp_path))
+    c = H2Raw(rg.port)
+    sid = c.get("/pay", method="POST", body=b"amount=1")
+    upstream.wait_requests(1)
+    rg.send_signal(signal.SIGTERM)
+    assert rg.wait_exit(10) == 0
+    assert c.wait_closed(5)
+    kinds = [type(f).__name__ for f in c.frames]
+    resets = [f for f in c.frames if isinstance(f, RstStreamFrame) and f.stream_id == sid]
+    assert resets, kinds
+    assert resets[0].error_code == CANCEL, resets[0]
+    # a last GOAWAY, after the reset, with an error code; all before the close
+    goaways = [i for i, f in enumerate(c.frames) if isinstance(f, GoAwayFrame)]
+    assert goaways and goaways[-1] > c.frames.index(resets[0]), kinds
+    assert c.frames[goaways[-1]].error_code == CANCEL
+    assert c.streams[sid].status is None
+    # the POST reached the upstream and got no answer: its outcome is unknown (SPEC §12)
+    wait_for(lambda: any(r.get("path") == "/pay" for r in _access_lines(tmp_path)), 3,
+             what="the access log line")
+    rec = [r for r in _access_lines(tmp_path) if r.get("path") == "/pay"][0]
+    assert rec["outcome"] == "unknown", rec
+
+
+def test_drain_timeout_leaves_an_unknown_outcome_for_an_http1_client(upstream, rg_factory,
+                                                                       tmp_path):
+    rg = rg_factory(config=_stalled(upstream, tmp_path))
+    c = RawConn(rg.port)
+    try:
+        c.send(b"POST /pay1 HTTP/1.1\r\nHost: h\r\nContent-Length: 8\r\n\r\namount=1")
+        upstream.wait_requests(1)
+        rg.send_signal(signal.SIGTERM)
+        assert rg.wait_exit(10) == 0
+        assert c.wait_closed(3)
+    finally:
+        c.close()
+    wait_for(lambda: any(r.get("path") == "/pay1" for r in _access_lines(tmp_path)), 3,
+             what="the access log line")
+    rec = [r for r in _access_lines(tmp_path) if r.get("path") == "/pay1"][0]
+    assert rec["outcome"] == "unknown", rec
