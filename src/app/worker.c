@@ -187,6 +187,16 @@ static void check_listeners(struct worker *w)
 	}
 }
 
+/* After a reload: HTTP/2 connections tell their clients what changed in their SETTINGS. */
+static void reconfigure_sessions(struct worker *w)
+{
+	struct worker_conn *c;
+	TAILQ_FOREACH(c, &w->conns, link) {
+		if (c->h2)
+			h2_session_reconfigure(c->h2);
+	}
+}
+
 /* SPEC §1: while in-flight requests finish, an open keep-alive connection stays open (a
  * request arriving on it is served with "Connection: close"); once no request is in flight
  * in any worker, idle connections close and the worker stops when it has none left. */
@@ -269,8 +279,10 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 	}
 	if (atomic_load(&g_draining))
 		begin_drain(w);
-	else
+	else {
 		check_listeners(w);
+		reconfigure_sessions(w);
+	}
 }
 
 void worker_notify(struct worker *w)

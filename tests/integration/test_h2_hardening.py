@@ -8,6 +8,7 @@ unknown outcome."""
 
 import json
 import signal
+import threading
 import time
 
 import pytest
@@ -93,6 +94,67 @@ def test_self_answered_requests_keep_the_connection_from_idling(upstream, rg_fac
     assert n >= 12
     # and idle, it is closed after idle_timeout
     assert c.goaway(3) is not None
+
+
+# ------------------------------------------------------------------------------- reload
+
+def _settings_with(c, key, value):
+    return [f for f in c.frames if isinstance(f, SettingsFrame) and "ACK" not in f.flags
+            and f.settings.get(key) == value]
+
+
+def test_reload_lowering_max_concurrent_streams_is_told_before_it_is_enforced(upstream,
+                                                                              rg_factory):
+    gate = threading.Event()
+    upstream.set_default(respond(200, body=b"held", hold=gate, hold_timeout=20))
+    cfg = make_config(upstreams={"api": {"endpoints": [upstream]}},
+                      listener_limits={"max_concurrent_streams": 100})
+    rg = rg_factory(config=cfg)
+    c = H2Raw(rg.port)
+    assert c.settle()
+    assert _settings_with(c, 3, 100)
+    try:
+        cfg["listeners"][0]["limits"]["max_concurrent_streams"] = 2
+        rg.reload(cfg)
+        # the open connection is told (H2Raw acknowledges every SETTINGS at once)
+        assert c.pump(lambda: _settings_with(c, 3, 2), 3), [type(f).__name__ for f in c.frames]
+        # within what it was told: served; beyond it: REFUSED_STREAM
+        a, b = c.get("/a"), c.get("/b")
+        upstream.wait_requests(2)
+        r = c.response(c.get("/x"), 3)
+        assert r.reset == REFUSED_STREAM and r.status is None, r
+    finally:
+        gate.set()
+    for sid in (a, b):
+        r = c.response(sid)
+        assert r.status == 200 and r.body == b"held", r
+    # a new connection is told 2 from the start
+    c2 = H2Raw(rg.port)
+    assert c2.settle() and _settings_with(c2, 3, 2)
+
+
+
+def test_a_lower_limit_not_yet_acknowledged_is_not_enforced(upstream, rg_factory):
+    gate = threading.Event()
+    upstream.set_default(respond(200, body=b"held", hold=gate, hold_timeout=20))
+    cfg = make_config(upstreams={"api": {"endpoints": [upstream]}},
+                      listener_limits={"max_concurrent_streams": 100})
+    rg = rg_factory(config=cfg)
+    c = H2Raw(rg.port)
+    assert c.settle()
+    reply = c._reply
+    c._reply = lambda f: None if isinstance(f, SettingsFrame) else reply(f)    # no more ACKs
+    try:
+        cfg["listeners"][0]["limits"]["max_concurrent_streams"] = 2
+        rg.reload(cfg)
+        assert c.pump(lambda: _settings_with(c, 3, 2), 3)
+        # not acknowledged: the client may still rely on the 100 it was told
+        sids = [c.get("/s%d" % i) for i in range(4)]
+        upstream.wait_requests(4)
+    finally:
+        gate.set()
+    for sid in sids:
+        assert c.response(sid).status == 200
 
 
 # ------------------------------------------------------------------------------- drain_timeout
