@@ -76,6 +76,14 @@ static void conn_drain(struct worker_conn *c, bool close_idle)
 		h1_session_drain(c->s, close_idle);
 }
 
+static void conn_expire(struct worker_conn *c)
+{
+	if (c->h2)
+		h2_session_expire(c->h2);
+	else
+		h1_session_expire(c->s);
+}
+
 static void conn_close(struct worker_conn *c, const char *why)
 {
 	if (c->h2)
@@ -179,6 +187,16 @@ static void check_listeners(struct worker *w)
 	}
 }
 
+/* After a reload: HTTP/2 connections tell their clients what changed in their SETTINGS. */
+static void reconfigure_sessions(struct worker *w)
+{
+	struct worker_conn *c;
+	TAILQ_FOREACH(c, &w->conns, link) {
+		if (c->h2)
+			h2_session_reconfigure(c->h2);
+	}
+}
+
 /* SPEC §1: while in-flight requests finish, an open keep-alive connection stays open (a
  * request arriving on it is served with "Connection: close"); once no request is in flight
  * in any worker, idle connections close and the worker stops when it has none left. */
@@ -216,6 +234,34 @@ static void begin_drain(struct worker *w)
 	}
 }
 
+static void expire_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	event_base_loopbreak(w->loop.base);
+}
+
+/* drain_timeout ran out: each connection cuts what it still serves in a way its client can
+ * tell (HTTP/2: RST_STREAM and a last GOAWAY), each exchange that may have executed ends as
+ * an unknown outcome; the loop runs on until they closed, at most EXPIRE_FLUSH_US, and what
+ * is left then is closed by worker_main. */
+#define EXPIRE_FLUSH_US (250 * 1000)
+static void expire_sessions(struct worker *w)
+{
+	w->expiring = true;
+	struct worker_conn *c, *next;
+	for (c = TAILQ_FIRST(&w->conns); c; c = next) {
+		next = TAILQ_NEXT(c, link);
+		conn_expire(c);     /* may close it: on_conn_closed frees C */
+	}
+	if (w->nconns == 0) {
+		event_base_loopbreak(w->loop.base);
+		return;
+	}
+	w->expire_ev = evtimer_new(w->loop.base, expire_cb, w);
+	struct timeval tv = clock_tv(EXPIRE_FLUSH_US);
+	evtimer_add(w->expire_ev, &tv);
+}
+
 /* The main thread's word, through the eventfd: worker loops take no locks, so no other
  * thread ever calls into them. */
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
@@ -225,13 +271,18 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 	while (read(w->wake_fd, &n, sizeof(n)) > 0)
 		;
 	if (atomic_load(&w->stop_requested)) {
-		event_base_loopbreak(w->loop.base);
+		if (w->draining && !w->expiring)
+			expire_sessions(w);
+		else if (!w->expiring)
+			event_base_loopbreak(w->loop.base);
 		return;
 	}
 	if (atomic_load(&g_draining))
 		begin_drain(w);
-	else
+	else {
 		check_listeners(w);
+		reconfigure_sessions(w);
+	}
 }
 
 void worker_notify(struct worker *w)
@@ -271,6 +322,9 @@ static void *worker_main(void *arg)
 	if (w->drain_ev)
 		event_free(w->drain_ev);
 	w->drain_ev = NULL;
+	if (w->expire_ev)
+		event_free(w->expire_ev);
+	w->expire_ev = NULL;
 	runtime_unref(w->rt);
 	w->rt = NULL;
 	if (w->on_exit)

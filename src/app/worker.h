@@ -38,6 +38,8 @@ struct worker {
 	struct event *drain_ev;         /* while draining: closes idle connections once no
 	                                 * request is in flight anywhere */
 	bool draining;
+	bool expiring;                  /* drain_timeout ran out: the last frames are leaving */
+	struct event *expire_ev;        /* ... for at most this long */
 	int64_t drain_start_us;
 	uint64_t next_sid;
 	int *listen_fds;                /* bound by main, one per configured listener */

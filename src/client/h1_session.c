@@ -594,6 +594,21 @@ static bool unread_input(struct h1_session *s)
 	return fd >= 0 && recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
+void h1_session_expire(struct h1_session *s)
+{
+	if (s->state == S_CLOSED)
+		return;
+	if (s->ex && !s->ex_done && s->state != S_TUNNEL) {
+		exchange_expire(s->ex);     /* its end() closes after the flush */
+		return;
+	}
+	if (s->state == S_TUNNEL || !s->strm) {
+		h1_session_close(s, "drain timeout");
+		return;
+	}
+	session_close_after_flush(s);
+}
+
 void h1_session_drain(struct h1_session *s, bool close_idle)
 {
 	s->close_after = true;      /* every response from now on says Connection: close */

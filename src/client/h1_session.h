@@ -27,5 +27,8 @@ struct h1_session *h1_session_new(struct loop *loop, const struct session_owner 
  * request in progress (none read, none waiting unread in the socket) closes now. */
 void h1_session_drain(struct h1_session *s, bool close_idle);
 void h1_session_close(struct h1_session *s, const char *why);
+/* drain_timeout ran out: the request in progress ends (its exchange expires: an unknown
+ * outcome if it may have executed) and the connection closes once its output left. */
+void h1_session_expire(struct h1_session *s);
 
 #endif

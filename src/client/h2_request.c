@@ -39,7 +39,7 @@ static struct http_hdr *hdr_slot(struct h2_client_stream *st);
 
 /* ------------------------------------------------------------------ the exchange */
 
-static bool refresh_config(struct h2_session *s)
+bool h2cl_refresh_config(struct h2_session *s)
 {
 	struct runtime *rt = s->own.runtime(s->own.runtime_arg);
 	if (rt == s->rt)
@@ -53,11 +53,31 @@ static bool refresh_config(struct h2_session *s)
 	return true;
 }
 
-/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits). */
+/* The kind of a refusal, for its log line: a bit of h2_session.refusals_logged. */
+static unsigned refusal_bit(int status)
+{
+	switch (status) {
+	case 404: return 1u << 0;
+	case 414: return 1u << 1;
+	case 431: return 1u << 2;
+	case 501: return 1u << 3;
+	default: return 1u << 4;
+	}
+}
+
+/* A response retrygate makes itself, before any exchange (§5 on the stream, §9 limits).
+ * Logged once per connection and kind, as the connection defences are: the connection stays
+ * open, and a client could otherwise write a line per stream; the access log and the metrics
+ * count every one. */
 static void stream_refuse(struct h2_client_stream *st, int status, const char *reason)
 {
 	struct h2_session *s = st->s;
-	slog(LOG_INFO, s->id, "stream %d refused %d %s", st->id, status, reason);
+	unsigned bit = refusal_bit(status);
+	if (!(s->refusals_logged & bit)) {
+		s->refusals_logged |= bit;
+		slog(LOG_INFO, s->id, "stream %d refused %d %s (logged once per connection; "
+		     "every one is counted)", st->id, status, reason);
+	}
 	char reqid[33];
 	struct access_rec r;
 	request_id_new(reqid, &s->loop->rng);
@@ -141,7 +161,7 @@ static void stream_start(struct h2_client_stream *st)
 	h->method_head = strcmp(h->method, "HEAD") == 0;
 	h->chunked = !st->req_end && h->content_length < 0;
 	h->hdrs = st->hdrs;
-	if (!refresh_config(s)) {
+	if (!h2cl_refresh_config(s)) {
 		stream_refuse(st, 404, "no-route");
 		return;
 	}
@@ -221,9 +241,10 @@ static int begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *frame, voi
 	st->id = frame->hd.stream_id;
 	st->head.content_length = -1;
 	st->resp = loop_buf_get(s->loop);     /* req_in: with the first DATA */
-	st->refused = s->nstreams >= s->lcfg->limits.max_concurrent_streams;
+	st->refused = (uint32_t)s->nstreams >= s->max_streams;
 	TAILQ_INSERT_TAIL(&s->streams, st, link);
 	s->nstreams++;
+	s->stream_seen = true;      /* for the idle timer: it may end before the round does */
 	nghttp2_session_set_stream_user_data(ng, st->id, st);
 	s->last = st;       /* its fields come next */
 	return 0;
@@ -441,6 +462,9 @@ static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
+	if (frame->hd.type == NGHTTP2_SETTINGS && (frame->hd.flags & NGHTTP2_FLAG_ACK) &&
+	    s->settings_unacked > 0 && --s->settings_unacked == 0)
+		s->max_streams = s->streams_advertised;     /* all we said is known: enforce it */
 	struct h2_client_stream *st =
 		frame->hd.stream_id ? h2cl_stream_of(s, frame->hd.stream_id) : NULL;
 	if (!st)

@@ -189,10 +189,12 @@ static ssize_t data_read_cb(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
 {
 	struct h2_client_stream *st = src->ptr;
 	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
-	if (st->cut)
-		return NGHTTP2_ERR_DEFERRED;    /* its RST_STREAM is queued */
 	size_t have = evbuffer_get_length(st->resp);
 	size_t n = have < length ? have : length;
+	/* a cut response: what was relayed went out (the head before it); now nghttp2 resets
+	 * the stream, INTERNAL_ERROR, after the frames queued before it (SPEC §9) */
+	if (st->cut && have == 0)
+		return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
 	if (n == 0 && !st->resp_eof) {
 		st->deferred = true;
 		return NGHTTP2_ERR_DEFERRED;
@@ -336,12 +338,22 @@ void h2cl_rsp_end(void *arg, bool complete, bool close)
 		h2cl_kick(s);
 		return;
 	}
-	if (!complete || !st->head_sent) {
-		/* never END_STREAM on a cut response: the client must not take it as complete */
+	if (!st->head_sent) {
+		/* nothing was relayed: the stream is reset at once */
 		st->cut = true;
-		s->resp_pending -= evbuffer_get_length(st->resp);
-		evbuffer_drain(st->resp, evbuffer_get_length(st->resp));
 		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+	} else if (!complete && st->bodyless) {
+		/* its head went with END_STREAM: that is all of it there was to relay */
+		reset_after(s, st);
+	} else if (!complete) {
+		/* never END_STREAM on a cut response: the client must not take it as complete. A
+		 * RST_STREAM submitted now would make nghttp2 drop the head and DATA still queued;
+		 * the data source sends what was relayed, then has the stream reset */
+		st->cut = true;
+		if (st->deferred) {
+			st->deferred = false;
+			nghttp2_session_resume_data(s->ng, st->id);
+		}
 	} else {
 		st->resp_eof = true;
 		/* SPEC §9: where §5 closes the connection, the stream is reset after the response

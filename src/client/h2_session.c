@@ -105,18 +105,24 @@ static void stream_destroy(struct h2_client_stream *st)
 /* ------------------------------------------------------------------ nghttp2 callbacks */
 
 /* nghttp2 makes a stream beyond the SETTINGS_MAX_CONCURRENT_STREAMS it sent a connection
- * error; SPEC §9 wants REFUSED_STREAM. So nghttp2 is told a limit it never reaches and the
- * first SETTINGS frame is rewritten on its way out to advertise ours (h2_request.c's
+ * error; SPEC §9 wants REFUSED_STREAM. So nghttp2 is told a limit it never reaches and each
+ * SETTINGS frame of ours is rewritten on its way out to advertise ours (h2_request.c's
  * begin_headers_cb refuses the streams beyond it). */
 #define NG_STREAM_LIMIT 0x7fffffffu
 
+/* A SETTINGS frame of ours (not an ACK) that still has to be patched: frames reach send_cb
+ * whole (nghttp2 hands over a frame's bytes at once, and send_cb takes all or none). */
+static bool settings_to_patch(const struct h2_session *s, const uint8_t *f, size_t len)
+{
+	return s->settings_to_patch > 0 && len >= 9 && f[3] == NGHTTP2_SETTINGS &&
+	       !(f[4] & NGHTTP2_FLAG_ACK);
+}
+
 static void advertise_limit(struct h2_session *s, uint8_t *f, size_t len)
 {
-	s->settings_sent = true;
-	if (len < 9 || f[3] != NGHTTP2_SETTINGS || (f[4] & NGHTTP2_FLAG_ACK))
-		return;
+	s->settings_to_patch--;
 	size_t plen = ((size_t)f[0] << 16) | ((size_t)f[1] << 8) | f[2];
-	uint32_t max = (uint32_t)s->lcfg->limits.max_concurrent_streams;
+	uint32_t max = s->streams_advertised;
 	for (size_t i = 9; i + 6 <= 9 + plen && i + 6 <= len; i += 6) {
 		if (f[i] == 0 && f[i + 1] == NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) {
 			f[i + 2] = (uint8_t)(max >> 24);
@@ -163,7 +169,8 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 	struct evbuffer *out = stream_output(s->strm);
 	if (evbuffer_get_length(out) + s->staged >= OUT_HIGH)
 		return NGHTTP2_ERR_WOULDBLOCK;
-	if (s->stage && s->settings_sent) {
+	bool patch = settings_to_patch(s, data, len);
+	if (s->stage && !patch) {
 		if (s->staged + len > s->stagecap)
 			stage_flush(s);
 		if (len <= s->stagecap) {
@@ -173,7 +180,7 @@ static ssize_t send_cb(nghttp2_session *ng, const uint8_t *data, size_t len, int
 		}
 	}
 	stage_flush(s);
-	if (!s->settings_sent) {
+	if (patch) {
 		struct evbuffer_iovec v;
 		if (evbuffer_reserve_space(out, (ev_ssize_t)len, &v, 1) < 1)
 			return NGHTTP2_ERR_CALLBACK_FAILURE;
@@ -320,16 +327,18 @@ static void arm(struct event *ev, int64_t us)
 }
 
 /* Timers follow the state after every round: idle (no stream open), header block open,
- * response bytes waiting (stall). */
+ * response bytes waiting (stall). A stream that opened and ended within the round (one
+ * retrygate answered itself) restarts the idle count as any stream does. */
 static void timers(struct h2_session *s)
 {
 	const struct cfg_limits *lim = &s->lcfg->limits;
 	if (s->nstreams == 0) {
-		if (!evtimer_pending(s->idle_ev, NULL))
+		if (s->stream_seen || !evtimer_pending(s->idle_ev, NULL))
 			arm(s->idle_ev, lim->idle_timeout_us);
 	} else {
 		evtimer_del(s->idle_ev);
 	}
+	s->stream_seen = false;
 	int64_t since;
 	if (h2_guard_block_open(&s->guard, &since)) {
 		if (!evtimer_pending(s->hdr_ev, NULL))
@@ -552,6 +561,8 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	}
 	const struct cfg_limits *lim = &s->lcfg->limits;
 	h2_guard_init(&s->guard, (size_t)lim->max_header_bytes);
+	s->max_streams = s->streams_advertised = (uint32_t)lim->max_concurrent_streams;
+	s->settings_unacked = s->settings_to_patch = 1;     /* the first SETTINGS, below */
 
 	nghttp2_session_callbacks *cbs;
 	nghttp2_session_callbacks_new(&cbs);
@@ -587,6 +598,52 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
 	stream_trigger_read(s->strm);
 	h2cl_kick(s);
 	return s;
+}
+
+/* CANCEL, on the streams and in the GOAWAY: retrygate abandons work it promised (the final
+ * GOAWAY's last-stream-id covered these streams) on purpose, as its operator asked. Not
+ * REFUSED_STREAM: the request may have been processed, a client must not take it as safe
+ * to retry; not INTERNAL_ERROR: nothing failed, and gRPC clients read CANCEL as CANCELLED,
+ * a call ended by the server's side without a verdict. */
+void h2_session_expire(struct h2_session *s)
+{
+	if (s->state >= H2CL_CLOSING)
+		return;
+	struct h2_client_stream *st;
+	TAILQ_FOREACH(st, &s->streams, link) {
+		/* first: the reset the exchange's cut would submit finds this one queued */
+		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_CANCEL);
+		if (st->ex && !st->ex_done)
+			exchange_expire(st->ex);    /* its end() only marks the stream */
+	}
+	slog(LOG_DEBUG, s->id, "drain timeout: %d stream(s) reset", s->nstreams);
+	/* the resets go out before the GOAWAY is queued: nghttp2 sends no RST_STREAM once it
+	 * is terminating the session (from the worker's event: a clean stack) */
+	if (session_send(s) != 0) {
+		h2_session_close(s, "nghttp2 send error");
+		return;
+	}
+	terminate(s, NGHTTP2_CANCEL);
+	flush(s);
+}
+
+void h2_session_reconfigure(struct h2_session *s)
+{
+	if (s->state >= H2CL_CLOSING || !h2cl_refresh_config(s))
+		return;
+	uint32_t want = (uint32_t)s->lcfg->limits.max_concurrent_streams;
+	if (want == s->streams_advertised)
+		return;
+	/* a higher limit holds at once (the client keeps to the lower one it knows); a lower
+	 * one once the client acknowledged it: until then it may rightly open up to the old */
+	s->streams_advertised = want;
+	if (want > s->max_streams)
+		s->max_streams = want;
+	s->settings_unacked++;
+	s->settings_to_patch++;
+	nghttp2_settings_entry iv = { NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, NG_STREAM_LIMIT };
+	nghttp2_submit_settings(s->ng, NGHTTP2_FLAG_NONE, &iv, 1);
+	h2cl_kick(s);
 }
 
 void h2_session_drain(struct h2_session *s, bool close_idle)

@@ -24,5 +24,12 @@ struct h2_session *h2_session_new(struct loop *loop, const struct session_owner 
  * finish, then the connection closes. CLOSE_IDLE: no need to wait for the notice's round trip. */
 void h2_session_drain(struct h2_session *s, bool close_idle);
 void h2_session_close(struct h2_session *s, const char *why);
+/* After a reload: a changed max_concurrent_streams is sent to the client (SETTINGS), and a
+ * lower one enforced once the client acknowledged it. */
+void h2_session_reconfigure(struct h2_session *s);
+/* drain_timeout ran out: every open stream is reset (CANCEL) and its exchange expires (an
+ * unknown outcome if it may have executed), a last GOAWAY follows; the connection closes
+ * once they left. */
+void h2_session_expire(struct h2_session *s);
 
 #endif

@@ -115,15 +115,24 @@ struct h2_session {
 	int nstreams;
 	struct h2_client_stream *last;  /* the stream stream_of found last (or NULL) */
 	int nrst_after;                 /* streams with rst_after set */
+	bool stream_seen;               /* a stream began since the timers were last set */
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
 	bool send_pending;
 	size_t resp_pending;            /* response bytes buffered over all streams */
 	int64_t last_progress_us;       /* the last DATA byte written */
-	bool settings_sent;             /* our first SETTINGS left (patched on the way out) */
+	/* SETTINGS_MAX_CONCURRENT_STREAMS (SPEC §9): nghttp2 is told a limit it never reaches,
+	 * the client ours, patched into each SETTINGS of ours on its way out (send_cb). The
+	 * limit enforced is the one the client acknowledged, or a higher one sent since: a
+	 * reload that lowers it takes effect once the client has been told. */
+	uint32_t max_streams;           /* enforced (h2_request.c's begin_headers_cb) */
+	uint32_t streams_advertised;    /* the last value sent */
+	int settings_unacked;           /* our SETTINGS not yet acknowledged */
+	int settings_to_patch;          /* our SETTINGS not yet past send_cb */
 	bool notice_sent, goaway_final;
 	int64_t notice_us;
 	unsigned logged;                /* defences logged on this connection, a bit per kind */
+	unsigned refusals_logged;       /* the same for the refusals of h2_request.c */
 	bool tls;
 	char peer_ip[64];
 	struct evbuffer *tmp;
@@ -137,6 +146,8 @@ struct h2_session {
 };
 
 /* h2_request.c: called by h2_session.c */
+/* The current runtime's config for the connection's listener; false when it has none. */
+bool h2cl_refresh_config(struct h2_session *s);
 /* nghttp2's receive callbacks: heads, request DATA, trailers, a client's RST_STREAM. */
 void h2cl_request_callbacks(nghttp2_session_callbacks *cbs);
 /* Request DATA received and not yet taken by the exchange. */

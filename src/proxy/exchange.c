@@ -22,7 +22,7 @@
  *        +--no retry--> X_RELAY (a response: relayed, or the one kept) or X_DONE (one of ours)
  *
  *   and from anywhere: X_DONE, only by ex_end() (ex_finish(): the responder's end() reported
- *   once; ex_start_tunnel(); exchange_abort()). The deadline ends every state but X_RELAY.
+ *   once; ex_start_tunnel(); exchange_abort(); exchange_expire()). The deadline ends every state but X_RELAY.
  *
  * X_FAULT_WAIT and X_HELD are waits inside one attempt (a drawn fault's delay; a gRPC head
  * whose outcome the next frame decides). Leaving either, to whatever state, undoes it in
@@ -472,6 +472,23 @@ void exchange_abort(struct exchange *ex)
 		ex->resp_status = 499;  /* nginx's "client closed request", for the log only */
 	ex_end(ex);
 	ex_log_request(ex, clock_now_us());
+}
+
+void exchange_expire(struct exchange *ex)
+{
+	if (ex->state == X_DONE)
+		return;
+	/* the attempt awaiting its head may have executed: no answer within the time there was
+	 * is a timeout, which for a non-idempotent request leaves the outcome unknown, recorded
+	 * for reconciliation (ex_count_end) as any other timeout */
+	if (ex->att && (ex->state == X_ATTEMPT || ex->state == X_HELD) &&
+	    attempt_wrote_any(ex->att)) {
+		ex->last_out = OUT_TIMEOUT;
+		ex->reached = true;
+		STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
+		access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
+	}
+	ex_finish(ex, false, true);
 }
 
 static void exchange_free_cb(void *p)

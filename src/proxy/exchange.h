@@ -41,6 +41,10 @@ size_t exchange_body_room(const struct exchange *ex);
 void exchange_client_drained(struct exchange *ex);
 /* The client went away: cancel everything. */
 void exchange_abort(struct exchange *ex);
+/* retrygate stops before the exchange ended (drain_timeout ran out): it ends now, its
+ * response cut (the responder's end(), not complete); a request that may have reached the
+ * upstream and has no answer yet is an unknown outcome (SPEC §12). */
+void exchange_expire(struct exchange *ex);
 void exchange_free(struct exchange *ex);
 
 #endif

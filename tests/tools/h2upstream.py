@@ -17,7 +17,7 @@ for actions marked ``early``. Every frame write holds the connection's lock.
 
 Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after, hold) |
 echo() |
-rst(code, after_head=False, body=b"") | goaway(last_stream_id, code=0) | stall(seconds) |
+rst(code, after_head=False, body=b"", together=False) | goaway(last_stream_id, code=0) | stall(seconds) |
 kill() (close the TCP connection) | a dict {"action": name, ...}.
 """
 
@@ -56,9 +56,11 @@ def echo():
     return {"action": "echo"}
 
 
-def rst(code=INTERNAL_ERROR, after_head=False, body=b"", early=False):
+def rst(code=INTERNAL_ERROR, after_head=False, body=b"", early=False, together=False):
+    """TOGETHER (with AFTER_HEAD): the head, the body and the reset in one write, so the
+    proxy reads them at once; else the reset follows 0.1 s later."""
     return {"action": "rst", "code": code, "after_head": after_head, "body": body,
-            "early": early}
+            "early": early, "together": together}
 
 
 def goaway(last_stream_id=0, code=NO_ERROR):
@@ -244,6 +246,13 @@ class _Conn:
                                                      last_stream_id=a["last"]))
         elif kind == "stall":
             self.wait(a["seconds"])
+        elif kind == "rst" and a["after_head"] and a.get("together"):
+            def cut():
+                self.h2.send_headers(sid, [(":status", "200"), ("content-length", "100000")])
+                if a["body"]:
+                    self.h2.send_data(sid, a["body"])
+                self.h2.reset_stream(sid, error_code=a["code"])
+            self.do(cut)
         elif kind == "rst":
             if a["after_head"]:
                 self.do(lambda: self.h2.send_headers(sid, [(":status", "200"),
