@@ -69,8 +69,6 @@ static void conn_close(struct h2_conn *c)
 	evtimer_del(&c->timer);
 	evtimer_del(&c->kick);
 	if (c->strm) {
-		if (c->out_cb)
-			evbuffer_remove_cb_entry(stream_output(c->strm), c->out_cb);
 		stream_setcb(c->strm, NULL, NULL, NULL, NULL);
 		stream_free(c->strm);
 		c->strm = NULL;
@@ -182,13 +180,6 @@ void h2conn_flush(struct h2_conn *c)
 		return;
 	}
 	conn_maybe_retire(c);
-}
-
-static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2U_CONN_MAGIC);
-	c->drained += info->n_deleted;
 }
 
 /* ---------------------------------------------------------------- input and events */
@@ -320,7 +311,6 @@ static void conn_connect(struct h2_conn *c)
 	}
 	c->strm = strm;
 	stream_setcb(strm, conn_read_cb, conn_write_cb, conn_event_cb, c);
-	c->out_cb = evbuffer_add_cb(stream_output(strm), out_drained_cb, c);
 	stream_enable(strm, EV_READ | EV_WRITE);
 	if (stream_connect(strm, (struct sockaddr *)&c->pe->addr, c->pe->addrlen) < 0)
 		h2conn_fail(c, "connect failed", true);

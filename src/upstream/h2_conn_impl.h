@@ -34,7 +34,6 @@ struct ep_state;
 struct pool_ep;
 struct stream;
 struct evbuffer;
-struct evbuffer_cb_entry;
 
 /* distinct from the client side's (h2_session_impl.h): a stream of one side handed to the
  * other fails the check */
@@ -89,9 +88,9 @@ struct h2_conn {
 	bool verify;
 	struct pool_ep *pe;
 	struct stream *strm;
-	struct evbuffer_cb_entry *out_cb;
 	nghttp2_session *ng;
-	uint64_t queued, drained;       /* bytes serialized into / written out of the output */
+	uint64_t queued;                /* bytes serialized into the output (stream_written()
+	                                 * counts those that left) */
 	int nstreams;
 	uint32_t peer_max;
 	int32_t goaway_last;            /* valid in UC_GOAWAY when goaway_seen */
@@ -146,7 +145,7 @@ void h2conn_peer_frame(struct h2_conn *c, const nghttp2_frame *f);
 
 /* The nghttp2 callbacks of a session's streams. */
 void h2u_set_callbacks(nghttp2_session_callbacks *cb);
-/* S's HEADERS left our output buffer. */
+/* A byte of S's HEADERS left: the kernel (or the TLS layer) took it. */
 bool h2u_sent(const struct h2_upstream_stream *s);
 /* Report the end and forget S. The owner may open or cancel streams from inside on_close. */
 void h2u_end(struct h2_upstream_stream *s, enum outcome out, const char *detail);

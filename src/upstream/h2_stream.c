@@ -5,8 +5,9 @@
  * stream's head, DATA (appended to the opener's body_out), trailers and one end.
  *
  * A stream's HEADERS count as sent only once the frame was serialized and a byte of it left
- * our output buffer (hdr_mark against the connection's drained count): a stream closed before
- * that was not processed and ends as OUT_CONNECT_FAILURE. Every stream ends exactly once,
+ * the process (hdr_mark against what the kernel took of the connection's output,
+ * stream_written: never the output buffer's drains, which packing fakes): a stream closed
+ * before that was not processed and ends as OUT_CONNECT_FAILURE. Every stream ends exactly once,
  * through h2u_end (on_close), unless its owner cancelled it first; either way it is taken off
  * its connection then and freed once the callback stack unwound.
  */
@@ -21,13 +22,14 @@
 #include "upstream/h2_conn_impl.h"
 #include "base/loop.h"
 #include "base/util.h"
+#include "net/stream.h"
 
 /* The one writer of the state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(h2u_set_state, h2_upstream_stream, h2u_stream_state, US_CLOSED)
 
 bool h2u_sent(const struct h2_upstream_stream *s)
 {
-	return s->hdr_queued && s->c && s->c->drained > s->hdr_mark;
+	return s->hdr_queued && s->c && s->c->strm && stream_written(s->c->strm) > s->hdr_mark;
 }
 
 /* nghttp2 keeps each stream's owner (given at submit, cleared when the stream is detached):
