@@ -61,3 +61,27 @@ def test_streams_queued_behind_an_unread_output_were_never_sent(h2up, rg_factory
     assert rg.metric("retrygate_reconcile_recorded_total", upstream="api") == 0
     r = rg.admin("GET", "/unknown?upstream=api")
     assert r.status == 200 and "/p" not in r.text, r.text[:500]
+
+
+def test_streams_beyond_a_limit_learnt_late_go_to_other_connections(h2up, rg_factory):
+    # The server says MAX_CONCURRENT_STREAMS 2 only after a delay, and holds each stream for
+    # HOLD seconds. Six requests at once all queue on the first connection meanwhile; once
+    # the limit is known the four beyond it go to other connections (which assume the limit
+    # learnt) instead of waiting for two rounds of slow responses.
+    HOLD = 1.5
+    up = h2up(max_streams=2, settings_delay=0.3)
+    up.set_default(respond(200, body=b"slow", delay=HOLD))
+    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "20s"},
+                                  deadline={"default": "30s", "max": "30s"}))
+    start = time.monotonic()
+    ts = [InThread(rg.request, "GET", "/s%d" % i, timeout=30) for i in range(6)]
+    rs = [t(timeout=30) for t in ts]
+    took = time.monotonic() - start
+    assert all(r.status == 200 and r.body == b"slow" for r in rs), rs
+    assert all(attempts(r) == "1" for r in rs), [attempts(r) for r in rs]
+    assert up.connections >= 3, up.connections
+    per_conn = {}
+    for q in up.requests:
+        per_conn[q.conn_id] = per_conn.get(q.conn_id, 0) + 1
+    assert max(per_conn.values()) <= 2 and len(up.requests) == 6, per_conn
+    assert took < 2 * HOLD, "6 requests took %.2f s (one response: %.1f s)" % (took, HOLD)
