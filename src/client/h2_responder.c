@@ -25,6 +25,8 @@
 
 /* ------------------------------------------------------------------ the HTTP/2 responder */
 
+atomic_size_t h2cl_resp_total;
+
 /* N (LEN bytes) is LIT, in any case. Exact bytes first: a name from an HTTP/2 peer is
  * lower-case already (nghttp2 refuses others), and memcmp is a few instructions where
  * str_ieq folds each byte of both. */
@@ -275,7 +277,7 @@ static void rsp_body(void *arg, struct evbuffer *data)
 	if (s->resp_pending == 0)
 		s->last_progress_us = clock_now_us();
 	evbuffer_add_buffer(st->resp, data);
-	s->resp_pending += n;
+	h2cl_resp_count(s, n, 0);
 	if (evbuffer_get_length(st->resp) > RESP_LOW)
 		st->was_high = true;
 	if (st->deferred) {
@@ -341,6 +343,8 @@ void h2cl_rsp_end(void *arg, bool complete, bool close)
 	if (!st->head_sent) {
 		/* nothing was relayed: the stream is reset at once */
 		st->cut = true;
+		h2cl_resp_count(s, 0, evbuffer_get_length(st->resp));
+		evbuffer_drain(st->resp, evbuffer_get_length(st->resp));
 		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
 	} else if (!complete && st->bodyless) {
 		/* its head went with END_STREAM: that is all of it there was to relay */
@@ -368,10 +372,16 @@ void h2cl_rsp_end(void *arg, bool complete, bool close)
 	h2cl_kick(s);
 }
 
+/* The per-connection budget (SPEC §9: memory per connection bounded by the limits): a full
+ * connection stops every exchange that asks, and the session's flush wakes them */
 static size_t rsp_queued(void *arg)
 {
 	struct h2_client_stream *st = arg;
 	MAGIC_CHECK(st, H2CL_STREAM_MAGIC);
+	if (h2cl_resp_full(st->s)) {
+		st->budget_wait = true;
+		return RESPONDER_FULL;
+	}
 	return evbuffer_get_length(st->resp);
 }
 

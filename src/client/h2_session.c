@@ -86,7 +86,7 @@ static void stream_destroy(struct h2_client_stream *st)
 		s->last = NULL;
 	if (st->rst_after)
 		s->nrst_after--;
-	s->resp_pending -= evbuffer_get_length(st->resp);
+	h2cl_resp_count(s, 0, evbuffer_get_length(st->resp));
 	TAILQ_REMOVE(&s->streams, st, link);
 	s->nstreams--;
 	h2cl_head_release(st);
@@ -218,7 +218,7 @@ static int send_data_cb(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t
 		evbuffer_add(out, framehd, 9);
 		evbuffer_remove_buffer(st->resp, out, length);
 	}
-	s->resp_pending -= length;
+	h2cl_resp_count(s, 0, length);
 	if (length > 0)
 		s->last_progress_us = clock_now_us();
 	if (st->was_high && evbuffer_get_length(st->resp) < RESP_LOW) {
@@ -367,8 +367,9 @@ static void flush(struct h2_session *s)
 		return;
 	}
 	TAILQ_FOREACH(st, &s->streams, link) {
-		if (st->drained) {
+		if (st->drained || (st->budget_wait && !h2cl_resp_full(s))) {
 			st->drained = false;
+			st->budget_wait = false;
 			if (st->ex && !st->ex_done)
 				exchange_client_drained(st->ex);
 		}

@@ -15,6 +15,7 @@
 #ifndef RG_H2_SESSION_IMPL_H
 #define RG_H2_SESSION_IMPL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
@@ -45,6 +46,13 @@ struct stream;
 #define OUT_HIGH (128 * 1024)           /* connection output: pack no more frames above this */
 #define OUT_LOW (32 * 1024)
 #define RESP_LOW (64 * 1024)            /* a stream's pending response: tell the exchange below */
+/* Response bytes buffered for a connection's streams together (resp_pending): at or above
+ * this, none of its exchanges reads its upstream (the responder answers RESPONDER_FULL) until
+ * the client took some. With RESP_TOTAL_CAP bytes buffered over every connection of the
+ * process, the figure is RESP_LOW instead. Per stream, the exchange's own mark (256 KiB)
+ * holds too, and a paused upstream keeps what it had read (its window, or one read). */
+#define RESP_BUDGET (1024 * 1024)
+#define RESP_TOTAL_CAP ((size_t)64 << 20)
 #define NOTICE_RTT_US (100 * 1000)      /* shutdown notice to final GOAWAY, at least */
 #define RECV_SLICE 4096                 /* input handed to nghttp2 between two sends */
 #define HDRS_INLINE 16                  /* request fields kept in the stream itself ... */
@@ -89,6 +97,8 @@ struct h2_client_stream {
 	struct evbuffer *resp;          /* response DATA not yet sent */
 	bool head_sent, bodyless, resp_eof, deferred, cut, rst_after, client_reset, was_high;
 	bool drained;                   /* pending fell below RESP_LOW: tell the exchange */
+	bool budget_wait;               /* its exchange stopped reading for the connection's
+	                                 * budget (h2cl_resp_full): tell it when there is room */
 	char *head_blk;                 /* the final head's bytes, which nghttp2 reads uncopied
 	                                 * when it packs the HEADERS (loop_blk_alloc) */
 	nghttp2_nv *trailers;           /* the list, then the bytes it points to: one block from
@@ -165,6 +175,28 @@ bool h2cl_connection_field(const char *n, size_t len);
 void h2cl_rsp_end(void *arg, bool complete, bool close);
 
 /* ------------------------------------------------------------------ the core: called by all */
+
+/* Response bytes buffered by every HTTP/2 client connection of the process (all workers). */
+extern atomic_size_t h2cl_resp_total;
+
+/* Response bytes buffered on S grew by ADD, shrank by SUB. */
+static inline void h2cl_resp_count(struct h2_session *s, size_t add, size_t sub)
+{
+	s->resp_pending += add;
+	s->resp_pending -= sub;
+	if (add)
+		atomic_fetch_add_explicit(&h2cl_resp_total, add, memory_order_relaxed);
+	if (sub)
+		atomic_fetch_sub_explicit(&h2cl_resp_total, sub, memory_order_relaxed);
+}
+
+/* S buffers as much response as it may (RESP_BUDGET, or RESP_LOW while the process is over
+ * RESP_TOTAL_CAP): its exchanges read their upstreams no more. */
+static inline bool h2cl_resp_full(const struct h2_session *s)
+{
+	size_t total = atomic_load_explicit(&h2cl_resp_total, memory_order_relaxed);
+	return s->resp_pending >= (total > RESP_TOTAL_CAP ? RESP_LOW : RESP_BUDGET);
+}
 
 /* Schedule a send: nghttp2 runs from a clean stack (the session's send event), never from a
  * responder call or an nghttp2 callback. */

@@ -40,6 +40,8 @@ struct resp_head {
 	                                 * no body and no trailers follow; HTTP/1 ignores it */
 };
 
+#define RESPONDER_FULL SIZE_MAX
+
 struct responder {
 	/* A 1xx other than 101: 100 and 103 reach HTTP/1.1 clients; dropped where not allowed. */
 	void (*informational)(void *arg, const struct resp_head *h);
@@ -55,7 +57,9 @@ struct responder {
 	 * connection. The exchange is finished; the codec frees it afterwards. */
 	void (*end)(void *arg, bool complete, bool close);
 	/* Response bytes queued for the client, not yet written: above the exchange's high-water
-	 * mark it stops reading the upstream until client_drained. */
+	 * mark it stops reading the upstream until client_drained. RESPONDER_FULL: the codec's
+	 * budget for the whole connection (or process) is spent, whatever this one queued; it
+	 * calls client_drained when there is room again. */
 	size_t (*queued)(void *arg);
 	/* Streamed request body: the exchange has room again (exchange_body_room grew). */
 	void (*want_body)(void *arg);

@@ -54,6 +54,8 @@ struct stream {
 	void *arg;
 	size_t rd_high, wr_low;
 	size_t packed;                  /* output bytes at the front already packed (out_pack) */
+	uint64_t written;               /* output bytes that left: the kernel (plain) or the TLS
+	                                 * layer took them; never what packing moved */
 	unsigned out_adds;              /* appends to the output since it was packed or empty */
 	bool reading, can_read, connecting, soon_pending, trigger, freed, packing;
 	bool eof;                       /* the read side ended (EOF or error reported) */
@@ -110,8 +112,10 @@ static int send_some(struct stream *s)
 	}
 	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)nv };
 	ssize_t n = sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-	if (n > 0)
+	if (n > 0) {
+		s->written += (uint64_t)n;
 		evbuffer_drain(s->out, (size_t)n);
+	}
 	return (int)n;
 }
 
@@ -346,6 +350,13 @@ static void out_changed_cb(struct evbuffer *buf, const struct evbuffer_cb_info *
 
 /* ---------------------------------------------------------------- TLS: bufferevent */
 
+/* The output of a TLS stream drains only as SSL_write takes its bytes: no packing there. */
+static void tls_out_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+	struct stream *s = arg;
+	s->written += info->n_deleted;
+}
+
 static void tls_read_cb(struct bufferevent *strm, void *arg)
 {
 	struct stream *s = arg;
@@ -392,6 +403,7 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 		bufferevent_setcb(s->strm, tls_read_cb, tls_write_cb, tls_event_cb, s);
 		s->in = bufferevent_get_input(s->strm);
 		s->out = bufferevent_get_output(s->strm);
+		s->out_cb = evbuffer_add_cb(s->out, tls_out_cb, s);
 		if (fd >= 0)
 			loop_fd_seen(loop, fd);
 		return s;
@@ -452,6 +464,7 @@ void stream_free(struct stream *s)
 	s->freed = true;
 	if (s->strm) {
 		bufferevent_setcb(s->strm, NULL, NULL, NULL, NULL);
+		evbuffer_remove_cb_entry(s->out, s->out_cb);
 		bufferevent_free(s->strm);
 		s->in = s->out = NULL;
 	} else {
@@ -479,6 +492,7 @@ void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream
 	s->arg = arg;
 }
 
+uint64_t stream_written(const struct stream *s) { return s->written; }
 struct evbuffer *stream_input(struct stream *s) { return s->in; }
 struct evbuffer *stream_output(struct stream *s) { return s->out; }
 

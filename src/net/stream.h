@@ -45,6 +45,9 @@ void stream_free(struct stream *s);
  * write). EVENT: connected, EOF, error. */
 void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream_event_fn ev,
                   void *arg);
+/* Output bytes that left so far: accepted by the kernel (plain) or by the TLS layer. Unlike
+ * the output's drains, packing (which moves the waiting bytes out and back) never counts. */
+uint64_t stream_written(const struct stream *s);
 struct evbuffer *stream_input(struct stream *s);
 struct evbuffer *stream_output(struct stream *s);
 

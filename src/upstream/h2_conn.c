@@ -35,6 +35,10 @@
 #define H2_CONN_WINDOW (4 * 1024 * 1024)
 #define H2_DEFAULT_STREAMS 100          /* assumed until the server's SETTINGS say otherwise */
 #define H2_MAX_CONNS_PER_EP 32          /* beyond this, streams queue on the least loaded */
+/* Streams queued beyond a limit learnt late wait this long for a slot before they move to
+ * another connection: long enough for a connection that fails at once (its queued streams
+ * are then never-sent connect-failures), short beside a new connection's round trips. */
+#define H2_MOVE_AFTER_US (100 * 1000)
 
 /* The one writer of the state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(conn_set_state, h2_conn, h2u_conn_state, UC_DEAD)
@@ -68,9 +72,8 @@ static void conn_close(struct h2_conn *c)
 	TAILQ_REMOVE(&c->t->conns, c, link);
 	evtimer_del(&c->timer);
 	evtimer_del(&c->kick);
+	evtimer_del(&c->move);
 	if (c->strm) {
-		if (c->out_cb)
-			evbuffer_remove_cb_entry(stream_output(c->strm), c->out_cb);
 		stream_setcb(c->strm, NULL, NULL, NULL, NULL);
 		stream_free(c->strm);
 		c->strm = NULL;
@@ -184,13 +187,6 @@ void h2conn_flush(struct h2_conn *c)
 	conn_maybe_retire(c);
 }
 
-static void out_drained_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
-{
-	struct h2_conn *c = arg;
-	MAGIC_CHECK(c, H2U_CONN_MAGIC);
-	c->drained += info->n_deleted;
-}
-
 /* ---------------------------------------------------------------- input and events */
 
 static void conn_read_cb(struct stream *strm, void *arg)
@@ -281,6 +277,45 @@ static void conn_kick_cb(evutil_socket_t fd, short what, void *arg)
 	h2conn_flush(c);
 }
 
+/* The server's limit came after more streams were queued here than it takes: those whose
+ * HEADERS still wait for a slot go to other connections (a new one if none has room). */
+static void conn_move_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct h2_conn *c = arg;
+	MAGIC_CHECK(c, H2U_CONN_MAGIC);
+	if (c->state != UC_READY)
+		return;
+	struct h2_upstream_stream *s;
+	uint32_t open = 0;
+	TAILQ_FOREACH(s, &c->streams, link)
+		open += s->hdr_queued;
+	/* the first that wait take the free slots, if any. Looked for from the head each time:
+	 * an owner told of an end (on_close) may cancel or open streams */
+	uint32_t keep = c->peer_max > open ? c->peer_max - open : 0;
+	c->busy++;
+	for (int rounds = c->nstreams; rounds > 0 && c->state == UC_READY; rounds--) {
+		uint32_t skip = keep;
+		struct h2_upstream_stream *m = NULL;
+		TAILQ_FOREACH(s, &c->streams, link) {
+			if (s->hdr_queued)
+				continue;
+			if (skip > 0) {
+				skip--;
+				continue;
+			}
+			if (s->nv) {
+				m = s;
+				break;
+			}
+		}
+		if (!m || !h2u_move(m))
+			break;      /* none left, or no other connection: the rest wait here */
+	}
+	c->busy--;
+	if (c->state != UC_DEAD)
+		h2conn_flush(c);
+}
+
 static void conn_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h2_conn *c = arg;
@@ -320,13 +355,13 @@ static void conn_connect(struct h2_conn *c)
 	}
 	c->strm = strm;
 	stream_setcb(strm, conn_read_cb, conn_write_cb, conn_event_cb, c);
-	c->out_cb = evbuffer_add_cb(stream_output(strm), out_drained_cb, c);
 	stream_enable(strm, EV_READ | EV_WRITE);
 	if (stream_connect(strm, (struct sockaddr *)&c->pe->addr, c->pe->addrlen) < 0)
 		h2conn_fail(c, "connect failed", true);
 }
 
-static nghttp2_session *session_new(struct h2_conn *c)
+/* FIRST: the streams sent before the server's SETTINGS came. */
+static nghttp2_session *session_new(struct h2_conn *c, uint32_t first)
 {
 	nghttp2_session_callbacks *cb;
 	nghttp2_option *opt;
@@ -336,10 +371,11 @@ static nghttp2_session *session_new(struct h2_conn *c)
 	h2u_set_callbacks(cb);
 	nghttp2_option_new(&opt);
 	nghttp2_option_set_no_auto_window_update(opt, 1);
-	/* one stream until the server's SETTINGS say how many it takes (then its value, or
-	 * unlimited): a burst on a new connection waits one round trip, queued, instead of being
-	 * refused by a server whose limit is low */
-	nghttp2_option_set_peer_max_concurrent_streams(opt, 1);
+	/* one stream (or the limit another connection to the endpoint learnt) until the server's
+	 * SETTINGS say how many it takes (then its value, or unlimited): a burst on a new
+	 * connection waits one round trip, queued, instead of being refused by a server whose
+	 * limit is low */
+	nghttp2_option_set_peer_max_concurrent_streams(opt, first);
 	nghttp2_mem mem = h2_mem(c->loop);
 	if (nghttp2_session_client_new3(&ng, cb, c, opt, &mem) != 0)
 		ng = NULL;
@@ -357,8 +393,9 @@ static nghttp2_session *session_new(struct h2_conn *c)
 	return ng;
 }
 
+/* KNOWN: the limit another connection to the endpoint learnt, or 0. */
 static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool_ep *pe,
-                                const struct transport_req *o)
+                                const struct transport_req *o, uint32_t known)
 {
 	struct h2_conn *c = xcalloc(1, sizeof(*c));
 	c->magic = H2U_CONN_MAGIC;
@@ -371,10 +408,10 @@ static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool
 	if (n < sizeof(c->sni))
 		memcpy(c->sni, o->sni ? o->sni : "", n);
 	c->pe = pe;
-	c->peer_max = H2_DEFAULT_STREAMS;
+	c->peer_max = known ? known : H2_DEFAULT_STREAMS;
 	c->connect_timeout_us = o->connect_timeout_us;
 	TAILQ_INIT(&c->streams);
-	c->ng = session_new(c);
+	c->ng = session_new(c, known ? known : 1);
 	if (!c->ng) {
 		free(c);
 		return NULL;
@@ -383,22 +420,30 @@ static struct h2_conn *conn_new(struct loop *l, struct ep_state *ep, struct pool
 	conn_set_state(c, UC_CONNECTING);
 	evtimer_assign(&c->timer, l->base, conn_timer_cb, c);
 	evtimer_assign(&c->kick, l->base, conn_kick_cb, c);
+	evtimer_assign(&c->move, l->base, conn_move_cb, c);
 	struct timeval tv = clock_tv(o->connect_timeout_us > 0 ? o->connect_timeout_us : 1000000);
 	evtimer_add(&c->timer, &tv);
 	conn_connect(c);     /* may fail at once: the connection is then dead */
 	return c;
 }
 
-/* The connection for a new stream to EP: the first with room, else a new one. */
+/* The connection for a new stream to EP: the first with room, else a new one. Until its
+ * SETTINGS come, a connection is assumed to take H2_DEFAULT_STREAMS, or the limit another
+ * connection to the endpoint learnt; streams queued beyond the limit it then learns move
+ * (conn_move_cb). */
 struct h2_conn *h2conn_pick(struct loop *l, struct ep_state *ep, const struct transport_req *o)
 {
 	struct pool_ep *pe = pool_ep_get(l, ep);
 	struct h2_table *t = table(l);
 	struct h2_conn *c, *least = NULL;
 	int n = 0;
+	uint32_t known = 0;
 	TAILQ_FOREACH(c, &t->conns, link) {
-		if (c->serial != ep->serial || c->tls != o->tls || c->state == UC_GOAWAY ||
-		    c->state == UC_DEAD)
+		if (c->serial != ep->serial || c->tls != o->tls || c->state == UC_DEAD)
+			continue;
+		if (c->settings_seen)
+			known = c->peer_max;
+		if (c->state == UC_GOAWAY)
 			continue;
 		if ((uint32_t)c->nstreams < c->peer_max)
 			return c;
@@ -408,7 +453,7 @@ struct h2_conn *h2conn_pick(struct loop *l, struct ep_state *ep, const struct tr
 	}
 	if (n >= H2_MAX_CONNS_PER_EP && least)
 		return least;       /* nghttp2 queues beyond the server's limit */
-	return conn_new(l, ep, pe, o);
+	return conn_new(l, ep, pe, o, known);
 }
 
 /* ---------------------------------------------------------------- streams coming and going */
@@ -449,9 +494,15 @@ void h2conn_kick(struct h2_conn *c)
 void h2conn_peer_frame(struct h2_conn *c, const nghttp2_frame *f)
 {
 	if (f->hd.type == NGHTTP2_SETTINGS) {
-		if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
-			c->peer_max = nghttp2_session_get_remote_settings(c->ng,
-			                      NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+		if (f->hd.flags & NGHTTP2_FLAG_ACK)
+			return;
+		c->peer_max = nghttp2_session_get_remote_settings(c->ng,
+		                      NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+		c->settings_seen = true;
+		if ((uint32_t)c->nstreams > c->peer_max && c->state == UC_READY) {
+			struct timeval tv = clock_tv(H2_MOVE_AFTER_US);
+			evtimer_add(&c->move, &tv);
+		}
 		return;
 	}
 	c->goaway_seen = true;

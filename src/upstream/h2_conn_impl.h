@@ -34,7 +34,6 @@ struct ep_state;
 struct pool_ep;
 struct stream;
 struct evbuffer;
-struct evbuffer_cb_entry;
 
 /* distinct from the client side's (h2_session_impl.h): a stream of one side handed to the
  * other fails the check */
@@ -59,6 +58,12 @@ struct h2_upstream_stream {
 	struct transport_cbs cbs;
 	void *arg;
 	struct evbuffer *body_out;      /* the opener's: response DATA goes here */
+	struct ep_state *ep;            /* the opener's (alive while the stream is) */
+	nghttp2_nv *nv;                 /* the field list, kept while the HEADERS may have to move
+	                                 * to another connection (h2u_move): opened before the
+	                                 * server's limit was known; NULL otherwise */
+	size_t nvlen;
+	bool has_body;
 	bool hdr_queued;                /* our HEADERS were serialized, starting at hdr_mark */
 	uint64_t hdr_mark;
 	bool streaming, body_ended, drain_due, data_deferred, bad_head;
@@ -89,11 +94,12 @@ struct h2_conn {
 	bool verify;
 	struct pool_ep *pe;
 	struct stream *strm;
-	struct evbuffer_cb_entry *out_cb;
 	nghttp2_session *ng;
-	uint64_t queued, drained;       /* bytes serialized into / written out of the output */
+	uint64_t queued;                /* bytes serialized into the output (stream_written()
+	                                 * counts those that left) */
 	int nstreams;
-	uint32_t peer_max;
+	uint32_t peer_max;              /* assumed (see h2conn_pick) until settings_seen */
+	bool settings_seen;
 	int32_t goaway_last;            /* valid in UC_GOAWAY when goaway_seen */
 	bool goaway_seen;
 	/* the last x-timeout-ms and grpc-timeout values sent (see repeats_last) */
@@ -105,6 +111,8 @@ struct h2_conn {
 	struct event timer;             /* connect timeout, then idle lifetime */
 	struct event kick;              /* zero-delay flush: a stream opened never hears back
 	                                 * before h2_upstream_open returned */
+	struct event move;              /* streams beyond the limit learnt late: H2_MOVE_AFTER_US
+	                                 * after the SETTINGS, those still queued move */
 	TAILQ_HEAD(, h2_upstream_stream) streams;
 	TAILQ_ENTRY(h2_conn) link;
 	/* the last stream find() returned: the callbacks of one frame all name the same stream */
@@ -146,9 +154,13 @@ void h2conn_peer_frame(struct h2_conn *c, const nghttp2_frame *f);
 
 /* The nghttp2 callbacks of a session's streams. */
 void h2u_set_callbacks(nghttp2_session_callbacks *cb);
-/* S's HEADERS left our output buffer. */
+/* A byte of S's HEADERS left: the kernel (or the TLS layer) took it. */
 bool h2u_sent(const struct h2_upstream_stream *s);
 /* Report the end and forget S. The owner may open or cancel streams from inside on_close. */
 void h2u_end(struct h2_upstream_stream *s, enum outcome out, const char *detail);
+/* S, whose HEADERS wait in its connection's queue (never serialized), goes to another
+ * connection (h2conn_pick); false: it cannot (no field list kept), and stays. It may end
+ * instead (OUT_CONNECT_FAILURE: no connection to go to). */
+bool h2u_move(struct h2_upstream_stream *s);
 
 #endif

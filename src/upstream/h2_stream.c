@@ -5,8 +5,9 @@
  * stream's head, DATA (appended to the opener's body_out), trailers and one end.
  *
  * A stream's HEADERS count as sent only once the frame was serialized and a byte of it left
- * our output buffer (hdr_mark against the connection's drained count): a stream closed before
- * that was not processed and ends as OUT_CONNECT_FAILURE. Every stream ends exactly once,
+ * the process (hdr_mark against what the kernel took of the connection's output,
+ * stream_written: never the output buffer's drains, which packing fakes): a stream closed
+ * before that was not processed and ends as OUT_CONNECT_FAILURE. Every stream ends exactly once,
  * through h2u_end (on_close), unless its owner cancelled it first; either way it is taken off
  * its connection then and freed once the callback stack unwound.
  */
@@ -21,13 +22,14 @@
 #include "upstream/h2_conn_impl.h"
 #include "base/loop.h"
 #include "base/util.h"
+#include "net/stream.h"
 
 /* The one writer of the state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(h2u_set_state, h2_upstream_stream, h2u_stream_state, US_CLOSED)
 
 bool h2u_sent(const struct h2_upstream_stream *s)
 {
-	return s->hdr_queued && s->c && s->c->drained > s->hdr_mark;
+	return s->hdr_queued && s->c && s->c->strm && stream_written(s->c->strm) > s->hdr_mark;
 }
 
 /* nghttp2 keeps each stream's owner (given at submit, cleared when the stream is detached):
@@ -46,6 +48,7 @@ static void h2u_free_cb(void *p)
 {
 	struct h2_upstream_stream *s = p;
 	s->magic = 0;
+	free(s->nv);
 	free(s->tnv);
 	free(s->tmem);
 	free(s);
@@ -126,6 +129,8 @@ static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *f, void *u
 		/* mem_send reports a frame before returning its bytes: they start here */
 		s->hdr_queued = true;
 		s->hdr_mark = c->queued;
+		free(s->nv);        /* it stays on this connection now */
+		s->nv = NULL;
 	}
 	return 0;
 }
@@ -426,6 +431,14 @@ static struct h2_upstream_stream *stream_of(struct transport *t)
 	return s;
 }
 
+/* Queue S's HEADERS (NV[N]) and body on C: its stream id, or an nghttp2 error. */
+static int32_t submit(struct h2_conn *c, struct h2_upstream_stream *s, const nghttp2_nv *nv,
+                      size_t n)
+{
+	nghttp2_data_provider dp = { .source.ptr = s, .read_callback = body_read_cb };
+	return nghttp2_submit_request(c->ng, NULL, nv, n, s->has_body ? &dp : NULL, s);
+}
+
 static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
                                           const struct transport_req *o,
                                           const struct transport_cbs *cbs, void *arg,
@@ -445,14 +458,14 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	s->cbs = *cbs;
 	s->arg = arg;
 	s->body_out = o->body_out;
+	s->ep = ep;
 	s->body = o->body;
 	s->streaming = o->streaming;
 	if (o->streaming)
 		s->pending = loop_buf_get(l);
 	keep_trailers(s, o->trailers, o->ntrailers);
-	nghttp2_data_provider dp = { .source.ptr = s, .read_callback = body_read_cb };
-	bool has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0) ||
-	                s->ntnv > 0;
+	s->has_body = o->streaming || (o->body && evbuffer_get_length(o->body) > 0) ||
+	              s->ntnv > 0;
 	/* the list itself is copied by nghttp2 whatever the flags: it is built on the stack */
 	nghttp2_nv local[NV_LOCAL];
 	const nghttp2_nv *nv = o->nv;
@@ -474,11 +487,19 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 			}
 		}
 		nv = local;
+		/* it may wait beyond a limit the server has not told yet: keep the list (pointing
+		 * into s->fields) to move it */
+		if (!c->settings_seen || (uint32_t)c->nstreams >= c->peer_max) {
+			s->nv = xmalloc(o->nvlen * sizeof(*s->nv));
+			memcpy(s->nv, local, o->nvlen * sizeof(*s->nv));
+			s->nvlen = o->nvlen;
+		}
 	}
-	int32_t id = nghttp2_submit_request(c->ng, NULL, nv, o->nvlen, has_body ? &dp : NULL, s);
+	int32_t id = submit(c, s, nv, o->nvlen);
 	if (id < 0) {
 		if (s->pending)
 			loop_buf_put(l, s->pending);
+		free(s->nv);
 		free(s->tnv);
 		free(s->tmem);
 		free(s);
@@ -490,6 +511,36 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	s->id = id;
 	h2conn_stream_added(c, s);
 	return &s->t;
+}
+
+bool h2u_move(struct h2_upstream_stream *s)
+{
+	struct h2_conn *c = s->c;
+	if (!s->nv || s->hdr_queued)
+		return false;
+	struct transport_req o = { .tls = c->tls, .sni = c->sni, .verify = c->verify,
+	                           .connect_timeout_us = c->connect_timeout_us };
+	struct h2_conn *to = h2conn_pick(c->loop, s->ep, &o);
+	if (to == c)
+		return false;   /* every connection is full: it waits here */
+	/* a RST_STREAM for a stream whose HEADERS is still queued cancels the HEADERS: nothing
+	 * of it is serialized here, and nghttp2 forgets it */
+	nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
+	if (!to || to->state == UC_DEAD) {
+		h2u_end(s, OUT_CONNECT_FAILURE, "cannot open an HTTP/2 connection");
+		return true;
+	}
+	nghttp2_session_set_stream_user_data(c->ng, s->id, NULL);
+	h2conn_stream_removed(c, s);
+	s->c = to;
+	s->data_deferred = false;
+	s->id = submit(to, s, s->nv, s->nvlen);
+	h2conn_stream_added(to, s);
+	if (s->id < 0) {
+		s->id = 0;
+		h2u_end(s, OUT_CONNECT_FAILURE, "cannot submit");
+	}
+	return true;
 }
 
 static void h2_upstream_cancel(struct transport *t)

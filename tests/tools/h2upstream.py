@@ -15,6 +15,11 @@ for actions marked ``early``. Every frame write holds the connection's lock.
     up.connections                  # connections accepted so far
     up.close()
 
+    H2Upstream(deaf=1, rcvbuf=2048, mss=536)    # the first connection reads the client's
+                                    # preface and SETTINGS, then nothing more until killed;
+                                    # RCVBUF and MSS (set on the listening socket) keep the
+                                    # bytes the kernels hold for an unread connection small
+
 Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after, hold) |
 echo() |
 rst(code, after_head=False, body=b"", together=False) | goaway(last_stream_id, code=0) | stall(seconds) |
@@ -109,6 +114,7 @@ class _Conn:
                 client=False, initial_values={
                     h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: up.max_streams})
         self.reqs = {}
+        self.deaf = False
 
     def flush(self):
         data = self.h2.data_to_send()
@@ -154,6 +160,9 @@ class _Conn:
         if self.up.settings_delay:
             time.sleep(self.up.settings_delay)
         self.do(self.h2.initiate_connection)
+        if self.deaf:
+            self.read_settings_then_nothing()
+            return
         try:
             while not self.dead and not self.up.closed:
                 try:
@@ -179,6 +188,32 @@ class _Conn:
                 self.sock.close()
             except OSError:
                 pass
+
+    def read_settings_then_nothing(self):
+        """Small reads until the client's SETTINGS came, then none: what follows stays in
+        the kernels' buffers, and the client's output waits."""
+        seen = False
+        while not seen and not self.dead and not self.up.closed:
+            try:
+                data = self.sock.recv(16)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            with self.lock:
+                try:
+                    events = self.h2.receive_data(data)
+                except h2.exceptions.ProtocolError:
+                    break
+                self.flush()
+            seen = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
+        self.wait(3600)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
     def event(self, ev):
         if isinstance(ev, h2.events.RequestReceived):
@@ -311,8 +346,10 @@ class _Conn:
 
 
 class H2Upstream:
-    def __init__(self, max_streams=None, settings_delay=0.0, tls=None, alpn=("h2",)):
+    def __init__(self, max_streams=None, settings_delay=0.0, tls=None, alpn=("h2",), deaf=0,
+                 rcvbuf=None, mss=None):
         self.max_streams = max_streams
+        self.deaf = deaf
         self.settings_delay = settings_delay
         self.queue, self.default = [], echo()
         self.requests, self.resets, self.conns = [], [], []
@@ -325,6 +362,10 @@ class H2Upstream:
             self.ctx.set_alpn_protocols(list(alpn))
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if rcvbuf:
+            self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if mss:
+            self.lsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, mss)
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(128)
         self.lsock.settimeout(0.2)
@@ -376,6 +417,7 @@ class H2Upstream:
                     threading.Thread(target=self.not_h2, args=(s,), daemon=True).start()
                     continue
             c = _Conn(self, s, len(self.conns))
+            c.deaf = len(self.conns) < self.deaf
             self.conns.append(c)
             threading.Thread(target=c.run, daemon=True).start()
 
