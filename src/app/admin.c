@@ -2,6 +2,11 @@
  * admin: a small HTTP/1.1 server for operators. One request at a time per connection,
  * keep-alive. POST /retries, /faults and /unknown/ack need the bearer token when admin.token
  * is set, else a loopback peer (SPEC §7).
+ *
+ * Pipelined requests are answered in order, but a client that sends and never reads must not
+ * make us hold its answers without bound (GETs need no token): above ADMIN_OUT_HIGH bytes of
+ * answers no further request is parsed until they drained, and the input buffer's high-water
+ * mark then stops reading from the socket.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -29,11 +34,16 @@
 #include "state/upstream.h"
 #include "base/util.h"
 
+#define ADMIN_OUT_HIGH (64 * 1024)     /* answers queued for the client: parse no request */
+#define ADMIN_IN_HIGH (64 * 1024)      /* requests queued: stop reading (a head always fits) */
+
 struct admin_conn {
 	struct bufferevent *strm;
 	struct http_msg *req;
 	struct evbuffer *sink;
 	bool loopback;
+	bool peer_done;                 /* the client sent EOF: answer what it sent, then close */
+	bool closing;                   /* nothing more is parsed: close once the output drained */
 	char peer[64];
 	LIST_ENTRY(admin_conn) link;
 };
@@ -382,14 +392,18 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 	evbuffer_free(b);
 }
 
-static void admin_read_cb(struct bufferevent *strm, void *arg)
+/* Answer the requests in the input, in order, while the answers queued stay under
+ * ADMIN_OUT_HIGH; admin_write_cb resumes once they drained. */
+static void admin_process(struct admin_conn *c)
 {
-	struct admin_conn *c = arg;
-	struct evbuffer *in = bufferevent_get_input(strm);
-	for (;;) {
+	struct evbuffer *in = bufferevent_get_input(c->strm);
+	struct evbuffer *out = bufferevent_get_output(c->strm);
+	while (!c->closing && evbuffer_get_length(out) <= ADMIN_OUT_HIGH) {
 		enum http_event ev = http_msg_feed(c->req, in, c->sink, 64 * 1024);
 		switch (ev) {
 		case HTTP_NEED_MORE:
+			if (c->peer_done)
+				c->closing = true;
 			return;
 		case HTTP_HEAD:
 		case HTTP_BODY:
@@ -411,27 +425,50 @@ static void admin_read_cb(struct bufferevent *strm, void *arg)
 			http_msg_error(c->req, &st, &reason, &detail);
 			struct made_response m;
 			respond_error(&m, st, reason, "", 0, NULL, NULL, true);
-			h1_response_head(bufferevent_get_output(strm), &m.head, respond_status_text(st),
-			                 H1_LENGTH, H1_CONN_CLOSE);
-			evbuffer_add(bufferevent_get_output(strm), m.body, m.body_len);
-			bufferevent_disable(strm, EV_READ);
-			bufferevent_setwatermark(strm, EV_WRITE, 0, 0);
+			h1_response_head(out, &m.head, respond_status_text(st), H1_LENGTH, H1_CONN_CLOSE);
+			evbuffer_add(out, m.body, m.body_len);
+			bufferevent_disable(c->strm, EV_READ);
+			c->closing = true;
 			return;
 		}
 		}
 	}
 }
 
+/* True when the connection was freed. */
+static bool close_if_done(struct admin_conn *c)
+{
+	if (!c->closing || evbuffer_get_length(bufferevent_get_output(c->strm)) > 0)
+		return false;
+	conn_free(c);
+	return true;
+}
+
+static void admin_read_cb(struct bufferevent *strm, void *arg)
+{
+	admin_process(arg);
+}
+
+/* The output drained (the write low-water mark is 0): take the requests held back, or
+ * close. */
 static void admin_write_cb(struct bufferevent *strm, void *arg)
 {
 	struct admin_conn *c = arg;
-	if (!(bufferevent_get_enabled(strm) & EV_READ))
-		conn_free(c);
+	admin_process(c);
+	close_if_done(c);
 }
 
 static void admin_event_cb(struct bufferevent *strm, short what, void *arg)
 {
-	conn_free(arg);
+	struct admin_conn *c = arg;
+	if ((what & BEV_EVENT_EOF) && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))) {
+		/* a half-close after pipelined requests: they are still answered */
+		c->peer_done = true;
+		admin_process(c);
+		close_if_done(c);
+		return;
+	}
+	conn_free(c);
 }
 
 static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockaddr *sa,
@@ -455,6 +492,7 @@ static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, stru
 	}
 	LIST_INSERT_HEAD(&admin_conns, c, link);
 	bufferevent_setcb(c->strm, admin_read_cb, admin_write_cb, admin_event_cb, c);
+	bufferevent_setwatermark(c->strm, EV_READ, 0, ADMIN_IN_HIGH);
 	struct timeval tv = { 60, 0 };
 	bufferevent_set_timeouts(c->strm, &tv, &tv);
 	bufferevent_enable(c->strm, EV_READ | EV_WRITE);
