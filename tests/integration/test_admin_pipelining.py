@@ -117,3 +117,28 @@ def test_pipelined_admin_requests_then_half_close_all_answered(rg_factory, upstr
         del buf[:r[1]]
         got += 1
     assert got == n
+
+
+@pytest.mark.parametrize("path", [b"/healthz", b"/metrics", b"/nope"])
+def test_admin_head_answer_has_no_body_and_keeps_the_stream_in_sync(rg_factory, upstream, path):
+    """RFC 9110 §9.3.2: a HEAD answer carries the length it would have, never the body; a body
+    there is read by a pipelining client as the start of the next answer."""
+    rg = rg_factory(upstreams={"api": {"endpoints": [upstream]}})
+    s = socket.create_connection(("127.0.0.1", rg.admin_port), timeout=10)
+    s.sendall(b"HEAD %s HTTP/1.1\r\nHost: admin\r\n\r\nGET /healthz HTTP/1.1\r\nHost: admin\r\n"
+              b"Connection: close\r\n\r\n" % path)
+    buf = bytearray()
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        buf += d
+    s.close()
+    head = try_parse_response(buf, "HEAD")
+    assert head is not None, bytes(buf)
+    assert head[0].status == (404 if path == b"/nope" else 200) and head[0].body == b""
+    assert int(head[0].headers["Content-Length"]) > 0
+    del buf[:head[1]]
+    r = try_parse_response(buf, "GET", eof=True)
+    assert r is not None and r[0].status == 200 and r[0].body == b"ok\n", bytes(buf[:300])
+    assert r[1] == len(buf)
