@@ -44,6 +44,7 @@ struct admin_conn {
 	bool loopback;
 	bool peer_done;                 /* the client sent EOF: answer what it sent, then close */
 	bool closing;                   /* nothing more is parsed: close once the output drained */
+	bool head;                      /* the request answered is a HEAD */
 	char peer[64];
 	LIST_ENTRY(admin_conn) link;
 };
@@ -84,21 +85,24 @@ static void conn_free(struct admin_conn *c)
 	free(c);
 }
 
-static void respond(struct admin_conn *c, int status, const char *ctype, struct evbuffer *body,
-                    bool close)
+/* A HEAD answer says the length the GET's would have, without the body (RFC 9110 §9.3.2). */
+static void respond(struct admin_conn *c, int status, const char *ctype, struct evbuffer *body)
 {
 	struct evbuffer *o = bufferevent_get_output(c->strm);
 	evbuffer_add_printf(o, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
 	                    status, respond_status_text(status), ctype, evbuffer_get_length(body),
-	                    close ? "Connection: close\r\n" : "");
-	evbuffer_add_buffer(o, body);
+	                    c->closing ? "Connection: close\r\n" : "");
+	if (c->head)
+		evbuffer_drain(body, evbuffer_get_length(body));
+	else
+		evbuffer_add_buffer(o, body);
 }
 
 static void respond_text(struct admin_conn *c, int status, const char *text)
 {
 	struct evbuffer *b = evbuffer_new();
 	evbuffer_add_printf(b, "%s\n", text);
-	respond(c, status, "text/plain; charset=utf-8", b, false);
+	respond(c, status, "text/plain; charset=utf-8", b);
 	evbuffer_free(b);
 }
 
@@ -117,7 +121,7 @@ static void respond_unknown_upstream(struct admin_conn *c, const char *name)
 			evbuffer_add(b, p, 1);
 	}
 	evbuffer_add(b, "\"}\n", 3);
-	respond(c, 404, "application/json", b, false);
+	respond(c, 404, "application/json", b);
 	evbuffer_free(b);
 }
 
@@ -232,7 +236,7 @@ static void post_retries(struct admin_conn *c, const struct http_head *h, const 
 	}
 	struct evbuffer *b = evbuffer_new();
 	render_retries(b);
-	respond(c, 200, "application/json", b, false);
+	respond(c, 200, "application/json", b);
 	evbuffer_free(b);
 }
 
@@ -304,7 +308,7 @@ static void post_faults(struct admin_conn *c, const struct http_head *h, const c
 	}
 	struct evbuffer *b = evbuffer_new();
 	render_faults(b);
-	respond(c, 200, "application/json", b, false);
+	respond(c, 200, "application/json", b);
 	evbuffer_free(b);
 }
 
@@ -327,12 +331,14 @@ static void post_unknown_ack(struct admin_conn *c, const struct http_head *h, co
 	}
 	struct evbuffer *b = evbuffer_new();
 	evbuffer_add_printf(b, "{\"acked\":true}\n");
-	respond(c, 200, "application/json", b, false);
+	respond(c, 200, "application/json", b);
 	evbuffer_free(b);
 }
 
 static void handle(struct admin_conn *c, const struct http_head *h)
 {
+	c->head = h->method_head;
+	c->closing = !h->keep_alive;    /* the request's Connection: close (or HTTP/1.0) */
 	const char *path = h->path;
 	size_t plen = h->path_len;
 	const char *q = memchr(path, '?', plen);
@@ -361,30 +367,30 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 		             st == ADMIN_READY ? "ready" : st == ADMIN_DRAINING ? "draining" : "starting");
 	} else if (IS("/metrics")) {
 		stats_render_prometheus(b, upstream_stats_walk);
-		respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b, false);
+		respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b);
 	} else if (IS("/stats")) {
 		stats_render_json(b, upstream_stats_walk);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/config")) {
 		struct runtime *rt = runtime_current();
 		char *json = config_to_json(rt->cfg);
 		runtime_unref(rt);
 		evbuffer_add(b, json, strlen(json));
 		free(json);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/retries")) {
 		render_retries(b);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/faults")) {
 		render_faults(b);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/unknown")) {
 		char raw[256], up[256];
 		bool one = q && query_param(q, qlen, "upstream", raw, sizeof(raw));
 		if (one)
 			url_decode(raw, up, sizeof(up));
 		reconcile_render(b, one ? up : NULL);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else {
 		respond_text(c, 404, "not found");
 	}
