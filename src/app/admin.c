@@ -477,11 +477,9 @@ static void admin_event_cb(struct bufferevent *strm, short what, void *arg)
 	conn_free(c);
 }
 
-static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockaddr *sa,
-                            int salen, void *arg)
+void admin_serve(struct event_base *base, int fd, const struct sockaddr *sa)
 {
 	struct admin_conn *c = xcalloc(1, sizeof(*c));
-	struct event_base *base = evconnlistener_get_base(evl);
 	c->strm = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
 	struct http_limits lim = { 16 * 1024, 8 * 1024 };
 	c->req = http_msg_new(HTTP_REQUEST_KIND, &lim);
@@ -502,6 +500,12 @@ static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, stru
 	struct timeval tv = { 60, 0 };
 	bufferevent_set_timeouts(c->strm, &tv, &tv);
 	bufferevent_enable(c->strm, EV_READ | EV_WRITE);
+}
+
+static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockaddr *sa,
+                            int salen, void *arg)
+{
+	admin_serve(evconnlistener_get_base(evl), fd, sa);
 }
 
 int admin_start(struct event_base *base, const struct config *cfg)
