@@ -10,8 +10,8 @@
  * Oracle, beyond ASan/UBSan and the magic checks: the same request parser, run here over the
  * bytes sent, says which requests the admin port read (and whether they were HEAD); what the
  * client receives must be exactly one well-formed response per request, in order (plus one
- * for a malformed request, after which the connection closes), and a half-closing client
- * gets them all before the close.
+ * for a malformed request, after which the connection closes, as after a request that asks
+ * for it), and a half-closing client gets them all before the close.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -62,12 +62,13 @@ static void setup(void)
 	RT_OPEN = runtime_of(NULL);
 }
 
-/* What the admin port should answer: one entry per request it reads (true: HEAD), and
- * whether the last one is a refusal of a malformed request. */
+/* What the admin port should answer: one entry per request it reads (true: HEAD), whether
+ * the last one is a refusal of a malformed request, and whether the connection ends there. */
 struct expect {
 	bool head[MAX_REQS];
 	int n;
 	bool error;
+	bool close;             /* the last one ends the connection */
 };
 
 static void predict(const uint8_t *p, size_t len, struct expect *e)
@@ -86,11 +87,15 @@ static void predict(const uint8_t *p, size_t len, struct expect *e)
 			break;
 		if (ev == HTTP_ERROR) {
 			e->head[e->n++] = false;
-			e->error = true;
+			e->error = e->close = true;
 			break;
 		}
 		if ((ev == HTTP_HEAD && !has_body) || ev == HTTP_DONE) {
 			e->head[e->n++] = h->method_head;
+			if (!h->keep_alive) {
+				e->close = true;        /* Connection: close, or HTTP/1.0 */
+				break;
+			}
 			http_msg_next(m);
 		}
 	}
@@ -179,8 +184,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int n = responses(got, &e, &cut);
 	if (n != e.n || cut || evbuffer_get_length(got) != 0)
 		abort();                            /* an answer missing, extra, or cut */
-	if ((e.error || (flags & 8)) && open)
-		abort();                            /* a refusal or a half-close ends the connection */
+	if ((e.close || (flags & 8)) && open)
+		abort();            /* a refusal, a request's close or a half-close ends the connection */
 
 	close(sv[1]);
 	rig_turns(2);
