@@ -441,13 +441,11 @@ static void admin_process(struct admin_conn *c)
 	}
 }
 
-/* True when the connection was freed. */
-static bool close_if_done(struct admin_conn *c)
+/* Frees C when it is closing and everything was written: C is not to be used after. */
+static void close_if_done(struct admin_conn *c)
 {
-	if (!c->closing || evbuffer_get_length(bufferevent_get_output(c->strm)) > 0)
-		return false;
-	conn_free(c);
-	return true;
+	if (c->closing && evbuffer_get_length(bufferevent_get_output(c->strm)) == 0)
+		conn_free(c);
 }
 
 static void admin_read_cb(struct bufferevent *strm, void *arg)
