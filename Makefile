@@ -161,15 +161,17 @@ clean:
 FUZZ_SECONDS ?= 60
 FUZZ_SRCS  := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRCS:tests/fuzz/%.c=build/fuzz/%)
+# RG_CHECK_MAGIC: the magic checks, and freed objects go back to malloc (no free lists) where
+# ASan sees a use after free
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
-               -fno-omit-frame-pointer $(LLHTTP_INC) -Isrc -DRETRYGATE_VERSION='"$(VERSION)"'
+               -fno-omit-frame-pointer $(LLHTTP_INC) -Isrc -DRETRYGATE_VERSION='"$(VERSION)"' -DRG_CHECK_MAGIC
 FUZZ_OBJS  := $(filter-out build/fuzz/obj/app/main.o,$(SRCS:src/%.c=build/fuzz/obj/%.o))
 
 build/fuzz/obj/%.o: src/%.c $(HDRS) | $(LLHTTP_LIB)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -c -o $@ $<
 
-build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJS)
+build/fuzz/%: tests/fuzz/%.c $(wildcard tests/fuzz/*.h) $(FUZZ_OBJS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJS) $(LDLIBS)
 

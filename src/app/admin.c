@@ -2,6 +2,11 @@
  * admin: a small HTTP/1.1 server for operators. One request at a time per connection,
  * keep-alive. POST /retries, /faults and /unknown/ack need the bearer token when admin.token
  * is set, else a loopback peer (SPEC §7).
+ *
+ * Pipelined requests are answered in order, but a client that sends and never reads must not
+ * make us hold its answers without bound (GETs need no token): above ADMIN_OUT_HIGH bytes of
+ * answers no further request is parsed until they drained, and the input buffer's high-water
+ * mark then stops reading from the socket.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -30,11 +35,17 @@
 #include "state/upstream.h"
 #include "base/util.h"
 
+#define ADMIN_OUT_HIGH (64 * 1024)     /* answers queued for the client: parse no request */
+#define ADMIN_IN_HIGH (64 * 1024)      /* requests queued: stop reading (a head always fits) */
+
 struct admin_conn {
 	struct bufferevent *strm;
 	struct http_msg *req;
 	struct evbuffer *sink;
 	bool loopback;
+	bool peer_done;                 /* the client sent EOF: answer what it sent, then close */
+	bool closing;                   /* nothing more is parsed: close once the output drained */
+	bool head;                      /* the request answered is a HEAD */
 	char peer[64];
 	LIST_ENTRY(admin_conn) link;
 };
@@ -75,21 +86,24 @@ static void conn_free(struct admin_conn *c)
 	free(c);
 }
 
-static void respond(struct admin_conn *c, int status, const char *ctype, struct evbuffer *body,
-                    bool close)
+/* A HEAD answer says the length the GET's would have, without the body (RFC 9110 §9.3.2). */
+static void respond(struct admin_conn *c, int status, const char *ctype, struct evbuffer *body)
 {
 	struct evbuffer *o = bufferevent_get_output(c->strm);
 	evbuffer_add_printf(o, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n",
 	                    status, respond_status_text(status), ctype, evbuffer_get_length(body),
-	                    close ? "Connection: close\r\n" : "");
-	evbuffer_add_buffer(o, body);
+	                    c->closing ? "Connection: close\r\n" : "");
+	if (c->head)
+		evbuffer_drain(body, evbuffer_get_length(body));
+	else
+		evbuffer_add_buffer(o, body);
 }
 
 static void respond_text(struct admin_conn *c, int status, const char *text)
 {
 	struct evbuffer *b = evbuffer_new();
 	evbuffer_add_printf(b, "%s\n", text);
-	respond(c, status, "text/plain; charset=utf-8", b, false);
+	respond(c, status, "text/plain; charset=utf-8", b);
 	evbuffer_free(b);
 }
 
@@ -108,7 +122,7 @@ static void respond_unknown_upstream(struct admin_conn *c, const char *name)
 			evbuffer_add(b, p, 1);
 	}
 	evbuffer_add(b, "\"}\n", 3);
-	respond(c, 404, "application/json", b, false);
+	respond(c, 404, "application/json", b);
 	evbuffer_free(b);
 }
 
@@ -223,7 +237,7 @@ static void post_retries(struct admin_conn *c, const struct http_head *h, const 
 	}
 	struct evbuffer *b = evbuffer_new();
 	render_retries(b);
-	respond(c, 200, "application/json", b, false);
+	respond(c, 200, "application/json", b);
 	evbuffer_free(b);
 }
 
@@ -295,7 +309,7 @@ static void post_faults(struct admin_conn *c, const struct http_head *h, const c
 	}
 	struct evbuffer *b = evbuffer_new();
 	render_faults(b);
-	respond(c, 200, "application/json", b, false);
+	respond(c, 200, "application/json", b);
 	evbuffer_free(b);
 }
 
@@ -318,12 +332,14 @@ static void post_unknown_ack(struct admin_conn *c, const struct http_head *h, co
 	}
 	struct evbuffer *b = evbuffer_new();
 	evbuffer_add_printf(b, "{\"acked\":true}\n");
-	respond(c, 200, "application/json", b, false);
+	respond(c, 200, "application/json", b);
 	evbuffer_free(b);
 }
 
 static void handle(struct admin_conn *c, const struct http_head *h)
 {
+	c->head = h->method_head;
+	c->closing = !h->keep_alive;    /* the request's Connection: close (or HTTP/1.0) */
 	const char *path = h->path;
 	size_t plen = h->path_len;
 	const char *q = memchr(path, '?', plen);
@@ -352,30 +368,30 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 		             st == ADMIN_READY ? "ready" : st == ADMIN_DRAINING ? "draining" : "starting");
 	} else if (IS("/metrics")) {
 		stats_render_prometheus(b, runtime_stats_walk);
-		respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b, false);
+		respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", b);
 	} else if (IS("/stats")) {
 		stats_render_json(b, runtime_stats_walk);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/config")) {
 		struct runtime *rt = runtime_current();
 		char *json = config_to_json(rt->cfg);
 		runtime_unref(rt);
 		evbuffer_add(b, json, strlen(json));
 		free(json);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/retries")) {
 		render_retries(b);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/faults")) {
 		render_faults(b);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else if (IS("/unknown")) {
 		char raw[256], up[256];
 		bool one = q && query_param(q, qlen, "upstream", raw, sizeof(raw));
 		if (one)
 			url_decode(raw, up, sizeof(up));
 		reconcile_render(b, one ? up : NULL);
-		respond(c, 200, "application/json", b, false);
+		respond(c, 200, "application/json", b);
 	} else {
 		respond_text(c, 404, "not found");
 	}
@@ -383,14 +399,18 @@ static void handle(struct admin_conn *c, const struct http_head *h)
 	evbuffer_free(b);
 }
 
-static void admin_read_cb(struct bufferevent *strm, void *arg)
+/* Answer the requests in the input, in order, while the answers queued stay under
+ * ADMIN_OUT_HIGH; admin_write_cb resumes once they drained. */
+static void admin_process(struct admin_conn *c)
 {
-	struct admin_conn *c = arg;
-	struct evbuffer *in = bufferevent_get_input(strm);
-	for (;;) {
+	struct evbuffer *in = bufferevent_get_input(c->strm);
+	struct evbuffer *out = bufferevent_get_output(c->strm);
+	while (!c->closing && evbuffer_get_length(out) <= ADMIN_OUT_HIGH) {
 		enum http_event ev = http_msg_feed(c->req, in, c->sink, 64 * 1024);
 		switch (ev) {
 		case HTTP_NEED_MORE:
+			if (c->peer_done)
+				c->closing = true;
 			return;
 		case HTTP_HEAD:
 		case HTTP_BODY:
@@ -412,34 +432,53 @@ static void admin_read_cb(struct bufferevent *strm, void *arg)
 			http_msg_error(c->req, &st, &reason, &detail);
 			struct made_response m;
 			respond_error(&m, st, reason, "", 0, NULL, NULL, true);
-			h1_response_head(bufferevent_get_output(strm), &m.head, respond_status_text(st),
-			                 H1_LENGTH, H1_CONN_CLOSE);
-			evbuffer_add(bufferevent_get_output(strm), m.body, m.body_len);
-			bufferevent_disable(strm, EV_READ);
-			bufferevent_setwatermark(strm, EV_WRITE, 0, 0);
+			h1_response_head(out, &m.head, respond_status_text(st), H1_LENGTH, H1_CONN_CLOSE);
+			evbuffer_add(out, m.body, m.body_len);
+			bufferevent_disable(c->strm, EV_READ);
+			c->closing = true;
 			return;
 		}
 		}
 	}
 }
 
+/* Frees C when it is closing and everything was written: C is not to be used after. */
+static void close_if_done(struct admin_conn *c)
+{
+	if (c->closing && evbuffer_get_length(bufferevent_get_output(c->strm)) == 0)
+		conn_free(c);
+}
+
+static void admin_read_cb(struct bufferevent *strm, void *arg)
+{
+	admin_process(arg);
+}
+
+/* The output drained (the write low-water mark is 0): take the requests held back, or
+ * close. */
 static void admin_write_cb(struct bufferevent *strm, void *arg)
 {
 	struct admin_conn *c = arg;
-	if (!(bufferevent_get_enabled(strm) & EV_READ))
-		conn_free(c);
+	admin_process(c);
+	close_if_done(c);
 }
 
 static void admin_event_cb(struct bufferevent *strm, short what, void *arg)
 {
-	conn_free(arg);
+	struct admin_conn *c = arg;
+	if ((what & BEV_EVENT_EOF) && !(what & (BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))) {
+		/* a half-close after pipelined requests: they are still answered */
+		c->peer_done = true;
+		admin_process(c);
+		close_if_done(c);
+		return;
+	}
+	conn_free(c);
 }
 
-static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockaddr *sa,
-                            int salen, void *arg)
+void admin_serve(struct event_base *base, int fd, const struct sockaddr *sa)
 {
 	struct admin_conn *c = xcalloc(1, sizeof(*c));
-	struct event_base *base = evconnlistener_get_base(evl);
 	c->strm = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
 	struct http_limits lim = { 16 * 1024, 8 * 1024 };
 	c->req = http_msg_new(HTTP_REQUEST_KIND, &lim);
@@ -456,9 +495,16 @@ static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, stru
 	}
 	LIST_INSERT_HEAD(&admin_conns, c, link);
 	bufferevent_setcb(c->strm, admin_read_cb, admin_write_cb, admin_event_cb, c);
+	bufferevent_setwatermark(c->strm, EV_READ, 0, ADMIN_IN_HIGH);
 	struct timeval tv = { 60, 0 };
 	bufferevent_set_timeouts(c->strm, &tv, &tv);
 	bufferevent_enable(c->strm, EV_READ | EV_WRITE);
+}
+
+static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct sockaddr *sa,
+                            int salen, void *arg)
+{
+	admin_serve(evconnlistener_get_base(evl), fd, sa);
 }
 
 int admin_start(struct event_base *base, const struct config *cfg)

@@ -7,6 +7,7 @@
 
 struct event_base;
 struct config;
+struct sockaddr;
 
 enum admin_state { ADMIN_STARTING, ADMIN_READY, ADMIN_DRAINING };
 
@@ -14,5 +15,8 @@ int admin_start(struct event_base *base, const struct config *cfg);
 void admin_reconfigure(const struct config *cfg);
 void admin_set_state(enum admin_state st);
 void admin_stop(void);
+/* Serve one accepted connection FD from peer SA (what the listener does; the fuzzer calls it
+ * with a socketpair). */
+void admin_serve(struct event_base *base, int fd, const struct sockaddr *sa);
 
 #endif

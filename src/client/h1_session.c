@@ -168,9 +168,18 @@ static void session_close_after_flush(struct h1_session *s)
 	evtimer_add(s->timer, &tv);
 }
 
+/* Our own answer (a refusal), written with the same writer; the connection then closes.
+ * Once a response has started on the wire a second one cannot follow: its bytes would land
+ * in the first one's body, a truncated response that looks complete. Then the close alone
+ * (after what was queued) tells the client the response is cut. */
 static void refuse_ex(struct h1_session *s, int status, const char *reason, const char *detail,
                       bool log)
 {
+	if (s->state != S_HEAD && (s->resp_started || s->ex_done)) {
+		slog(LOG_INFO, s->id, "%d %s after the response began: closing", status, reason);
+		session_close_after_flush(s);
+		return;
+	}
 	slog(LOG_INFO, s->id, "refused %d %s: %s", status, reason, detail ? detail : "");
 	if (log) {      /* one access log line per request, even one refused here */
 		char reqid[33];
@@ -453,10 +462,6 @@ static void session_process(struct h1_session *s)
 				const char *reason, *detail;
 				http_msg_error(s->req, &st, &reason, &detail);
 				slog(LOG_INFO, s->id, "bad request body: %s", detail ? detail : reason);
-				if (s->ex_done) {
-					h1_session_close(s, "bad body");
-					return;
-				}
 				exchange_free(s->ex);    /* logs the request (as aborted) */
 				s->ex = NULL;
 				refuse_ex(s, st, reason, detail, false);
