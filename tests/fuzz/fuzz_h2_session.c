@@ -19,16 +19,13 @@
 
 #include <event2/event.h>
 
-#include "config/config.h"
 #include "client/h2_session.h"
-#include "base/log.h"
-#include "base/loop.h"
 #include "net/stream.h"
-#include "state/runtime.h"
+
+#include "rig.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static struct loop L;
 static struct runtime *RT;
 static int closed;
 
@@ -64,24 +61,15 @@ static void up_accept_cb(evutil_socket_t lfd, short what, void *arg)
 	while ((fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
 		struct upconn *u = calloc(1, sizeof(*u));
 		u->fd = fd;
-		u->ev = event_new(L.base, fd, EV_READ | EV_PERSIST, up_read_cb, u);
+		u->ev = event_new(rig_loop.base, fd, EV_READ | EV_PERSIST, up_read_cb, u);
 		event_add(u->ev, NULL);
 	}
 }
 
 static void setup(void)
 {
-	log_min_level = LOG_ERROR;
-	if (loop_init(&L, 0) != 0)
-		abort();
-	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t sl = sizeof(sa);
-	if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 64) != 0 ||
-	    getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0)
-		abort();
-	struct event *ev = event_new(L.base, lfd, EV_READ | EV_PERSIST, up_accept_cb, NULL);
-	event_add(ev, NULL);
+	rig_loop_init();
+	int port = rig_listen(up_accept_cb);
 	char yaml[1024];
 	int n = snprintf(yaml, sizeof(yaml),
 	                 "admin: { listen: \"\" }\n"
@@ -95,19 +83,8 @@ static void setup(void)
 	                 "  api:\n"
 	                 "    endpoints: [\"127.0.0.1:%d\"]\n"
 	                 "    retry: { max_attempts: 2, backoff: { base: 1ms, max: 1ms }, max_body: 1KiB }\n",
-	                 ntohs(sa.sin_port));
-	struct config *cfg = config_load_buffer("fuzz.yaml", yaml, (size_t)n, stderr);
-	char err[256];
-	if (!cfg || !(RT = runtime_new(cfg, err, sizeof(err))))
-		abort();
-	config_unref(cfg);
-}
-
-static void drain_client(int fd)
-{
-	char buf[65536];
-	while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0)
-		;
+	                 port);
+	RT = rig_runtime(yaml, (size_t)n);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -118,10 +95,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size == 0 || size > 65536)
 		return 0;
 	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
-		abort();
-	int big = 1 << 20;
-	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	rig_socketpair(sv);
 	if (data[0] & 1) {
 		ssize_t w = send(sv[1], preface, sizeof(preface) - 1, MSG_NOSIGNAL);
 		(void)w;
@@ -131,20 +105,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	struct session_owner own = { .runtime = rt_cb, .on_closed = closed_cb };
 	struct h2_handoff h = {
-		.strm = stream_new(&L, sv[0], NULL, STREAM_PLAIN), .lname = "f", .sid = 1,
+		.strm = stream_new(&rig_loop, sv[0], NULL, STREAM_PLAIN), .lname = "f", .sid = 1,
 		.peer_ip = "127.0.0.1", .tls = (data[0] & 2) != 0,
 	};
 	closed = 0;
-	struct h2_session *s = h2_session_new(&L, &own, &h);
+	struct h2_session *s = h2_session_new(&rig_loop, &own, &h);
 	for (int i = 0; i < 40 && !closed; i++) {
-		event_base_loop(L.base, EVLOOP_NONBLOCK);
-		drain_client(sv[1]);
+		rig_turns(1);
+		rig_collect(sv[1], NULL);
 	}
 	if (!closed)
 		h2_session_close(s, "fuzz: end of input");
-	for (int i = 0; i < 4; i++)
-		event_base_loop(L.base, EVLOOP_NONBLOCK);
-	loop_run_deferred(&L);
+	rig_turns(4);
+	loop_run_deferred(&rig_loop);
 	close(sv[1]);
 	return 0;
 }

@@ -165,21 +165,9 @@ class _Conn:
             return
         try:
             while not self.dead and not self.up.closed:
-                try:
-                    data = self.sock.recv(65536)
-                except socket.timeout:
-                    continue
-                except OSError:
+                events = self.receive(65536)
+                if events is None:
                     break
-                if not data:
-                    break
-                with self.lock:
-                    try:
-                        events = self.h2.receive_data(data)
-                    except h2.exceptions.ProtocolError:
-                        self.flush()
-                        break
-                    self.flush()
                 for ev in events:
                     self.event(ev)
         finally:
@@ -194,22 +182,32 @@ class _Conn:
         the kernels' buffers, and the client's output waits."""
         seen = False
         while not seen and not self.dead and not self.up.closed:
-            try:
-                data = self.sock.recv(16)
-            except socket.timeout:
-                continue
-            except OSError:
+            events = self.receive(16)
+            if events is None:
                 break
-            if not data:
-                break
-            with self.lock:
-                try:
-                    events = self.h2.receive_data(data)
-                except h2.exceptions.ProtocolError:
-                    break
-                self.flush()
             seen = any(isinstance(e, h2.events.RemoteSettingsChanged) for e in events)
         self.wait(3600)
+
+    def receive(self, size):
+        """One read of at most SIZE bytes through the h2 state machine, its answer flushed:
+        the events ([] after a timeout), or None once the connection ended (EOF, a socket
+        error, a protocol error)."""
+        try:
+            data = self.sock.recv(size)
+        except socket.timeout:
+            return []
+        except OSError:
+            return None
+        if not data:
+            return None
+        with self.lock:
+            try:
+                events = self.h2.receive_data(data)
+            except h2.exceptions.ProtocolError:
+                self.flush()
+                return None
+            self.flush()
+        return events
         try:
             self.sock.close()
         except OSError:
