@@ -181,15 +181,8 @@ static void refuse_ex(struct h1_session *s, int status, const char *reason, cons
 		return;
 	}
 	slog(LOG_INFO, s->id, "refused %d %s: %s", status, reason, detail ? detail : "");
-	if (log) {      /* one access log line per request, even one refused here */
-		char reqid[33];
-		struct access_rec r;
-		request_id_new(reqid, &s->loop->rng);
-		access_begin(&r, s->id, s->peer_ip, NULL, reqid);
-		r.status = status;
-		r.reason = reason;
-		accesslog_write(&r);
-	}
+	if (log)        /* one access log line per request, even one refused here */
+		accesslog_write_refusal(s->id, s->peer_ip, &s->loop->rng, status, reason);
 	struct made_response m;
 	respond_error(&m, status, reason, "", 0, NULL, NULL, true);
 	h1_response_head(stream_output(s->strm), &m.head, respond_status_text(status), H1_LENGTH,

@@ -78,13 +78,7 @@ static void stream_refuse(struct h2_client_stream *st, int status, const char *r
 		slog(LOG_INFO, s->id, "stream %d refused %d %s (logged once per connection; "
 		     "every one is counted)", st->id, status, reason);
 	}
-	char reqid[33];
-	struct access_rec r;
-	request_id_new(reqid, &s->loop->rng);
-	access_begin(&r, s->id, s->peer_ip, NULL, reqid);
-	r.status = status;
-	r.reason = reason;
-	accesslog_write(&r);
+	accesslog_write_refusal(s->id, s->peer_ip, &s->loop->rng, status, reason);
 	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
 	struct made_response m;
 	if (st->grpc)

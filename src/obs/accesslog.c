@@ -414,3 +414,15 @@ void accesslog_close(void)
 	al_next_fd = -1;
 	al_switch = al_kick = al_stop = al_ended = al_started = false;
 }
+
+void accesslog_write_refusal(uint64_t sid, const char *peer, uint64_t *rng, int status,
+                             const char *reason)
+{
+	char reqid[33];
+	struct access_rec r;
+	request_id_new(reqid, rng);
+	access_begin(&r, sid, peer, NULL, reqid);
+	r.status = status;
+	r.reason = reason;
+	accesslog_write(&r);
+}

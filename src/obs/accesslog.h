@@ -72,6 +72,10 @@ int accesslog_switch(const char *spec);
 void accesslog_reopen(void);
 void accesslog_close(void);
 void accesslog_write(const struct access_rec *r);
+/* The line of a request a client codec refused before any exchange (no head to name it): a
+ * new request id from RNG, STATUS and REASON. */
+void accesslog_write_refusal(uint64_t sid, const char *peer, uint64_t *rng, int status,
+                             const char *reason);
 void accesslog_flush(void);
 
 #endif
