@@ -8,7 +8,7 @@ server's MAX_CONCURRENT_STREAMS, learnt late, go to other connections instead of
 
 import time
 
-from harness import FAST_RETRY, InThread
+from harness import FAST_RETRY, InThread, wait_for
 from h2upstream import echo, respond
 
 GENEROUS = {"budget": {"ratio": 100, "min_per_second": 1000, "max_tokens": 1000}}
@@ -28,6 +28,27 @@ def attempts(r):
     return r.headers.get("X-Retrygate-Attempts")
 
 
+def unsent_to(port):
+    """Bytes the kernel holds unsent or unacknowledged on sockets connected to PORT on the
+    loopback (tx_queue in /proc/net/tcp)."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            if int(cols[2].split(":")[1], 16) == port:
+                total += int(cols[4].split(":")[0], 16)
+    return total
+
+
+def stalled_output(port):
+    """The kernel's send queue towards PORT is not empty and did not move for 0.3 s: the
+    peer's window is shut, so whatever retrygate writes next waits in its own output."""
+    before = unsent_to(port)
+    time.sleep(0.3)
+    return before > 0 and unsent_to(port) == before
+
+
 def test_streams_queued_behind_an_unread_output_were_never_sent(h2up, rg_factory):
     # The first connection reads the preface and SETTINGS, then nothing: a PUT's 60 KB body
     # fills the kernels' buffers (small by RCVBUF and MSS) and the rest waits in retrygate's
@@ -41,7 +62,7 @@ def test_streams_queued_behind_an_unread_output_were_never_sent(h2up, rg_factory
                                   deadline={"default": "30s", "max": "30s"}))
     fill = InThread(rg.request, "PUT", "/fill", body=b"f" * 60000, timeout=30)
     up.wait_connections(1)
-    time.sleep(0.5)
+    wait_for(lambda: stalled_output(up.port), 20, what="the PUT filling the kernels' buffers")
     posts = []
     for i in range(80):
         posts.append(InThread(rg.request, "POST", "/p%d" % i, body=b"", timeout=30))
