@@ -21,11 +21,23 @@ static inline time_t clock_wall(void)
 	return time(NULL);
 }
 
+/*
+ * libevent measures its timers on CLOCK_MONOTONIC_COARSE, which lags the real clock by up to
+ * one tick (4 ms at HZ=250): a timer armed for 150 ms could go off after 146. Every timeout is
+ * therefore lengthened by that tick (loop_global_init measures it), so none fires before its
+ * time; the precise alternative (EVENT_BASE_FLAG_PRECISE_TIMER) costs a timerfd_settime system
+ * call on every loop turn.
+ */
+extern int64_t clock_timer_slack_us;
+
+/* A timeout of US microseconds for evtimer_add. */
 static inline struct timeval clock_tv(int64_t us)
 {
 	struct timeval tv;
 	if (us < 0)
 		us = 0;
+	if (us > 0)
+		us += clock_timer_slack_us;
 	tv.tv_sec = us / 1000000;
 	tv.tv_usec = us % 1000000;
 	return tv;

@@ -117,8 +117,15 @@ static void libevent_log_cb(int severity, const char *msg)
 	slog(lvl, 0, "libevent: %s", msg);
 }
 
+int64_t clock_timer_slack_us;
+
 void loop_global_init(void)
 {
+#ifdef CLOCK_MONOTONIC_COARSE
+	struct timespec res;
+	if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) == 0 && res.tv_sec == 0)
+		clock_timer_slack_us = (res.tv_nsec + 999) / 1000;
+#endif
 	/* one policy for running out of memory: libevent's allocations abort as ours do, so no
 	 * caller has to check an event_new or evbuffer_new for NULL */
 	event_set_mem_functions(xmalloc, xrealloc, free);
