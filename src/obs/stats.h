@@ -96,7 +96,8 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(client_aborts, "retrygate_upstream_client_aborts_total", \
 	  "Requests cancelled because the client disconnected while an attempt was in flight.") \
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
-	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).") \
+	  "Non-idempotent requests whose outcome is unknown (SPEC 12): the last attempt reset or " \
+	  "timed out, or a gRPC call got a code that is not definite (it may have executed).") \
 	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
 	  "Unknown outcomes recorded in the reconciliation queue (SPEC §12).")
 
@@ -169,7 +170,10 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  "Responses sent to clients, by status class.", "code", CODE_VALUES) \
 	X(h2_errors, "retrygate_downstream_h2_protocol_errors_total", \
 	  "HTTP/2 client protocol errors and connection defences (SPEC 9), per event.", "error", \
-	  H2ERR_VALUES)
+	  H2ERR_VALUES) \
+	X(grpc_status, "retrygate_downstream_grpc_responses_total", \
+	  "gRPC calls by the grpc-status their client received, relayed or made here (SPEC 10; " \
+	  "grpc_client_code()).", "status", GRPC_VALUES)
 
 /* process-wide figures (no upstream label), rendered after the upstreams. */
 #define RELOAD_VALUES(V)    /* SIGHUP reload results */ \
