@@ -69,18 +69,11 @@ int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
 static void grpc_decide(struct exchange *ex, struct attempt *a, const struct http_head *h,
                         const struct http_hdr *t, int n)
 {
-	if (cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)) {
-		ex->dec_trailers = t;
-		ex->dec_ntrailers = n;
-		ex_decide(ex, OUT_STATUS, h, false);
-		ex->dec_trailers = NULL;
-		ex->dec_ntrailers = 0;
-		return;
-	}
-	ex_grpc_pushback_hold(ex, clock_now_us());     /* not retried, but it may set a hold */
-	ex_relay_from(ex, a, h, RR_NONE);
-	if (n > 0)
-		ex_relay_trailers(ex, t, n);
+	ex->dec_trailers = n > 0 ? t : NULL;
+	ex->dec_ntrailers = n;
+	ex_judge_status(ex, a, h);
+	ex->dec_trailers = NULL;
+	ex->dec_ntrailers = 0;
 }
 
 /* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout

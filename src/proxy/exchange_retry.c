@@ -347,16 +347,26 @@ void ex_start_first(struct exchange *ex)
 	start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
 }
 
-/* An attempt's (A's; NULL: a fault's abort) response head H whose status is the outcome:
- * retried when retry.on lists it, else relayed (its Retry-After may still set a hold). */
+/* An attempt's (A's; NULL: a fault's abort) response head H whose status is the outcome — for
+ * a gRPC call with a grpc-status (ex->att_grpc), that status (SPEC §10), named by H or by the
+ * trailers ex->dec_trailers: retried when retry.on lists it, else relayed (its Retry-After or
+ * pushback may still set a hold). */
 void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_head *h)
 {
-	if (cfg_retry_on_status(&ex->up->retry, h->status)) {
+	bool grpc = ex->grpc && ex->att_grpc >= 0;
+	if (grpc ? cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)
+	         : cfg_retry_on_status(&ex->up->retry, h->status)) {
 		ex_decide(ex, OUT_STATUS, h, false);
 		return;
 	}
-	ex_retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
+	/* not retried, but it may set a hold */
+	if (grpc)
+		ex_grpc_pushback_hold(ex, clock_now_us());
+	else
+		ex_retry_after_hint(ex, h, clock_now_us());
 	ex_relay_from(ex, a, h, RR_NONE);
+	if (ex->dec_trailers)
+		ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);
 	if (!a)
 		ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
 }
