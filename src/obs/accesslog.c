@@ -111,6 +111,12 @@ void access_set_grpc_status(struct access_rec *r, int code)
 		r->att[r->natt - 1].grpc_status = code;
 }
 
+void access_set_held(struct access_rec *r, const char *ep, int64_t ms)
+{
+	r->held_ep = ep;
+	r->held_ms = ms;
+}
+
 const char *access_unknown_cause(const struct access_rec *r)
 {
 	if (!r->non_idempotent || r->attempts == 0)
@@ -291,6 +297,9 @@ void accesslog_write(const struct access_rec *r)
 		append(line, &n, sizeof(line), "\"%s\"", refusal_name(r->refused));
 	else
 		append(line, &n, sizeof(line), "null");
+	if (r->held_ep)
+		append(line, &n, sizeof(line), ",\"held\":{\"endpoint\":\"%s\",\"ms_left\":%" PRId64 "}",
+		       r->held_ep, r->held_ms);
 	if (r->reason)
 		append(line, &n, sizeof(line), ",\"reason\":\"%s\"", r->reason);
 	append(line, &n, sizeof(line), ",\"deadline_ms\":%" PRId64 ",\"deadline_left_ms\":%" PRId64

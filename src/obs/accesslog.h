@@ -45,6 +45,8 @@ struct access_rec {
 	enum outcome last_out;
 	int grpc_status;                /* a gRPC call: the code its client read (grpc.h); -1: HTTP */
 	bool grpc_answered;             /* that code is an upstream's grpc-status, relayed */
+	const char *held_ep;            /* the retry was refused for this endpoint's hold ... */
+	int64_t held_ms;                /* ... which had this long left */
 };
 
 /* REQ may be NULL: a request refused before its head was understood (malformed, oversized,
@@ -58,6 +60,10 @@ void access_set_outcome(struct access_rec *r, const char *outcome);
 void access_set_status(struct access_rec *r, int status);
 /* The last attempt's SPEC §11 fault kind ("abort", ...): the line names it in that try. */
 void access_set_fault(struct access_rec *r, const char *kind);
+/* The retry was refused (retry_refused) because endpoint EP is held for MS more
+ * milliseconds by another answer's Retry-After or pushback: the line says "held":
+ * {"endpoint": EP, "ms_left": MS}. */
+void access_set_held(struct access_rec *r, const char *ep, int64_t ms);
 /* The grpc-status (0..16, grpc.h) of the attempt access_add_attempt began, from its
  * Trailers-Only head or its trailers (SPEC §10): that try gets "grpc_status": CODE and
  * "grpc_status_name": "unavailable" beside its "status". A code outside 0..16 is ignored. */

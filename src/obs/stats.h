@@ -295,9 +295,12 @@ struct stats_endpoint {
 	bool retired;                   /* its name no longer resolves to it: draining */
 	uint64_t attempts, ejections;
 	int64_t in_flight;
-	int last_failure;               /* enum outcome, or a 5xx status; 0: none */
+	int last_failure;               /* enum outcome, a 5xx status, or STATS_FAILURE_GRPC + a
+	                                 * grpc-status; 0: none */
 	int64_t last_failure_wall_us;
+	uint64_t hold_refusals;         /* retries refused because of its hold (/stats only) */
 };
+#define STATS_FAILURE_GRPC 1000
 struct stats_upstream {
 	const char *name;
 	const struct ustats *per_worker;    /* [g_nworkers] */

@@ -35,8 +35,10 @@ static void report_health_grpc(struct exchange *ex, int code)
 {
 	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
 	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
-	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200,
-	                 failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor);
+	bool hinted = failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor;
+	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200, hinted);
+	if (failed && !hinted)
+		upstream_ep_failure_grpc(ex->att_ep, code);    /* /stats: its name, not "503" */
 }
 
 /* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:

@@ -210,6 +210,15 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 
 /* ------------------------------------------------------------------ the retry loop */
 
+/* SPEC §4 rule 6: the retry was refused (retry-after) for EP's hold until HOLD, put there by
+ * another answer, not for this one's hint: the log line and /stats say which endpoint and for
+ * how long, since the response the client gets shows no reason to wait. */
+static void refused_by_hold(struct exchange *ex, struct ep_state *ep, int64_t hold, int64_t now)
+{
+	upstream_ep_hold_refused(ep);
+	access_set_held(&ex->log, ep->name, (hold - now) / 1000);
+}
+
 static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct exchange *ex = arg;
@@ -228,14 +237,17 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		}
 		ex->next_serial = atomic_load(&ex->next_ep->serial);
 	}
+	int64_t hold = atomic_load(&ex->next_ep->hold_until_us);
 	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
-	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
+	                                    hold, &start);
 	if (r == RR_NONE && start > now) {
 		struct timeval tv = clock_tv(start - now);
 		evtimer_add(&ex->backoff_ev, &tv);
 		return;
 	}
 	if (r != RR_NONE) {
+		if (r == RR_RETRY_AFTER)
+			refused_by_hold(ex, ex->next_ep, hold, now);
 		ex_release_slots(ex);
 		ex->refused = r;
 		STAT_INC(ex->us->refused[r]);
@@ -328,6 +340,9 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		STAT_INC(ex->us->refused[reason]);
 		ex->refused = reason;
 	}
+	if (reason == RR_RETRY_AFTER && f.hold_until_us > 0 && !f.pushback_refuse &&
+	    !(f.retry_after_us >= 0 && f.retry_after_us > rc->retry_after_max_us))
+		refused_by_hold(ex, next, f.hold_until_us, now);
 	if (h) {
 		saved_clear(&ex->saved);
 		ex_relay_from(ex, a, h, reason);
