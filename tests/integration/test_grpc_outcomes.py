@@ -165,3 +165,35 @@ def test_http_request_hit_by_a_grpc_only_rule_gets_status(grpcsrv, rg_factory, c
     assert r.code == grpc.StatusCode.UNAVAILABLE and r.md.get("grpc-status") is None, r
     rg.wait_metric(DOWN, 1, status="unavailable")
     assert rg.metric(DOWN, status="internal") == 1
+
+
+# ------------------------------------------------------------------------------- holds
+
+def test_a_retry_refused_for_another_calls_hold_says_which_endpoint_and_how_long(
+        grpcsrv, rg_factory, channel, tmp_path):
+    """A's pushback (5 s, beyond retry_after.max) holds the endpoint; B's UNAVAILABLE carries
+    no hint, yet its retry is refused retry-after: the access log line names the held endpoint
+    and the time left, /stats counts the refusal under held_endpoints, and the endpoint's last
+    failure is named as gRPC names it."""
+    srv = grpcsrv()
+    log = tmp_path / "access.log"
+    rg = rg_factory(upstreams=api(srv, {"retry_after": {"max": "1s"}}), access_log=str(log))
+    ch = channel(rg)
+    a = call(ch, key="A", script="fail:1:unavailable,pushback:5000")
+    assert a.code == grpc.StatusCode.UNAVAILABLE, a
+    b = call(ch, key="B", script="fail:1:unavailable")
+    assert b.code == grpc.StatusCode.UNAVAILABLE, b
+    assert b.md.get("x-retrygate-retry-refused") == "retry-after", b
+
+    recs = log_records(log, 2)
+    assert "held" not in recs[0], recs[0]      # A's own pushback refused it
+    held = recs[1].get("held")
+    assert recs[1]["retry_refused"] == "retry-after", recs[1]
+    assert held and held["endpoint"] == srv.endpoint, recs[1]
+    assert 2500 < held["ms_left"] <= 5000, held
+
+    st = json.loads(rg.admin("GET", "/stats").body)["upstreams"]["api"]
+    h = st["held_endpoints"][srv.endpoint]
+    assert h["retries_refused"] == 1 and 2000 < h["hold_ms_left"] <= 5000, h
+    addr = st["endpoints"][srv.endpoint]["addresses"][0]
+    assert addr["last_failure"]["what"] == "unavailable", addr
