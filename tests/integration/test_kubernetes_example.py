@@ -19,13 +19,12 @@ config run by the real binary as the pod runs it.
 
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from harness import (REPO_ROOT, Retrygate, free_port, run_binary, check_config, wait_for)
+from harness import REPO_ROOT, Retrygate, check_config, free_port, run_binary, wait_for
 
 KDIR = REPO_ROOT / "docker/kubernetes"
 TOKEN = "k8s-example-token"
@@ -175,21 +174,16 @@ def test_memory_is_sized(ex):
     assert mib(res["limits"]["memory"]) >= 64 + 40
 
 
-def test_config_passes_check(ex):
-    cp = run_binary("-c", _write_tmp(ex.config_text), "--check", env={"ADMIN_TOKEN": TOKEN})
+def test_config_passes_check(ex, tmp_path):
+    path = tmp_path / "retrygate.yaml"
+    path.write_text(ex.config_text)
+    cp = run_binary("-c", path, "--check", env={"ADMIN_TOKEN": TOKEN})
     assert cp.returncode == 0, cp.stderr
 
 
-def _write_tmp(text):
-    import tempfile
-    fd, path = tempfile.mkstemp(prefix="k8s-example-", suffix=".yaml")
-    os.write(fd, text.encode())
-    os.close(fd)
-    return path
-
-
-def _binary_knows(flag_in_help):
-    return flag_in_help in run_binary("--help").stdout + run_binary("--help").stderr
+def _binary_knows(flag):
+    cp = run_binary("--help")
+    return flag in cp.stdout + cp.stderr
 
 
 def _expands_env():
