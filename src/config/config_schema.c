@@ -14,7 +14,9 @@
  *  - at least one listener; each has a literal IP:port, unique among listeners and the admin
  *    address, a unique name (default: its address) and at least one route;
  *  - every route's upstream points into config->upstreams; host is NULL (any) or lower-case,
- *    either a name, "*.suffix" or "[v6]"; path_prefix starts with "/";
+ *    either a name, "*.suffix" or "[v6]"; path_prefix starts with "/"; its retry and deadline
+ *    point at the upstream's, or at its own merged copies (KF_OVER), which hold every
+ *    invariant below as the upstream's do;
  *  - workers 1-CFG_MAX_WORKERS; every upstream has 1-CFG_MAX_ENDPOINTS endpoints "host:port"
  *    with port 1-65535;
  *  - every timeout is > 0 (drain_timeout, backoff and retry_after.max may be 0), every
