@@ -6,8 +6,10 @@ route, /config, a reload, and the errors of a route's policy with their line and
 import re
 import threading
 
+import grpc
 import pytest
 
+from grpcserver import GrpcServer
 from harness import check_config, respond, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -145,6 +147,55 @@ def test_config_json_shows_route_overrides(upstream, rg_factory):
     assert rs[2]["retry"] is None
     assert rs[2]["deadline"] == {"default": "20s", "max": "1m", "min": "5ms"}
     assert rs[3]["retry"] is None and rs[3]["deadline"] is None
+
+
+def test_grpc_routes_by_path_with_their_own_policy(rg_factory):
+    """A channel to the sidecar sends :authority 127.0.0.1:PORT, so gRPC services are routed by
+    path: the read-only service's route makes its calls idempotent (retried without a key), the
+    streaming method's route gives it a longer deadline, seen by the server in grpc-timeout
+    and x-timeout-ms; the rest of the upstream's calls keep its policy."""
+    srv = GrpcServer()
+    ch = None
+    try:
+        up = {"endpoints": [srv.endpoint], "protocol": "h2",
+              "retry": dict(FAST, per_try_timeout="2m")}
+        rg = rg_factory(upstreams={"api": up}, routes=[
+            {"path_prefix": "/test.Catalog/", "upstream": "api",
+             "retry": {"idempotent_paths": ["/test.Catalog/"]}},
+            {"path_prefix": "/test.Svc/Stream", "upstream": "api",
+             "deadline": {"default": "20s"}},
+            {"upstream": "api"}])
+        ch = grpc.insecure_channel("127.0.0.1:%d" % rg.port, options=[("grpc.enable_retries", 0)])
+
+        def unary(path, script, key):
+            try:
+                _, c = ch.unary_unary(path).with_call(
+                    b"req", metadata=[("x-script", script), ("x-key", key)], timeout=10)
+                return c.code(), dict(c.initial_metadata())
+            except grpc.RpcError as e:
+                md = dict(e.initial_metadata() or ())
+                md.update(e.trailing_metadata() or ())
+                return e.code(), md
+
+        code, md = unary("/test.Catalog/Get", "fail:1:unavailable", "cat")
+        assert (code, md.get("x-retrygate-attempts")) == (grpc.StatusCode.OK, "2"), md
+        code, md = unary("/test.Svc/Unary", "fail:1:unavailable", "svc")
+        assert (code, md.get("x-retrygate-retry-refused")) == \
+            (grpc.StatusCode.UNAVAILABLE, "non-idempotent"), md
+
+        assert list(ch.unary_stream("/test.Svc/Stream")(
+            b"req", metadata=[("x-script", "messages:2"), ("x-key", "st")])) == \
+            [b"msg-1", b"msg-2"]
+        c = srv.wait_calls(1, key="st")[0]
+        assert 15000 < int(c.header("x-timeout-ms")) <= 20000, c.metadata
+        assert 15 < c.time_remaining <= 20, c.time_remaining
+        ch.unary_unary("/test.Svc/Unary")(b"req", metadata=[("x-key", "short")])   # no deadline
+        c = srv.wait_calls(1, key="short")[0]
+        assert 2000 < int(c.header("x-timeout-ms")) <= 5000, c.metadata
+    finally:
+        if ch:
+            ch.close()
+        srv.stop(0)
 
 
 # ------------------------------------------------------------------------------- --check
