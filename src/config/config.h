@@ -157,7 +157,6 @@ struct cfg_route {
 	struct cfg_retry own_retry;
 	struct cfg_deadline own_deadline;
 	bool has_retry, has_deadline;           /* the route writes retry: / deadline: */
-	int line;                               /* where it was defined, for --check */
 };
 
 struct cfg_limits {

@@ -303,8 +303,6 @@ static void route_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_route *r = base;
 
-	r->line = map->line;
-
 	if (r->host && !strcmp(r->host, "*")) {
 		free(r->host);
 		r->host = NULL;
@@ -359,6 +357,8 @@ static bool route_retry_inherit(struct load *ld, const struct key *k, void *pare
 	if (!r->upstream)
 		return false;
 	from = &r->upstream->retry;
+	/* a deep copy: block_free frees the route's own; every pointer of cfg_retry is
+	 * duplicated here */
 	r->own_retry = *from;
 	r->own_retry.idempotent_paths = xcalloc((size_t)from->nidempotent_paths, sizeof(char *));
 	for (int i = 0; i < from->nidempotent_paths; i++)
