@@ -36,7 +36,7 @@ static void report_health_grpc(struct exchange *ex, int code)
 	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
 	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
 	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200,
-	                 failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor);
+	                 failed && ex->pushback_us >= 0 && ex->retry->retry_after_honor);
 }
 
 /* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:
@@ -69,7 +69,7 @@ int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
 static void grpc_decide(struct exchange *ex, struct attempt *a, const struct http_head *h,
                         const struct http_hdr *t, int n)
 {
-	if (cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)) {
+	if (cfg_retry_on_grpc(ex->retry, ex->att_grpc)) {
 		ex->dec_trailers = t;
 		ex->dec_ntrailers = n;
 		ex_decide(ex, OUT_STATUS, h, false);
@@ -107,8 +107,8 @@ static void grpc_hold(struct exchange *ex, const struct http_head *h)
 	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
 	 * timer stopped when the head came) */
 	int64_t now = clock_now_us();
-	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
-	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
+	int64_t left = ex->retry->per_try_timeout_us - (now - ex->att_t0_us);
+	if (ex->att_t0_us + ex->retry->per_try_timeout_us < ex->deadline_us) {
 		struct timeval tv = clock_tv(left > 0 ? left : 0);
 		evtimer_add(&ex->held->ev, &tv);
 	}
