@@ -24,6 +24,14 @@
 
 static void load_block(struct load *ld, const struct block *b, void *base, const struct node *map);
 
+/* A KF_OVER block that was written: loaded once the whole file has (load_overs) */
+struct over {
+	const struct key *k;
+	void *parent;
+	const struct node *v;
+	char *path;                 /* the key path of its messages */
+};
+
 /* The text of a scalar value, or NULL after reporting that V is not one. */
 static const char *scalar_text(struct load *ld, const struct node *v, const char *expected)
 {
@@ -267,6 +275,15 @@ static void load_value(struct load *ld, const struct key *k, void *base, const s
 		}
 		if (k->flags & KF_GIVEN)
 			*FIELD(base, k->off2, bool) = true;
+		if (k->flags & KF_OVER) {
+			if (ld->novers == ld->capovers) {
+				ld->capovers = ld->capovers ? 2 * ld->capovers : 8;
+				ld->overs = xrealloc(ld->overs, (size_t)ld->capovers * sizeof *ld->overs);
+			}
+			ld->overs[ld->novers++] = (struct over){ k, base, v,
+			                                           xstrdup(ld->path.s ? ld->path.s : "") };
+			return;
+		}
 		load_block(ld, k->sub, (char *)base + k->off, v);
 		return;
 	case K_LIST:
@@ -468,6 +485,8 @@ static void load_block(struct load *ld, const struct block *b, void *base, const
 
 		if (seen[i])
 			load_value(ld, k, base, seen[i]);
+		else if (ld->over || (k->flags & KF_OVER))
+			;       /* an override keeps what it inherited; an override not written is none */
 		else if (k->flags & KF_REQUIRED)
 			value_error(ld, map, "required key is missing (expected %s%s)",
 			            k->type == K_STRS ? "at least one " : "", k->expect ? k->expect :
@@ -486,6 +505,27 @@ static void load_block(struct load *ld, const struct block *b, void *base, const
 		ld->check_keys = NULL;
 		ld->check_bad = NULL;
 	}
+}
+
+/* The KF_OVER blocks, in the order written, now that everything they inherit from is loaded
+ * and checked. */
+static void load_overs(struct load *ld)
+{
+	for (int i = 0; i < ld->novers; i++) {
+		const struct over *o = &ld->overs[i];
+		path_pop(ld, 0);
+		sb_puts(&ld->path, o->path);
+		if (o->k->inherit(ld, o->k, o->parent, o->v)) {
+			ld->over = true;
+			load_block(ld, o->k->sub, (char *)o->parent + o->k->off, o->v);
+			ld->over = false;
+		}
+		free(o->path);
+	}
+	path_pop(ld, 0);
+	free(ld->overs);
+	ld->overs = NULL;
+	ld->novers = ld->capovers = 0;
 }
 
 /* ------------------------------------------------------------------ free */
@@ -550,8 +590,10 @@ static struct config *load_buffer(const char *name, const char *data, size_t len
 			           "listeners and upstreams)");
 		else if (t.root->kind != N_MAP)
 			type_error(&ld, t.root, "a mapping with listeners and upstreams at the top");
-		else
+		else {
 			load_block(&ld, &cfg_root_block, c, t.root);
+			load_overs(&ld);
+		}
 	}
 	tree_free(&t);
 	free(ld.path.s);

@@ -150,6 +150,15 @@ struct cfg_route {
 	char *path_prefix;          /* "/" */
 	char *upstream_name;
 	struct cfg_upstream *upstream; /* resolved at load, points into config->upstreams */
+	/* The policy of requests on this route (SPEC §2): the upstream's retry and deadline, or
+	 * this route's own, merged at load (the upstream's keys with the route's written over
+	 * them, key by key). Budget, concurrency, holds, health, idempotency and faults stay the
+	 * upstream's: own_retry's budget fields are the upstream's, never the route's. */
+	const struct cfg_retry *retry;          /* &upstream->retry or &own_retry */
+	const struct cfg_deadline *deadline;    /* &upstream->deadline or &own_deadline */
+	struct cfg_retry own_retry;
+	struct cfg_deadline own_deadline;
+	bool has_retry, has_deadline;           /* the route writes retry: / deadline: */
 };
 
 struct cfg_limits {

@@ -87,7 +87,8 @@ enum key_type {
 	K_ENUM,     /* int, the index of the word in `names` */
 	K_STRS,     /* char ** at off, int count at off2; `check` validates each; at most `max`
 	             * items when max is set */
-	K_BLOCK,    /* a nested mapping filling `sub` at base + off; KF_GIVEN: bool at off2 */
+	K_BLOCK,    /* a nested mapping filling `sub` at base + off; KF_GIVEN: bool at off2;
+	             * KF_OVER: see there */
 	K_LIST,     /* sequence of mappings: array at off, int count at off2, elements `sub` */
 	K_NAMED,    /* mapping of name -> mapping: as K_LIST, names checked by `check` */
 	K_CUSTOM,   /* `parse` and `emit` do it */
@@ -96,12 +97,23 @@ enum key_type {
 #define KF_REQUIRED 0x1u        /* no default: missing is an error */
 #define KF_NONEMPTY 0x2u        /* strings not "", sequences/mappings with an element */
 #define KF_GIVEN    0x4u        /* K_BLOCK: off2 is a bool set when the block is written */
+/* K_BLOCK: an override (a route's retry over its upstream's). Not written: nothing is loaded,
+ * no default. Written: once the whole file has loaded (so that it may inherit from anything),
+ * `inherit` fills the block from what it overrides, then the written keys are loaded over
+ * that, key by key; keys not written keep the inherited values. The block's checks run on the
+ * result. */
+#define KF_OVER     0x8u
 
 /* A string check: NULL when S is acceptable (it may rewrite S in place, e.g. lower-case it),
  * else "what is wrong (what was expected)", written into BUF or static. */
 typedef const char *(*check_fn)(char *s, char *buf, size_t cap);
 typedef void (*parse_fn)(struct load *ld, const struct key *k, const struct node *v, void *base);
 typedef void (*emit_fn)(struct json *j, const struct key *k, const void *base);
+/* KF_OVER: fill the block at PARENT + k->off from what it overrides, and report what the
+ * written mapping V may not hold there; false: nothing to inherit from (already reported),
+ * the block is not loaded. */
+typedef bool (*inherit_fn)(struct load *ld, const struct key *k, void *parent,
+                           const struct node *v);
 
 struct block {
 	const struct key *keys;     /* ends with { .name = NULL } */
@@ -124,6 +136,7 @@ struct key {
 	const char *const *names;   /* K_ENUM */
 	const struct block *sub;
 	parse_fn parse;             /* K_CUSTOM */
+	inherit_fn inherit;         /* KF_OVER */
 	emit_fn emit;               /* overrides the JSON of the type (redaction, K_CUSTOM) */
 	const char *expect;         /* what a value looks like, for messages */
 };
@@ -134,6 +147,7 @@ struct key {
 /* ------------------------------------------------------------------ a load (config.c, config_diag.c) */
 
 struct msg;
+struct over;
 
 struct load {
 	const char *file;
@@ -147,6 +161,10 @@ struct load {
 	 * do not pile a second, confusing error onto the first */
 	const struct key *check_keys;
 	const bool *check_bad;
+	/* KF_OVER blocks written, loaded at the end; `over` while one is loaded */
+	struct over *overs;
+	int novers, capovers;
+	bool over;
 };
 
 /* config_diag.c. Every message is "FILE:LINE:COL: path: what"; load_report() sorts and prints

@@ -52,10 +52,9 @@ static void report_health(FILE *out, const struct cfg_upstream *u)
 /* How deadline D treats the worst case of N attempts that all time out after maximal
  * backoffs: attempt i starts at S(i) and is started only if S(i) + min <= D (SPEC §3).
  * Returns whether all of them run to their end. */
-static bool report_deadline(FILE *out, const struct cfg_upstream *u, int n, const char *what,
-                            int64_t d, bool quiet)
+static bool report_deadline(FILE *out, const struct cfg_retry *r, const struct cfg_deadline *dl,
+                            int n, const char *what, int64_t d, bool quiet)
 {
-	const struct cfg_retry *r = &u->retry;
 	int64_t start = 0;
 	int full = 0, started = 0;
 	char a[32];
@@ -63,7 +62,7 @@ static bool report_deadline(FILE *out, const struct cfg_upstream *u, int n, cons
 	for (int i = 1; i <= n; i++) {
 		if (i > 1)
 			start += r->per_try_timeout_us + cfg_backoff_cap(r, i - 1);
-		if (start + u->deadline.min_us > d)
+		if (start + dl->min_us > d)
 			break;
 		started = i;
 		if (start + r->per_try_timeout_us <= d)
@@ -106,17 +105,14 @@ static void report_sustained(FILE *out, const struct cfg_retry *r, int n)
 	fputc('\n', out);
 }
 
-static void report_upstream(FILE *out, const struct cfg_upstream *u)
+/* The attempts and amplification lines of retry policy R; the budget is always the upstream's
+ * (U's), shared by its routes. Returns the attempts per request. */
+static int report_attempts(FILE *out, const struct cfg_upstream *u, const struct cfg_retry *r)
 {
-	const struct cfg_retry *r = &u->retry;
+	const struct cfg_retry *b = &u->retry;
 	bool retries = r->enabled && r->max_attempts > 1;
 	int n = retries ? r->max_attempts : 1;
-	int64_t backoffs = 0;
-	char a[32], b[32], c[32];
 
-	fprintf(out, "upstream %s: %d endpoint%s (%s%s)%s\n", u->name, u->nendpoints,
-	        u->nendpoints == 1 ? "" : "s", u->endpoints[0], u->nendpoints > 1 ? ", ..." : "",
-	        !u->tls ? "" : u->tls_cert ? ", tls with a client certificate" : ", tls");
 	if (!retries) {
 		fprintf(out, "  attempts       1 per request (%s)\n",
 		        r->enabled ? "max_attempts: 1" : "retries disabled");
@@ -145,10 +141,11 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 		        r->non_idempotent == NI_NEVER ? "only after connect-failure" :
 		        "only with a key or after connect-failure");
 		fprintf(out, "  amplification  retries <= %lld + %g x requests + %g/s: a burst of %lld "
-		        "retries (max_tokens), never above %dx per request (max_attempts)\n",
-		        (long long)r->budget_max_tokens, r->budget_ratio, r->budget_min_per_second,
-		        (long long)r->budget_max_tokens, n);
-		report_sustained(out, r, n);
+		        "retries (max_tokens), never above %dx per request (max_attempts)%s\n",
+		        (long long)b->budget_max_tokens, b->budget_ratio, b->budget_min_per_second,
+		        (long long)b->budget_max_tokens, n, r == b ? "" :
+		        "; the budget is the upstream's, shared with its other routes");
+		report_sustained(out, b, n);
 	}
 	if (r->nidempotent_paths > 0) {
 		fputs("  idempotent     any method under", out);
@@ -156,9 +153,16 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 			fprintf(out, "%s%s", i ? ", " : " ", r->idempotent_paths[i]);
 		fputs(" (retry.idempotent_paths)\n", out);
 	}
-	fprintf(out, "  concurrency    %d attempts in flight, %d of them retries\n", u->max_in_flight,
-	        u->max_retries_in_flight);
-	report_health(out, u);
+	return n;
+}
+
+/* The latency and Retry-After lines of retry policy R under deadline D, N attempts */
+static void report_latency(FILE *out, const struct cfg_retry *r, const struct cfg_deadline *d,
+                           int n)
+{
+	int64_t backoffs = 0;
+	char a[32], b[32], c[32];
+
 	for (int i = 1; i < n; i++)
 		backoffs += cfg_backoff_cap(r, i);
 	if (n > 1)
@@ -168,28 +172,54 @@ static void report_upstream(FILE *out, const struct cfg_upstream *u)
 	else
 		fprintf(out, "  latency        worst case %s; ", dur(r->per_try_timeout_us, a));
 	/* the deadline is at most deadline.max: if that cuts, say so; else show both */
-	if (report_deadline(out, u, n, "deadline.default", u->deadline.default_us, true))
+	if (report_deadline(out, r, d, n, "deadline.default", d->default_us, true))
 		fprintf(out, "fits deadline.default %s and deadline.max %s",
-		        dur(u->deadline.default_us, a), dur(u->deadline.max_us, b));
+		        dur(d->default_us, a), dur(d->max_us, b));
 	else {
 		fputs("; ", out);
-		report_deadline(out, u, n, "deadline.max", u->deadline.max_us, false);
+		report_deadline(out, r, d, n, "deadline.max", d->max_us, false);
 	}
 	fputc('\n', out);
-	if (!retries)
+	if (n < 2)
 		return;
 	if (!r->retry_after_honor)
 		fprintf(out, "  retry-after    ignored (honor: false): backoff applies, no holds\n");
 	else {
-		int64_t fit = u->deadline.default_us - u->deadline.min_us;
+		int64_t fit = d->default_us - d->min_us;
 		fprintf(out, "  retry-after    hints up to %s are waited for", dur(r->retry_after_max_us, a));
 		if (r->retry_after_max_us > fit)
 			fprintf(out, "; without a deadline header only up to %s fit deadline.default",
 			        dur(fit, b));
-		if (r->retry_after_max_us > u->deadline.max_us - u->deadline.min_us)
-			fprintf(out, "; more than deadline.max %s allows", dur(u->deadline.max_us, c));
+		if (r->retry_after_max_us > d->max_us - d->min_us)
+			fprintf(out, "; more than deadline.max %s allows", dur(d->max_us, c));
 		fputc('\n', out);
 	}
+}
+
+static void report_upstream(FILE *out, const struct cfg_upstream *u)
+{
+	int n;
+
+	fprintf(out, "upstream %s: %d endpoint%s (%s%s)%s\n", u->name, u->nendpoints,
+	        u->nendpoints == 1 ? "" : "s", u->endpoints[0], u->nendpoints > 1 ? ", ..." : "",
+	        !u->tls ? "" : u->tls_cert ? ", tls with a client certificate" : ", tls");
+	n = report_attempts(out, u, &u->retry);
+	fprintf(out, "  concurrency    %d attempts in flight, %d of them retries\n", u->max_in_flight,
+	        u->max_retries_in_flight);
+	report_health(out, u);
+	report_latency(out, &u->retry, &u->deadline, n);
+}
+
+/* SPEC §2: a route with a retry or deadline of its own has a worst case of its own; its
+ * concurrency and health are its upstream's, printed there. */
+static void report_route(FILE *out, const struct cfg_route *r, int li, int ri)
+{
+	const char *own = r->has_retry && r->has_deadline ? "retry and deadline" :
+	                  r->has_retry ? "retry" : "deadline";
+
+	fprintf(out, "route listeners[%d].routes[%d] (host %s, path %s) -> %s: %s of its own\n", li,
+	        ri, r->host ? r->host : "any", r->path_prefix, r->upstream->name, own);
+	report_latency(out, r->retry, r->deadline, report_attempts(out, r->upstream, r->retry));
 }
 
 /* Does route pattern A (earlier) match every request that B (later) matches? */
@@ -231,9 +261,33 @@ static void report_fault_warnings(FILE *out, const struct cfg_upstream *u)
 			        "the experiment will not end by itself on it\n", u->name, what[i]);
 }
 
-static void report_warnings(FILE *out, const struct config *c)
+/* Timing that cannot work, for an upstream or a route with a policy of its own (WHERE) */
+static void warn_per_try(FILE *out, const char *where, const struct cfg_retry *r,
+                         const struct cfg_deadline *d)
 {
 	char a[32], b[32];
+
+	if (r->per_try_timeout_us > d->max_us)
+		fprintf(out, "warning: %s.retry.per_try_timeout: %s is above deadline.max %s; the "
+		        "deadline always cuts it\n", where, dur(r->per_try_timeout_us, a),
+		        dur(d->max_us, b));
+}
+
+static void warn_fit(FILE *out, const char *where, const struct cfg_retry *r,
+                     const struct cfg_deadline *d)
+{
+	char a[32], b[32];
+
+	if (r->enabled && r->max_attempts > 1 &&
+	    (int64_t)r->max_attempts * r->per_try_timeout_us > d->default_us)
+		fprintf(out, "warning: %s.retry: max_attempts %d x per_try_timeout %s cannot fit "
+		        "deadline.default %s\n", where, r->max_attempts, dur(r->per_try_timeout_us, a),
+		        dur(d->default_us, b));
+}
+
+static void report_warnings(FILE *out, const struct config *c)
+{
+	char where[300];
 
 	for (int i = 0; i < c->nwarnings; i++)
 		fprintf(out, "warning: %s\n", c->warnings[i]);
@@ -258,10 +312,8 @@ static void report_warnings(FILE *out, const struct config *c)
 				used = used || c->listeners[l].routes[k].upstream == u;
 		if (!used)
 			fprintf(out, "warning: upstreams.%s: no route uses it\n", n);
-		if (u->retry.per_try_timeout_us > u->deadline.max_us)
-			fprintf(out, "warning: upstreams.%s.retry.per_try_timeout: %s is above deadline.max "
-			        "%s; the deadline always cuts it\n", n, dur(r->per_try_timeout_us, a),
-			        dur(u->deadline.max_us, b));
+		snprintf(where, sizeof where, "upstreams.%s", n);
+		warn_per_try(out, where, r, &u->deadline);
 		report_fault_warnings(out, u);
 		if (!r->enabled || r->max_attempts < 2)
 			continue;
@@ -275,10 +327,7 @@ static void report_warnings(FILE *out, const struct config *c)
 			        "h2 re-sends every gRPC call (each is a POST) after a reset or timeout; list "
 			        "read-only services in retry.idempotent_paths or send idempotency-key "
 			        "metadata instead\n", n, c->path, r->non_idempotent_line);
-		if ((int64_t)r->max_attempts * r->per_try_timeout_us > u->deadline.default_us)
-			fprintf(out, "warning: upstreams.%s.retry: max_attempts %d x per_try_timeout %s "
-			        "cannot fit deadline.default %s\n", n, r->max_attempts,
-			        dur(r->per_try_timeout_us, a), dur(u->deadline.default_us, b));
+		warn_fit(out, where, r, &u->deadline);
 		if (r->budget_ratio > 0.5)
 			fprintf(out, "warning: upstreams.%s.retry.budget.ratio: %g lets a failing dependency "
 			        "see %.2fx its traffic (0.2 is usual)\n", n, r->budget_ratio,
@@ -296,6 +345,15 @@ static void report_warnings(FILE *out, const struct config *c)
 				        "retry will not heal; retrying it wastes capacity (4xx worth retrying: "
 				        "408, 425, 429)\n", n, s);
 	}
+	for (int i = 0; i < c->nlisteners; i++)
+		for (int k = 0; k < c->listeners[i].nroutes; k++) {
+			const struct cfg_route *r = &c->listeners[i].routes[k];
+			if (!r->has_retry && !r->has_deadline)
+				continue;
+			snprintf(where, sizeof where, "listeners[%d].routes[%d]", i, k);
+			warn_per_try(out, where, r->retry, r->deadline);
+			warn_fit(out, where, r->retry, r->deadline);
+		}
 }
 
 void config_report(const struct config *c, FILE *out)
@@ -320,8 +378,15 @@ void config_report(const struct config *c, FILE *out)
 			        l->routes[k].host ? l->routes[k].host : "any", l->routes[k].path_prefix,
 			        l->routes[k].upstream_name);
 	}
-	for (int i = 0; i < c->nupstreams; i++)
+	for (int i = 0; i < c->nupstreams; i++) {
 		report_upstream(out, &c->upstreams[i]);
+		for (int l = 0; l < c->nlisteners; l++)
+			for (int k = 0; k < c->listeners[l].nroutes; k++) {
+				const struct cfg_route *r = &c->listeners[l].routes[k];
+				if (r->upstream == &c->upstreams[i] && (r->has_retry || r->has_deadline))
+					report_route(out, r, l, k);
+			}
+	}
 	report_warnings(out, c);
 	fprintf(out, "%s: ok\n", c->path);
 }

@@ -14,7 +14,9 @@
  *  - at least one listener; each has a literal IP:port, unique among listeners and the admin
  *    address, a unique name (default: its address) and at least one route;
  *  - every route's upstream points into config->upstreams; host is NULL (any) or lower-case,
- *    either a name, "*.suffix" or "[v6]"; path_prefix starts with "/";
+ *    either a name, "*.suffix" or "[v6]"; path_prefix starts with "/"; its retry and deadline
+ *    point at the upstream's, or at its own merged copies (KF_OVER), which hold every
+ *    invariant below as the upstream's do;
  *  - workers 1-CFG_MAX_WORKERS; every upstream has 1-CFG_MAX_ENDPOINTS endpoints "host:port"
  *    with port 1-65535;
  *  - every timeout is > 0 (drain_timeout, backoff and retry_after.max may be 0), every
@@ -170,12 +172,14 @@ static void backoff_check(struct load *ld, void *base, const struct node *map)
 	}
 }
 
-/* --check names the line of a risky non_idempotent (config_report.c) */
+/* --check names the line of a risky non_idempotent (config_report.c); a route's retry that
+ * does not write it keeps its upstream's */
 static void retry_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_retry *r = base;
 	const struct node *n = node_find(map, "non_idempotent");
-	r->non_idempotent_line = n ? n->line : 0;
+	if (n)
+		r->non_idempotent_line = n->line;
 }
 
 static void concurrency_check(struct load *ld, void *base, const struct node *map)
@@ -351,7 +355,13 @@ static void route_resolve(struct load *ld, struct cfg_route *r, const struct nod
 	struct strbuf names = { 0 };
 	char q[80];
 
-	if (!r->upstream_name || (r->upstream = config_upstream(c, r->upstream_name)))
+	if (r->upstream_name && (r->upstream = config_upstream(c, r->upstream_name))) {
+		/* the upstream's policy, unless the route writes its own (route_*_inherit, later) */
+		r->retry = &r->upstream->retry;
+		r->deadline = &r->upstream->deadline;
+		return;
+	}
+	if (!r->upstream_name)
 		return;
 	for (int i = 0; i < c->nupstreams && i < 10; i++)
 		sb_printf(&names, "%s%s", i ? ", " : "", c->upstreams[i].name ? c->upstreams[i].name : "?");
@@ -364,6 +374,48 @@ static void route_resolve(struct load *ld, struct cfg_route *r, const struct nod
 		key_error(ld, map, "upstream", "upstream %s is not defined (no upstreams are defined)",
 		          cfg_quote(r->upstream_name, q, sizeof q));
 	free(names.s);
+}
+
+/* A route's retry: starts as a copy of its upstream's. The budget is the upstream's alone: one
+ * bucket for all its routes, so a route cannot have its own. */
+static bool route_retry_inherit(struct load *ld, const struct key *k, void *parent,
+                                const struct node *v)
+{
+	struct cfg_route *r = parent;
+	const struct cfg_retry *from;
+
+	/* at the key: the value may be long, and the key is what is misplaced */
+	for (int i = 0; v->kind == N_MAP && i + 1 < v->nkids; i += 2)
+		if (v->kids[i]->kind == N_SCALAR && !strcmp(v->kids[i]->str, "budget")) {
+			size_t mark = path_push(ld, "budget");
+			value_error(ld, v->kids[i], "budget is per upstream, shared by all its routes "
+			            "(expected it in upstreams.%s.retry.budget)",
+			            r->upstream_name ? r->upstream_name : "NAME");
+			path_pop(ld, mark);
+		}
+	if (!r->upstream)
+		return false;
+	from = &r->upstream->retry;
+	/* a deep copy: block_free frees the route's own; every pointer of cfg_retry is
+	 * duplicated here */
+	r->own_retry = *from;
+	r->own_retry.idempotent_paths = xcalloc((size_t)from->nidempotent_paths, sizeof(char *));
+	for (int i = 0; i < from->nidempotent_paths; i++)
+		r->own_retry.idempotent_paths[i] = xstrdup(from->idempotent_paths[i]);
+	r->retry = &r->own_retry;
+	return true;
+}
+
+static bool route_deadline_inherit(struct load *ld, const struct key *k, void *parent,
+                                   const struct node *v)
+{
+	struct cfg_route *r = parent;
+
+	if (!r->upstream)
+		return false;
+	r->own_deadline = r->upstream->deadline;
+	r->deadline = &r->own_deadline;
+	return true;
 }
 
 static void listener_check(struct load *ld, void *base, const struct node *map)
@@ -736,6 +788,11 @@ static const struct key route_keys[] = {
 	  .expect = "a path" },
 	{ "upstream", K_STR, OFF(cfg_route, upstream_name), .flags = KF_REQUIRED | KF_NONEMPTY,
 	  .expect = "the name of an upstream" },
+	/* per-route policy over the upstream's, key by key; /config shows the merged result */
+	{ "retry", K_BLOCK, OFF(cfg_route, own_retry), OFF(cfg_route, has_retry),
+	  .flags = KF_GIVEN | KF_OVER, .sub = &retry_block, .inherit = route_retry_inherit },
+	{ "deadline", K_BLOCK, OFF(cfg_route, own_deadline), OFF(cfg_route, has_deadline),
+	  .flags = KF_GIVEN | KF_OVER, .sub = &deadline_block, .inherit = route_deadline_inherit },
 	{ .name = NULL },
 };
 static const struct block route_block = { .keys = route_keys, .size = sizeof(struct cfg_route),

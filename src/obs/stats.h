@@ -96,10 +96,10 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(client_aborts, "retrygate_upstream_client_aborts_total", \
 	  "Requests cancelled because the client disconnected while an attempt was in flight.") \
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
-	  "Non-idempotent requests whose outcome is unknown (SPEC 12): the last attempt reset or " \
-	  "timed out, or a gRPC call got a code that is not definite (it may have executed).") \
+	  "Non-idempotent requests whose outcome is unknown: the last attempt reset or timed out, " \
+	  "or a gRPC call got a code that is no definite answer (it may have executed).") \
 	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
-	  "Unknown outcomes recorded in the reconciliation queue (SPEC §12).")
+	  "Unknown outcomes recorded in the reconciliation queue.")
 
 /* per-upstream labelled counters: field (and JSON key), metric, help, label, its values */
 #define UPSTREAM_LABELLED(X) \
@@ -114,10 +114,10 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(idem, "retrygate_idempotency_total", \
 	  "Idempotency enforcement results.", "result", IDEM_VALUES) \
 	X(faults_injected, "retrygate_upstream_faults_injected_total", \
-	  "Attempts given a fault by the faults rules (SPEC §11), by kind.", "kind", FAULT_VALUES) \
+	  "Attempts given a fault by the faults rules, by kind.", "kind", FAULT_VALUES) \
 	X(grpc_responses, "retrygate_upstream_grpc_responses_total", \
-	  "gRPC attempts by the final grpc-status of their Trailers-Only response or trailers " \
-	  "(SPEC §10).", "status", GRPC_VALUES)
+	  "gRPC attempts by the final grpc-status of their Trailers-Only response or trailers.", \
+	  "status", GRPC_VALUES)
 
 /* per-upstream histograms: field (JSON keys FIELD_count, FIELD_sum_seconds), metric, help;
  * buckets DURATION_BUCKETS */
@@ -156,7 +156,7 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	X(exchanges_active, "exchanges_active", "retrygate_downstream_exchanges_active", \
 	  "Requests being served, tunnels included (a drain waits for none).") \
 	X(reconcile_pending, "reconcile_pending", "retrygate_reconcile_pending", \
-	  "Unknown outcomes in the reconciliation queue (SPEC §12; kept in worker slot 0).")
+	  "Unknown outcomes in the reconciliation queue (kept in worker slot 0).")
 
 /* process-wide counters (no upstream label), summed over workers: field, JSON key, metric, help */
 #define DOWNSTREAM_COUNTERS(X) \
@@ -169,11 +169,11 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	X(requests, "retrygate_downstream_requests_total", \
 	  "Responses sent to clients, by status class.", "code", CODE_VALUES) \
 	X(h2_errors, "retrygate_downstream_h2_protocol_errors_total", \
-	  "HTTP/2 client protocol errors and connection defences (SPEC 9), per event.", "error", \
+	  "HTTP/2 client protocol errors and connection defences, per event.", "error", \
 	  H2ERR_VALUES) \
 	X(grpc_status, "retrygate_downstream_grpc_responses_total", \
-	  "gRPC calls by the grpc-status their client received, relayed or made here (SPEC 10; " \
-	  "grpc_client_code()).", "status", GRPC_VALUES)
+	  "gRPC calls by the grpc-status their client received, relayed or made by retrygate.", \
+	  "status", GRPC_VALUES)
 
 /* process-wide figures (no upstream label), rendered after the upstreams. */
 #define RELOAD_VALUES(V)    /* SIGHUP reload results */ \

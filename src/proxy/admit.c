@@ -140,14 +140,17 @@ void admit_request(const struct cfg_listener *l, const struct http_head *r, stru
 		refuse(a, 501, "not-implemented", true);
 		return;
 	}
+	/* the route's policy: its upstream's, or its own (SPEC §2) */
+	const struct cfg_retry *rc = a->route->retry;
+	const struct cfg_deadline *dc = a->route->deadline;
 	struct dl_value vals[DL_NKINDS];
 	deadline_collect(r->hdrs, r->nhdrs, vals, a->dl_present);
 	int kind;
-	if (deadline_resolve(vals, &up->deadline, &a->budget_us, &kind) != DL_OK) {
+	if (deadline_resolve(vals, dc, &a->budget_us, &kind) != DL_OK) {
 		refuse(a, 400, "bad-deadline", true);
 		return;
 	}
-	if (a->budget_us < up->deadline.min_us || a->budget_us < 1000) {
+	if (a->budget_us < dc->min_us || a->budget_us < 1000) {
 		refuse(a, 504, "deadline-exceeded", false);
 		a->too_late = true;
 		return;
@@ -155,7 +158,7 @@ void admit_request(const struct cfg_listener *l, const struct http_head *r, stru
 	a->nested = request_marked_retry(&rf, a->grpc);
 	/* an idempotent path is idempotent whatever the method: rule 4, the log and the
 	 * unknown-outcome record all read it from the class */
-	a->idempotent_path = path_idempotent(&up->retry, r->path, r->path_len);
+	a->idempotent_path = path_idempotent(rc, r->path, r->path_len);
 	a->mclass = a->idempotent_path ? MC_IDEMPOTENT : retry_method_class(r->method);
 	if (rf.key && rf.key->vlen > 0) {
 		a->key = rf.key->value;
@@ -178,7 +181,7 @@ void admit_request(const struct cfg_listener *l, const struct http_head *r, stru
 	}
 	if (!r->chunked && r->content_length <= 0)
 		a->bmode = BODY_NONE;
-	else if (a->idem || r->chunked || r->content_length <= up->retry.max_body)
+	else if (a->idem || r->chunked || r->content_length <= rc->max_body)
 		a->bmode = BODY_BUFFER;
 	else
 		a->bmode = BODY_STREAM;

@@ -123,7 +123,7 @@ static void att_body(void *arg, struct attempt *a, struct evbuffer *data)
 		ex_grpc_commit(ex, a);
 	if (ex->state != X_DONE && a == ex->saved.a) {
 		size_t have = evbuffer_get_length(ex->saved.body);
-		size_t cap = (size_t)ex->up->retry.max_body;
+		size_t cap = (size_t)ex->retry->max_body;
 		size_t n = evbuffer_get_length(data);
 		if (have + n > cap) {
 			/* Too big to keep in memory: keep what fits, leave the rest unread on its
@@ -299,6 +299,8 @@ void exchange_start(struct exchange *ex)
 	admit_request(ex->l, r, &ad);
 	if (ad.route) {
 		ex->up = ad.route->upstream;
+		ex->retry = ad.route->retry;
+		ex->deadline = ad.route->deadline;
 		ex->ub = runtime_upstream(ex->rt, ex->up);
 		ex->st = ex->ub->st;
 		ex->us = &ex->st->stats[ex->loop->id];
@@ -419,7 +421,7 @@ void exchange_body(struct exchange *ex, struct evbuffer *data)
 		evbuffer_drain(data, evbuffer_get_length(data));
 		return;
 	}
-	int64_t keep = ex->enforce_idem ? ex->up->idem.max_body : ex->up->retry.max_body;
+	int64_t keep = ex->enforce_idem ? ex->up->idem.max_body : ex->retry->max_body;
 	enum reqbody_event e = reqbody_take(&ex->rb, data, ex->l->limits.max_body, keep,
 	                                    ex->enforce_idem, streaming_attempt(ex));
 	ex->log.body_bytes = ex->rb.len;

@@ -118,7 +118,7 @@ void ex_report_health(struct exchange *ex, enum outcome out, const struct http_h
 int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now)
 {
 	size_t n;
-	const char *ra = (h->status == 429 || h->status == 503) && ex->up->retry.retry_after_honor
+	const char *ra = (h->status == 429 || h->status == 503) && ex->retry->retry_after_honor
 	                 ? http_head_get(h, "Retry-After", &n) : NULL;
 	int64_t delay;
 	if (!ra || retry_after_parse(ra, n, clock_wall(), &delay) != 0)
@@ -132,7 +132,7 @@ int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int6
  * endpoint that answered, whether or not a retry follows. Returns it in µs, or -1 for none. */
 int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now)
 {
-	if (!ex->up->retry.retry_after_honor || ex->pushback_us < 0)
+	if (!ex->retry->retry_after_honor || ex->pushback_us < 0)
 		return -1;
 	if (ex->pushback_us > 0)
 		upstream_hold(ex->att_ep, now + ex->pushback_us);

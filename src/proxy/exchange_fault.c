@@ -42,7 +42,7 @@ const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now)
  * timeout (SPEC §11); one the deadline cuts ends in the exchange's deadline callback. */
 void ex_fault_arm(struct exchange *ex, int64_t now)
 {
-	int64_t per_try = ex->up->retry.per_try_timeout_us;
+	int64_t per_try = ex->retry->per_try_timeout_us;
 	int64_t remaining = ex->deadline_us - now;
 	int64_t after = 0;
 	ex->fault_cut = OUT_NONE;

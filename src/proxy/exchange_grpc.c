@@ -35,7 +35,7 @@ static void report_health_grpc(struct exchange *ex, int code)
 {
 	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
 	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
-	bool hinted = failed && ex->pushback_us >= 0 && ex->up->retry.retry_after_honor;
+	bool hinted = failed && ex->pushback_us >= 0 && ex->retry->retry_after_honor;
 	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200, hinted);
 	if (failed && !hinted)
 		upstream_ep_failure_grpc(ex->att_ep, code);    /* /stats: its name, not "503" */
@@ -102,8 +102,8 @@ static void grpc_hold(struct exchange *ex, const struct http_head *h)
 	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
 	 * timer stopped when the head came) */
 	int64_t now = clock_now_us();
-	int64_t left = ex->up->retry.per_try_timeout_us - (now - ex->att_t0_us);
-	if (ex->att_t0_us + ex->up->retry.per_try_timeout_us < ex->deadline_us) {
+	int64_t left = ex->retry->per_try_timeout_us - (now - ex->att_t0_us);
+	if (ex->att_t0_us + ex->retry->per_try_timeout_us < ex->deadline_us) {
 		struct timeval tv = clock_tv(left > 0 ? left : 0);
 		evtimer_add(&ex->held->ev, &tv);
 	}

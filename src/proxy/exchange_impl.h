@@ -86,6 +86,10 @@ struct exchange {
 	struct responder rsp;
 
 	struct cfg_upstream *up;
+	/* the route's retry and deadline (SPEC §2: the upstream's unless the route has its own);
+	 * budget, caps, holds, health, idempotency and faults are read from up */
+	const struct cfg_retry *retry;
+	const struct cfg_deadline *deadline;
 	struct upstream_binding *ub;
 	struct upstream_state *st;
 	struct ustats *us;

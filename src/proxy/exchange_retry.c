@@ -66,7 +66,7 @@ static void request_facts(const struct exchange *ex, struct retry_facts *f)
 	f->method = ex->mclass;
 	f->has_key = ex->has_key;
 	f->idempotent_path = ex->idem_path;
-	f->body_replayable = reqbody_replayable(&ex->rb, ex->up->retry.max_body);
+	f->body_replayable = reqbody_replayable(&ex->rb, ex->retry->max_body);
 }
 
 /* No attempt can start: the deadline is too close, or no in-flight slot is free. */
@@ -99,7 +99,7 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	}
 	int64_t now = clock_now_us();
 	int64_t remaining = ex->deadline_us - now;
-	if (remaining < ex->up->deadline.min_us || remaining < 1000) {
+	if (remaining < ex->deadline->min_us || remaining < 1000) {
 		cannot_start(ex, retry, RR_DEADLINE);
 		return;
 	}
@@ -152,7 +152,7 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 	/* what a delay spent, in whole milliseconds: the microseconds between the attempt's start
 	 * and here would make the header 2999 or 3000 by chance (and never the same twice) */
 	int64_t spent = (now - ex->att_t0_us) / 1000 * 1000;
-	int64_t per_try = ex->up->retry.per_try_timeout_us - spent;
+	int64_t per_try = ex->retry->per_try_timeout_us - spent;
 	if (per_try < 1000)
 		per_try = 1000;
 	int64_t wait = per_try < remaining ? per_try : remaining;
@@ -189,7 +189,7 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 		.streaming = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
 		.chunked = ex->rb.mode == BODY_STREAM && ex->req->content_length < 0,
 		.is_head = ex->req->method_head,
-		.fresh_conn = !retry_may_replay(&ex->up->retry, &rf),
+		.fresh_conn = !retry_may_replay(ex->retry, &rf),
 		.connect_timeout_us = ex->up->connect_timeout_us,
 		.head_timeout_us = per_try < remaining ? per_try : 0,
 		.tls = ex->ub->tls,
@@ -238,7 +238,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		ex->next_serial = atomic_load(&ex->next_ep->serial);
 	}
 	int64_t hold = atomic_load(&ex->next_ep->hold_until_us);
-	enum refusal r = retry_recheck_hold(&ex->up->retry, &ex->up->deadline, now, ex->deadline_us,
+	enum refusal r = retry_recheck_hold(ex->retry, ex->deadline, now, ex->deadline_us,
 	                                    hold, &start);
 	if (r == RR_NONE && start > now) {
 		struct timeval tv = clock_tv(start - now);
@@ -260,7 +260,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
-	const struct cfg_retry *rc = &ex->up->retry;
+	const struct cfg_retry *rc = ex->retry;
 	int64_t now = clock_now_us();
 	struct attempt *a = ex->att;
 	ex->att = NULL;
@@ -279,7 +279,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		.rand = rand_next(&ex->loop->rng),
 		.have_gates = true,
 		.gates = {
-			.tokens = budget_peek(&ex->st->budget, rc, now),
+			.tokens = budget_peek(&ex->st->budget, &ex->up->retry, now),
 			.retries_in_flight = atomic_load_explicit(&ex->st->retries_in_flight,
 			                                          memory_order_relaxed),
 			.max_retries_in_flight = ex->up->max_retries_in_flight,
@@ -307,12 +307,12 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	int64_t start = 0;
 	/* an Upgrade request is tunnelled without retries (SPEC §8); no address: nowhere to go */
 	enum refusal reason = ex->req->upgrade || !next
-	                      ? RR_NOT_LISTED : retry_decide(rc, &ex->up->deadline, &f, &start);
+	                      ? RR_NOT_LISTED : retry_decide(rc, ex->deadline, &f, &start);
 	if (reason == RR_NONE) {
 		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
 		 * be given back); another worker may have won the race meanwhile */
 		bool slot = upstream_take_retry_slot(ex->st, ex->up->max_retries_in_flight);
-		bool token = slot && budget_take(&ex->st->budget, rc, now);
+		bool token = slot && budget_take(&ex->st->budget, &ex->up->retry, now);
 		if (slot && !token)
 			upstream_release_retry_slot(ex->st);
 		reason = retry_gate_taken(slot, token);
@@ -369,8 +369,8 @@ void ex_start_first(struct exchange *ex)
 void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_head *h)
 {
 	bool grpc = ex->grpc && ex->att_grpc >= 0;
-	if (grpc ? cfg_retry_on_grpc(&ex->up->retry, ex->att_grpc)
-	         : cfg_retry_on_status(&ex->up->retry, h->status)) {
+	if (grpc ? cfg_retry_on_grpc(ex->retry, ex->att_grpc)
+	         : cfg_retry_on_status(ex->retry, h->status)) {
 		ex_decide(ex, OUT_STATUS, h, false);
 		return;
 	}

@@ -899,7 +899,7 @@ def main(argv=None):
             for tag, title, retry, conc in (
                     ("naive", "naive retries (3 attempts, no budget, POSTs always, Retry-After "
                      "ignored)", NAIVE_RETRY, NAIVE_CONCURRENCY),
-                    ("retrygate", "retrygate default policy (SPEC §2, budget ratio 0.1)",
+                    ("retrygate", "retrygate default policy (budget ratio 0.1)",
                      DEFAULT_RETRY, DEFAULT_CONCURRENCY)):
                 results.append(run_policy(procs, binary, workdir, scenario, tag, title, retry,
                                           conc, stop, log))

@@ -258,7 +258,7 @@ def summarize(tag, title, scenario, retry, records, calls, stats, metrics, rc, t
 def grpc_round(procs, binary, workdir, quick, stop, log):
     scenario = QUICK if quick else FULL
     log("")
-    log("gRPC round: the same idea with a grpcio dependency and a grpcio client (SPEC §10).")
+    log("gRPC round: the same idea with a grpcio dependency and a grpcio client.")
     out = []
     for tag, title, retry, conc in (
             ("naive", "naive: every UNAVAILABLE retried (3 attempts, no budget, "

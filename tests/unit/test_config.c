@@ -771,6 +771,90 @@ static void test_json(void **state)
 	config_unref(c);
 }
 
+/* SPEC §2: a route's retry and deadline are its upstream's with the route's keys written over
+ * them, key by key (nested blocks too); a route that writes none shares the upstream's. */
+static void test_route_policy_merge(void **state)
+{
+	struct config *c = load_ok(
+		"listeners:\n"
+		"  - listen: \"127.0.0.1:15001\"\n"
+		"    routes:\n"
+		"      - { path_prefix: /read/, upstream: a, retry: { max_attempts: 5, backoff: { max: 1s } } }\n"
+		"      - path_prefix: /stream/\n"
+		"        upstream: a\n"
+		"        deadline: { default: 20s }\n"
+		"        retry: { enabled: false, idempotent_paths: [/s/] }\n"
+		"      - { upstream: a }\n"
+		"upstreams:\n"
+		"  a:\n"
+		"    endpoints: [\"127.0.0.1:9001\"]\n"
+		"    deadline: { default: 2s, max: 40s }\n"
+		"    retry:\n"
+		"      per_try_timeout: 3s\n"
+		"      backoff: { base: 10ms, max: 20ms }\n"
+		"      idempotent_paths: [/r/]\n"
+		"      budget: { max_tokens: 7 }\n");
+	const struct cfg_upstream *u = &c->upstreams[0];
+	const struct cfg_route *rd = &c->listeners[0].routes[0], *st = &c->listeners[0].routes[1],
+	                       *all = &c->listeners[0].routes[2];
+
+	/* no override: the upstream's own structs, nothing copied */
+	assert_ptr_equal(all->retry, &u->retry);
+	assert_ptr_equal(all->deadline, &u->deadline);
+	assert_false(all->has_retry || all->has_deadline);
+
+	assert_ptr_equal(rd->retry, &rd->own_retry);
+	assert_ptr_equal(rd->deadline, &u->deadline);
+	assert_int_equal(rd->retry->max_attempts, 5);
+	assert_int_equal(rd->retry->per_try_timeout_us, 3 * S);         /* inherited */
+	assert_int_equal(rd->retry->backoff_base_us, 10 * MS);          /* inherited in a block */
+	assert_int_equal(rd->retry->backoff_max_us, 1 * S);             /* written */
+	assert_int_equal(rd->retry->budget_max_tokens, 7);              /* always the upstream's */
+	assert_int_equal(rd->retry->nidempotent_paths, 1);
+	assert_string_equal(rd->retry->idempotent_paths[0], "/r/");
+	assert_ptr_not_equal(rd->retry->idempotent_paths, u->retry.idempotent_paths);
+	assert_int_equal(u->retry.max_attempts, 3);                     /* the upstream unchanged */
+	assert_int_equal(u->retry.backoff_max_us, 20 * MS);
+
+	assert_ptr_equal(st->deadline, &st->own_deadline);
+	assert_int_equal(st->deadline->default_us, 20 * S);
+	assert_int_equal(st->deadline->max_us, 40 * S);                 /* inherited */
+	assert_int_equal(st->deadline->min_us, 5 * MS);
+	assert_false(st->retry->enabled);
+	assert_int_equal(st->retry->max_attempts, 3);
+	assert_string_equal(st->retry->idempotent_paths[0], "/s/");
+	assert_int_equal(u->deadline.default_us, 2 * S);
+	config_unref(c);
+}
+
+/* Errors in a route's policy: at their own line and column, judged against the merged values */
+static void test_route_policy_errors(void **state)
+{
+	char *errs = NULL;
+	struct config *c = load_text(
+		"listeners:\n"
+		"  - listen: \"127.0.0.1:15001\"\n"
+		"    routes:\n"
+		"      - upstream: a\n"
+		"        retry:\n"
+		"          budget: { ratio: 1 }\n"
+		"      - upstream: a\n"
+		"        deadline: { default: 31s }\n"
+		"      - upstream: a\n"
+		"        retry: { backoff: { base: 1s } }\n"
+		"upstreams:\n"
+		"  a:\n"
+		"    endpoints: [\"127.0.0.1:9001\"]\n", &errs);
+	assert_null(c);
+	if (!strstr(errs, "t.yaml:6:11: listeners[0].routes[0].retry.budget: budget is per upstream") ||
+	    !strstr(errs, "t.yaml:8:30: listeners[0].routes[1].deadline.default: deadline.default "
+	                  "31s is above deadline.max 30s") ||
+	    !strstr(errs, "t.yaml:10:35: listeners[0].routes[2].retry.backoff.base: backoff.base 1s "
+	                  "is above backoff.max 250ms"))
+		fail_msg("unexpected errors:\n%s", errs);
+	free(errs);
+}
+
 static void test_refcount(void **state)
 {
 	struct config *c = load_ok(minimal_yaml);
@@ -871,6 +955,8 @@ int main(void)
 		cmocka_unit_test(test_every_key_documented),
 		cmocka_unit_test(test_report),
 		cmocka_unit_test(test_json),
+		cmocka_unit_test(test_route_policy_merge),
+		cmocka_unit_test(test_route_policy_errors),
 		cmocka_unit_test(test_refcount),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
