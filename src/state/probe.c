@@ -340,11 +340,13 @@ static void probe_event_cb(struct bufferevent *strm, short what, void *arg)
 			probe_end(p, false, "the endpoint did not select h2 (ALPN)");
 		return;
 	}
+	int err = EVUTIL_SOCKET_ERROR();
 	char why[200];
 	if (what & BEV_EVENT_EOF)
 		snprintf(why, sizeof(why), "closed");
 	else if (!p->tls || !tls_why(strm, why, sizeof(why)))
-		snprintf(why, sizeof(why), "connect or read error");
+		snprintf(why, sizeof(why), "connect or read error: %s",
+		         err ? evutil_socket_error_to_string(err) : "unknown");
 	probe_end(p, false, why);
 }
 
