@@ -51,7 +51,7 @@ struct probe {
 	int addrlen;
 	char req[1024];                 /* HTTP/1.1: the request; HTTP/2: path, then authority */
 	size_t pathlen;
-	SSL_CTX *tls;                   /* a reference (tls: upstreams), until the probe is sent */
+	SSL_CTX *tls;                   /* a reference (tls: upstreams), NULL: cleartext */
 	char sni[256];                  /* "": none */
 	bool verify;
 	bool h2;                        /* protocol: h2 upstream: the probe speaks HTTP/2 too */
@@ -439,6 +439,10 @@ static void due_cb(void *arg, const struct cfg_upstream *u, struct ep_state *ep)
 	const struct cfg_health *h = &u->health;
 	if (!cfg_health_active(h) || ep->probing || ep->probe_next_us > d->now || d->n >= MAX_DUE)
 		return;
+	/* the probe holds the context: a reload may free the runtime while it connects */
+	SSL_CTX *tls = runtime_upstream(d->rt, u)->tls;
+	if (tls && SSL_CTX_up_ref(tls) != 1)
+		return;
 	struct probe *p = xcalloc(1, sizeof(*p));
 	p->magic = PROBE_MAGIC;
 	p->up_id = ep->up->id;
@@ -452,14 +456,11 @@ static void due_cb(void *arg, const struct cfg_upstream *u, struct ep_state *ep)
 	p->addrlen = ep->addrlen;
 	p->h2 = u->protocol == UP_H2;
 	p->grpc = h->active_kind == PROBE_GRPC;
-	SSL_CTX *tls = runtime_upstream(d->rt, u)->tls;
-	if (tls && SSL_CTX_up_ref(tls) == 1) {
+	if (tls) {
 		/* as the attempts do: tls.sni, else the endpoint's name (not an address) */
-		const char *sni = tls_server_name(u->tls_sni, ep->host, p->sni, sizeof(p->sni));
-		if (sni && sni != p->sni)
-			snprintf(p->sni, sizeof(p->sni), "%s", sni);
-		else if (!sni)
-			p->sni[0] = 0;
+		char name[256];
+		const char *sni = tls_server_name(u->tls_sni, ep->host, name, sizeof(name));
+		snprintf(p->sni, sizeof(p->sni), "%s", sni ? sni : "");
 		p->tls = tls;
 		p->verify = u->tls_verify;
 	}
