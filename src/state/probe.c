@@ -425,8 +425,13 @@ static void probe_request(struct probe *p, const struct cfg_upstream *u, const c
 		/* the path, a NUL, the authority */
 		int n = snprintf(p->req, sizeof(p->req), "%s%c%s", path, 0, host);
 		p->pathlen = strlen(path);
-		if (n < 0 || (size_t)n >= sizeof(p->req))
+		if (n < 0 || (size_t)n >= sizeof(p->req)) {
+			/* cut, but both stay NUL-terminated inside the buffer */
+			if (p->pathlen > sizeof(p->req) - 2)
+				p->pathlen = sizeof(p->req) - 2;
+			p->req[p->pathlen] = 0;
 			p->req[sizeof(p->req) - 1] = 0;
+		}
 	} else {
 		snprintf(p->req, sizeof(p->req), "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: "
 		         "retrygate-probe\r\nConnection: close\r\n\r\n", path, host);
