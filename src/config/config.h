@@ -29,6 +29,7 @@
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
 enum cfg_log_format { LF_TEXT, LF_JSON };
 enum up_protocol { UP_HTTP1, UP_H2 };
+enum probe_kind { PROBE_HTTP, PROBE_GRPC };   /* health.active.kind */
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -113,12 +114,20 @@ struct cfg_health {
 	int64_t base_ejection_us;   /* 10s */
 	int64_t max_ejection_us;    /* 5m */
 	int max_ejected_percent;    /* 50 */
-	char *active_path;          /* "": no probes */
+	enum probe_kind active_kind; /* http; grpc: grpc.health.v1.Health/Check (needs h2) */
+	char *active_path;          /* kind http: "": no probes */
+	char *active_service;       /* kind grpc: the service checked ("": the whole server) */
 	int64_t active_interval_us; /* 5s */
 	int64_t active_timeout_us;  /* 1s */
 	int unhealthy_after;        /* 3 */
 	int healthy_after;          /* 2 */
 };
+
+/* Active health is on (SPEC §13): a path to GET, or the gRPC health service. */
+static inline bool cfg_health_active(const struct cfg_health *h)
+{
+	return h->active_kind == PROBE_GRPC || *h->active_path;
+}
 
 struct cfg_upstream {
 	char *name;

@@ -234,6 +234,7 @@ const char *check_host(char *s, char *buf, size_t cap);
 const char *check_path_prefix(char *s, char *buf, size_t cap);
 const char *check_sni(char *s, char *buf, size_t cap);
 const char *check_probe_path(char *s, char *buf, size_t cap);
+const char *check_grpc_service(char *s, char *buf, size_t cap);
 const char *check_resolver(char *s, char *buf, size_t cap);
 const char *check_store(char *s, char *buf, size_t cap);
 bool listen_parse(const char *s, int *family, unsigned char addr[16], int *port);

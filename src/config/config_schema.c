@@ -297,6 +297,23 @@ static void upstream_check(struct load *ld, void *base, const struct node *map)
 	struct cfg_upstream *u = base;
 	u->line = map->line;
 	u->col = map->col;
+	/* a gRPC call is HTTP/2: an http1 upstream cannot answer the health service */
+	const struct node *active = node_find(node_find(map, "health"), "active");
+	if (u->health.active_kind == PROBE_GRPC && u->protocol != UP_H2 && active &&
+	    key_ok(ld, "protocol") && key_ok(ld, "health")) {
+		size_t mark = path_push(ld, "health");
+		path_push(ld, "active");
+		key_error(ld, active, "kind", "kind grpc needs protocol: h2 on this upstream "
+		          "(grpc.health.v1 is a gRPC call; expected protocol: h2, or kind http with a "
+		          "path)");
+		path_pop(ld, mark);
+	}
+	/* keys of the other kind are kept but unused: say so rather than ignore them silently */
+	if (u->health.active_kind == PROBE_GRPC && *u->health.active_path)
+		load_warn(ld, "health.active.path is not used with kind grpc (the probe calls %s)",
+		          "/grpc.health.v1.Health/Check");
+	else if (u->health.active_kind == PROBE_HTTP && *u->health.active_service)
+		load_warn(ld, "health.active.service is used only with kind grpc");
 }
 
 static void route_check(struct load *ld, void *base, const struct node *map)
@@ -667,9 +684,14 @@ static const struct key passive_keys[] = {
 };
 static const struct block passive_block = { .keys = passive_keys };
 
+static const char *const probe_kind_words[] = { "http", "grpc", NULL };
+
 static const struct key active_keys[] = {
+	{ "kind", K_ENUM, OFF(cfg_health, active_kind), .def = "http", .names = probe_kind_words },
 	{ "path", K_STR, OFF(cfg_health, active_path), .def = "", .check = check_probe_path,
 	  .expect = "\"\" or a path such as /healthz" },
+	{ "service", K_STR, OFF(cfg_health, active_service), .def = "", .check = check_grpc_service,
+	  .expect = "\"\" or a gRPC service name such as pkg.Service" },
 	{ "interval", K_DUR, OFF(cfg_health, active_interval_us), .def = "5s", TIMEOUT },
 	{ "timeout", K_DUR, OFF(cfg_health, active_timeout_us), .def = "1s", TIMEOUT },
 	{ "unhealthy_after", K_INT, OFF(cfg_health, unhealthy_after), .def = "3", .min = 1,
