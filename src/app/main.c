@@ -34,6 +34,7 @@
 #include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
+#include "app/watch.h"
 #include "app/worker.h"
 
 static struct event_base *main_base;
@@ -46,8 +47,10 @@ static struct event *workers_done_ev, *drain_timer, *flush_timer, *trim_timer;
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: retrygate [-c FILE] [--check] [--version] [--health URL]\n"
+	fprintf(f, "usage: retrygate [-c FILE] [--watch] [--check] [--version] [--health URL]\n"
 	           "  -c FILE       config file (default conf/retrygate.yaml)\n"
+	           "  --watch       also reload when FILE changes (an editor's save, or the symlink\n"
+	           "                swap of a Kubernetes ConfigMap volume)\n"
 	           "  --check       validate FILE, print the worst case each upstream allows, exit\n"
 	           "  --version     print the version and exit\n"
 	           "  --health URL  GET URL (http:// or https://, e.g. http://127.0.0.1:9901/ready):\n"
@@ -298,6 +301,12 @@ fail:
 	reload_failed(cfg);
 }
 
+/* --watch: the file changed; a reload as SIGHUP does it */
+static void on_file_change(void *arg)
+{
+	on_hup(SIGHUP, 0, NULL);
+}
+
 static void flush_cb(evutil_socket_t fd, short what, void *arg)
 {
 	accesslog_flush();
@@ -361,7 +370,7 @@ static void on_usr1(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
 	loop_global_init();
-	bool check = false;
+	bool check = false, watch = false;
 	for (int i = 1; i < argc; i++) {
 		bool has_value = i + 1 < argc;
 		if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--health") == 0) {
@@ -373,6 +382,8 @@ int main(int argc, char **argv)
 				return health_check(argv[i + 1]);
 		} else if (strcmp(argv[i], "--check") == 0) {
 			check = true;
+		} else if (strcmp(argv[i], "--watch") == 0) {
+			watch = true;
 		} else if (strcmp(argv[i], "--version") == 0) {
 			printf("retrygate %s\n", RETRYGATE_VERSION);
 			return 0;
@@ -455,6 +466,12 @@ int main(int argc, char **argv)
 	int nsigs = (int)(sizeof sigs / sizeof sigs[0]);
 	for (int i = 0; i < nsigs; i++)
 		evsignal_add(sigs[i], NULL);
+	struct watch *watcher = NULL;
+	if (watch && !(watcher = watch_start(main_base, config_path, on_file_change, NULL))) {
+		fprintf(stderr, "%s: --watch: cannot watch its directory: %s\n", config_path,
+		        strerror(errno));
+		return 1;
+	}
 	workers_done_ev = event_new(main_base, -1, 0, workers_done_cb, NULL);
 	drain_timer = evtimer_new(main_base, drain_timeout_cb, NULL);
 	flush_timer = event_new(main_base, -1, EV_PERSIST, flush_cb, NULL);
@@ -481,6 +498,7 @@ int main(int argc, char **argv)
 
 	for (int w = 0; w < g_nworkers; w++)
 		worker_join(&workers[w]);
+	watch_stop(watcher);
 	admin_stop();
 	faults_watch_stop();
 	reconcile_publish_stop();
