@@ -127,7 +127,10 @@ static void adopt_listeners(struct worker *w)
 	                        (size_t)(w->nlisteners + w->npending + 1) * sizeof(*w->listeners));
 	for (int i = 0; i < w->npending; i++) {
 		struct pending_listener *p = &w->pending[i];
-		w->listeners[w->nlisteners++] = listener_new(&w->loop, &own, p->name, p->addr, p->fd);
+		struct listener *l = listener_new(&w->loop, &own, p->name, p->addr, p->fd);
+		if (w->draining)
+			listener_stop(l);       /* a reload during the drain opens nothing */
+		w->listeners[w->nlisteners++] = l;
 		free(p->name);
 		free(p->addr);
 	}
