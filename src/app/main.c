@@ -198,15 +198,13 @@ static void reload_listeners(const struct config *old, const struct config *cfg,
 }
 
 /* What a reload keeps from start: the worker count (the live value stays in the config that
- * /config shows), and the fault switches, which only POST /faults and the stop conditions
- * move once running. */
-static void reload_keep(struct config *cfg)
+ * /config shows; the file's is returned, for the warning once the reload succeeded), and the
+ * fault switches, which only POST /faults and the stop conditions move once running. */
+static int reload_keep(struct config *cfg)
 {
-	if (cfg->workers != g_nworkers) {
-		log_warn("reload: workers changed to %d; takes effect at restart (keeps %d)",
-		         cfg->workers, g_nworkers);
-		cfg->workers = g_nworkers;
-	}
+	int file = cfg->workers;
+	cfg->workers = g_nworkers;
+	return file;
 }
 
 static void log_faults_differ(const struct config *old, struct runtime *rt)
@@ -250,7 +248,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	free(errs);
-	reload_keep(cfg);
+	int file_workers = reload_keep(cfg);
 	/* everything that can fail comes before anything is switched: a failed reload leaves
 	 * the old config serving, its access log and its sockets included */
 	char terr[512];
@@ -279,6 +277,9 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		goto fail;
 	}
 	runtime_publish(nrt);
+	if (file_workers != g_nworkers)
+		log_warn("reload: workers changed to %d; takes effect at restart (keeps %d)",
+		         file_workers, g_nworkers);
 	log_faults_differ(old->cfg, nrt);
 	reload_listeners(old->cfg, cfg, fds);
 	admin_move(old->cfg, cfg, admin_fd);
