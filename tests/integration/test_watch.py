@@ -100,3 +100,19 @@ def test_bad_file_is_logged_and_the_old_config_serves_until_a_good_one(rg_factor
     rg.config_path.write_text(with_drain(cfg, "3s"))
     wait_for(lambda: live_drain(rg) == "3s", 5, what="/config after the good file")
     assert rg.get("/").status == 200
+
+
+def test_symlink_to_a_file_elsewhere_follows_its_target(rg_factory, upstream, tmp_path):
+    cfg = make_config(upstreams={"api": upstream_block(upstream)}, drain_timeout="2s")
+    rg = rg_factory(cfg, args=["--watch"], start=False)
+    elsewhere = tmp_path / "etc-retrygate"
+    elsewhere.mkdir()
+    target = elsewhere / "real.yaml"
+    target.write_text(rg.config_path.read_text())
+    rg.config_path.unlink()
+    os.symlink(target, rg.config_path)
+    rg.start()
+    tmp = elsewhere / "real.yaml.new"
+    tmp.write_text(with_drain(cfg, "3s"))
+    os.rename(tmp, target)                           # only the target's directory sees this
+    wait_for(lambda: live_drain(rg) == "3s", 5, what="/config after the target changed")
