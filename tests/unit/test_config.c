@@ -771,6 +771,17 @@ static void test_json(void **state)
 	config_unref(c);
 }
 
+static void test_refcount(void **state)
+{
+	struct config *c = load_ok(minimal_yaml);
+	assert_ptr_equal(config_ref(c), c);
+	assert_int_equal(atomic_load(&c->refs), 2);
+	config_unref(c);
+	assert_int_equal(atomic_load(&c->refs), 1);
+	config_unref(c);      /* frees: ASan/valgrind check there is nothing left */
+	config_unref(NULL);
+}
+
 /* ${NAME}: a whole value, or inside a redis:// URL's user:password (percent-encoded there);
  * never a key, never elsewhere inside a value; unset: an error at the value. */
 static void test_env_values(void **state)
@@ -809,17 +820,6 @@ static void test_env_values(void **state)
 	assert_string_equal(errs, "t.yaml:2:10: environment variable RG_UT_UNSET is not set (the "
 	                          "value is ${RG_UT_UNSET})\n");
 	free(errs);
-}
-
-static void test_refcount(void **state)
-{
-	struct config *c = load_ok(minimal_yaml);
-	assert_ptr_equal(config_ref(c), c);
-	assert_int_equal(atomic_load(&c->refs), 2);
-	config_unref(c);
-	assert_int_equal(atomic_load(&c->refs), 1);
-	config_unref(c);      /* frees: ASan/valgrind check there is nothing left */
-	config_unref(NULL);
 }
 
 /* ------------------------------------------------------------------ --check reads the files */
@@ -899,6 +899,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_values),
+		cmocka_unit_test(test_env_values),
 		cmocka_unit_test(test_aliases_shared),
 		cmocka_unit_test(test_unknown_top_key),
 		cmocka_unit_test(test_bad_files),
@@ -911,7 +912,6 @@ int main(void)
 		cmocka_unit_test(test_every_key_documented),
 		cmocka_unit_test(test_report),
 		cmocka_unit_test(test_json),
-		cmocka_unit_test(test_env_values),
 		cmocka_unit_test(test_refcount),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
