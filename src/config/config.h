@@ -222,6 +222,10 @@ struct config {
 	 * "path.to.key: what happened"; config_report prints them, the caller may log them */
 	char **warnings;
 	int nwarnings;
+	/* the string fields (char * slots in this config) whose value was written ${NAME}: a
+	 * secret from the environment, which /config redacts */
+	char ***secrets;
+	int nsecrets;
 };
 
 /* Load and validate PATH. On any error, print every one of them to ERRS and return NULL.

@@ -40,6 +40,7 @@ enum node_kind { N_SCALAR, N_SEQ, N_MAP };
 struct node {
 	enum node_kind kind;
 	bool plain;                 /* untagged plain scalar: may be null, a boolean, a number */
+	bool secret;                /* the whole value came from ${NAME}: /config redacts it */
 	int line, col;              /* 1-based */
 	char *str;                  /* scalar text, NUL-terminated */
 	size_t len;
@@ -257,8 +258,8 @@ void files_check_log(struct load *ld, const struct node *map, const char *key, c
 /* ------------------------------------------------------------------ JSON (config_json.c) */
 
 /* The JSON of the block ROOT describes at BASE, pretty-printed, ending with a newline;
- * malloc'ed. */
-char *json_render(const struct block *root, const void *base);
+ * malloc'ed. The string fields at the NSECRETS addresses SECRETS show as "<redacted>". */
+char *json_render(const struct block *root, const void *base, char ***secrets, int nsecrets);
 /* the `emit` of keys whose JSON is not their type's: redacted or K_CUSTOM */
 void emit_secret(struct json *j, const struct key *k, const void *base);
 void emit_store(struct json *j, const struct key *k, const void *base);

@@ -1,8 +1,8 @@
 /*
  * config_json: GET /config, the effective configuration as JSON, rendered from the schema
  * tables so that every key appears under its YAML name with its loaded (or default) value.
- * Secrets never leave: admin.token becomes "<redacted>" and a redis store URL keeps all but
- * its password. Output is pretty-printed, two spaces an indent, and ends with a newline.
+ * Secrets never leave: admin.token and every value written ${NAME} become "<redacted>", and
+ * a redis store URL keeps all but its password. Output is pretty-printed, two spaces an indent, and ends with a newline.
  * The tables name the emitters here and config.c hands over the root, so this file calls down
  * only (config_values.c) and never names the schema.
  */
@@ -18,7 +18,17 @@ struct json {
 	FILE *f;
 	int depth;
 	bool had[16];               /* the container at each depth already has an item */
+	char ***secrets;            /* the string fields whose value came from ${NAME} */
+	int nsecrets;
 };
+
+static bool is_secret(const struct json *j, const void *slot)
+{
+	for (int i = 0; i < j->nsecrets; i++)
+		if ((const void *)j->secrets[i] == slot)
+			return true;
+	return false;
+}
 
 static void json_string(struct json *j, const char *s)
 {
@@ -63,7 +73,9 @@ static void json_strings(struct json *j, char *const *v, int n)
 	for (int i = 0; i < n; i++) {
 		if (i)
 			fputs(", ", j->f);
-		if (v[i])
+		if (is_secret(j, &v[i]))
+			json_string(j, "<redacted>");
+		else if (v[i])
 			json_string(j, v[i]);
 		else
 			fputs("null", j->f);
@@ -131,6 +143,10 @@ static void json_block(struct json *j, const struct block *b, const void *base)
 	json_open(j, '{');
 	for (const struct key *k = b->keys; k->name; k++) {
 		json_item(j, k->name);
+		if (k->type == K_STR && is_secret(j, CFIELD(base, k->off, char *))) {
+			json_string(j, "<redacted>");
+			continue;
+		}
 		if (k->emit) {
 			k->emit(j, k, base);
 			continue;
@@ -195,11 +211,11 @@ static void json_block(struct json *j, const struct block *b, const void *base)
 	json_close(j, '}');
 }
 
-char *json_render(const struct block *root, const void *base)
+char *json_render(const struct block *root, const void *base, char ***secrets, int nsecrets)
 {
 	char *out = NULL;
 	size_t len = 0;
-	struct json j = { 0 };
+	struct json j = { .secrets = secrets, .nsecrets = nsecrets };
 
 	j.f = open_memstream(&out, &len);
 	if (!j.f) {

@@ -866,6 +866,46 @@ static void test_refcount(void **state)
 	config_unref(NULL);
 }
 
+/* ${NAME}: a whole value, or inside a redis:// URL's user:password (percent-encoded there);
+ * never a key, never elsewhere inside a value; unset: an error at the value. */
+static void test_env_values(void **state)
+{
+	setenv("RG_UT_TOKEN", "tok-from-env", 1);
+	setenv("RG_UT_PASS", "p@ss:w/rd", 1);
+	setenv("RG_UT_EMPTY", "", 1);
+	struct config *c = load_ok(
+		"admin:\n"
+		"  token: ${RG_UT_TOKEN}\n"
+		"access_log: \"${RG_UT_EMPTY}off\"\n"
+		"listeners: [{ listen: \"127.0.0.1:1\", routes: [{ upstream: a, path_prefix: \"/${x}\" }] }]\n"
+		"upstreams:\n"
+		"  a:\n"
+		"    endpoints: [\"a:1\"]\n"
+		"    host_rewrite: \"${RG_UT_EMPTY}\"\n"
+		"    idempotency: { store: \"redis://u:${RG_UT_PASS}@db:6379/1\" }\n");
+	assert_string_equal(c->admin_token, "tok-from-env");
+	assert_string_equal(c->access_log, "${RG_UT_EMPTY}off");
+	assert_string_equal(c->listeners[0].routes[0].path_prefix, "/${x}");
+	assert_string_equal(c->upstreams[0].host_rewrite, "");
+	assert_string_equal(c->upstreams[0].idem.store, "redis://u:p%40ss%3Aw%2Frd@db:6379/1");
+	assert_string_equal(c->upstreams[0].idem.store_password, "p@ss:w/rd");
+	char *j = config_to_json(c);
+	assert_contains(j, "\"token\": \"<redacted>\"");
+	assert_contains(j, "\"host_rewrite\": \"<redacted>\"");
+	assert_contains(j, "\"store\": \"redis://u:<redacted>@db:6379/1\"");
+	assert_lacks(j, "tok-from-env");
+	assert_lacks(j, "p%40ss");
+	free(j);
+	config_unref(c);
+
+	char *errs = NULL;
+	unsetenv("RG_UT_UNSET");
+	assert_null(load_text("admin:\n  token: \"${RG_UT_UNSET}\"\n", &errs));
+	assert_string_equal(errs, "t.yaml:2:10: environment variable RG_UT_UNSET is not set (the "
+	                          "value is ${RG_UT_UNSET})\n");
+	free(errs);
+}
+
 /* ------------------------------------------------------------------ --check reads the files */
 
 static void write_file(const char *path, const char *text)
@@ -943,6 +983,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_values),
+		cmocka_unit_test(test_env_values),
 		cmocka_unit_test(test_aliases_shared),
 		cmocka_unit_test(test_unknown_top_key),
 		cmocka_unit_test(test_bad_files),
