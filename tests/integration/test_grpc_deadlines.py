@@ -169,6 +169,18 @@ def test_every_attempt_is_told_the_calls_remaining_time(client, grpcsrv, rg_fact
             (c.time_remaining, m)
 
 
+def test_a_call_without_a_deadline_is_told_the_default(client, grpcsrv, rg_factory):
+    """No deadline from the client: the server is still told one, deadline.default (5 s
+    in the test config), not per_try_timeout."""
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=api(srv, {"per_try_timeout": "800ms"}))
+    r = call(client, rg, timeout=None)
+    assert r.code == grpc.StatusCode.OK, r
+    c = srv.wait_calls(1)[0]
+    assert 4000 <= int(c.header("x-timeout-ms")) <= 5000, c.metadata
+    assert c.time_remaining is not None and 3.9 < c.time_remaining <= 5.0, c.time_remaining
+
+
 def test_pushback_wait_comes_off_the_next_attempts_time(client, grpcsrv, rg_factory):
     """grpc-retry-pushback-ms 1200 (longer than per_try_timeout) is waited, and the retry is
     told the call's time less that wait."""
