@@ -12,6 +12,8 @@
 
 #include <string.h>
 
+#include "http/grpc.h"
+
 static const char *const refusal_names[RR_NREASONS] = {
 	[RR_NONE]              = "",
 	[RR_NOT_LISTED]        = "",
@@ -103,6 +105,14 @@ static enum refusal rule_listed(const struct cfg_retry *r, const struct retry_fa
 	return RR_NONE;
 }
 
+/* A DEADLINE_EXCEEDED answered by a gRPC server: the call's time is gone (the server was told
+ * the call's remaining time, SPEC §10), so it is never retried, listed or not. */
+static enum refusal rule_grpc_deadline(const struct retry_facts *f)
+{
+	bool gone = f->grpc && f->outcome == OUT_STATUS && f->grpc_status == GRPC_DEADLINE_EXCEEDED;
+	return gone ? RR_DEADLINE : RR_NONE;
+}
+
 /* Rule 2: one layer retries; a deeper retrygate already did (or refused). */
 static enum refusal rule_nested(const struct retry_facts *f)
 {
@@ -175,6 +185,8 @@ enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *
                           const struct retry_facts *f, int64_t *start_us)
 {
 	enum refusal why = rule_listed(r, f);
+	if (why == RR_NONE)
+		why = rule_grpc_deadline(f);
 	if (why == RR_NONE)
 		why = rule_nested(f);
 	if (why == RR_NONE)

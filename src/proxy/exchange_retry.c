@@ -144,7 +144,9 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 }
 
 /* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
- * rest), and X-Timeout-Ms says so. */
+ * rest), and X-Timeout-Ms says so. A gRPC attempt is told the call's remaining time instead
+ * (SPEC §10): its server enforces grpc-timeout over the whole call, streams included, while
+ * the per-try time bounds only the wait for its head. */
 static void send_attempt(struct exchange *ex, struct ep_state *ep)
 {
 	int64_t now = clock_now_us();
@@ -164,7 +166,7 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 		.tls = ex->ci.tls,
 		.reqid = ex->reqid,
 		.dl_present = ex->dl_present,
-		.wait_us = wait,
+		.wait_us = ex->grpc ? remaining : wait,
 		.attempt = ex->attempts,
 		.nested = ex->req_nested,
 		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,

@@ -228,6 +228,12 @@ static const struct row rows[] = {
 	{ .why = "a grpc-status without a gRPC outcome is not judged", .status = 200,
 	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true,
 	  .want = RR_NOT_LISTED },
+	{ .why = "gRPC deadline-exceeded listed: never retried, the call's time is gone",
+	  .grpc = true, .grpc_status = GRPC_DEADLINE_EXCEEDED, .grpc_on = 1u << 4, .method = "POST",
+	  .idempotent_path = true, .want = RR_DEADLINE },
+	{ .why = "gRPC deadline-exceeded not listed: relayed without a refusal", .grpc = true,
+	  .grpc_status = GRPC_DEADLINE_EXCEEDED, .method = "POST", .idempotent_path = true,
+	  .want = RR_NOT_LISTED },
 	{ .why = "gRPC unavailable without key or idempotent path: non-idempotent", .grpc = true,
 	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .want = RR_NON_IDEMPOTENT },
 	{ .why = "gRPC unavailable with idempotency-key: retry", .grpc = true,
@@ -440,7 +446,9 @@ static void test_pushback_refuse_property(void **state)
 		enum refusal got = run_row(&t, &start);
 		bool early = before == RR_NOT_LISTED || before == RR_DISABLED || before == RR_NESTED ||
 		             before == RR_MAX_ATTEMPTS || before == RR_NON_IDEMPOTENT ||
-		             before == RR_BODY_TOO_LARGE;
+		             before == RR_BODY_TOO_LARGE ||
+		             /* a server's deadline-exceeded is refused before any wait is weighed */
+		             (t.grpc && t.grpc_status == GRPC_DEADLINE_EXCEEDED);
 		if (got != (early ? before : RR_RETRY_AFTER))
 			print_error("%s: %s with a refusing pushback, %s without\n", t.why,
 			            refusal_name(got), refusal_name(before));
