@@ -674,7 +674,8 @@ static void test_report(void **state)
 		"    endpoints: [\"b:1\"]\n"
 		"    retry: { enabled: false, per_try_timeout: 40s }\n"
 		"  lonely:\n"
-		"    endpoints: [\"c:1\"]\n");
+		"    endpoints: [\"c:1\"]\n"
+		"    idempotency: { enabled: true, release_on: [503, unavailable] }\n");
 	r = report_of(c);
 	assert_contains(r, "retries <= 5000 + 0.7 x requests + 10/s: a burst of 5000 retries");
 	assert_contains(r, "4.00x at 1 first attempt/s (max_attempts), 2.70x at 10/s, 1.80x at 100/s, "
@@ -695,6 +696,9 @@ static void test_report(void **state)
 	assert_contains(r, "warning: upstreams.a.retry.budget.ratio: 0.7");
 	assert_contains(r, "warning: upstreams.a.retry.budget.max_tokens: 5000");
 	assert_contains(r, "warning: upstreams.a.retry.on: 404 is a client error");
+	assert_contains(r, "warning: upstreams.lonely.idempotency.release_on: unavailable releases "
+	                   "the key of a call the service may have run");
+	assert_lacks(r, "upstreams.a.idempotency.release_on");
 	assert_lacks(r, "on: 408 is");
 	assert_lacks(r, "on: 425 is");
 	assert_lacks(r, "on: 429 is");
