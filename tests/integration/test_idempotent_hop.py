@@ -11,6 +11,7 @@ And the enforcing hop itself: the service behind it does not deduplicate, so a k
 licenses a retry only after an outcome that cannot have executed. A service that runs the
 write and then answers UNAVAILABLE (or 502, or drops the connection) is not called again: the
 client gets that answer with x-retrygate-retry-refused: non-idempotent, and each key runs once.
+A write whose client goes away while it runs may have executed too: its key stays claimed.
 
 Servers count executions per key: tests/tools/upstream.py (HTTP) and tests/tools/grpcserver.py
 (grpcio); the gRPC clients are grpcio with their own retries off (one layer retries).
@@ -255,3 +256,21 @@ def test_enforcing_hop_never_retries_a_post_that_may_have_run(upstream, rg_facto
     r = rg.post("/orders", b"x", headers={"Idempotency-Key": "p-3"})
     assert r.status == 409 and r.headers["X-Retrygate-Reason"] == "idempotency-in-progress", r
     assert app.executed["p-3"] == 1
+
+
+def test_a_write_cut_in_flight_by_its_client_keeps_its_claim(upstream, rg_factory):
+    """The client goes away while the app runs its keyed POST: the app may have executed it,
+    so the key stays claimed (409 for a repeat), never a second execution."""
+    upstream.set_default(lambda req: respond(201, body=b"done", delay=1.0)
+                         if req.header("Idempotency-Key") else respond(200))
+    rg = rg_factory(upstreams={"app": {"endpoints": [upstream], "retry": dict(FAST_RETRY),
+                                       "idempotency": {"enabled": True}}})
+    c = rg.raw_conn()
+    c.send(b"POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: cut-1\r\n"
+           b"Content-Length: 1\r\n\r\nx")
+    (q,) = upstream.wait_requests(1)
+    c.close()
+    assert upstream.wait_conn_closed(q.conn_id, timeout=5) == "peer"
+    r = rg.post("/orders", b"x", headers={"Idempotency-Key": "cut-1"})
+    assert r.status == 409 and r.headers["X-Retrygate-Reason"] == "idempotency-in-progress", r
+    assert len(upstream.requests) == 1
