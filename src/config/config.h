@@ -73,6 +73,10 @@ struct cfg_idempotency {
 	int64_t lock_timeout_us;    /* 30s */
 	int64_t max_body;           /* 1MiB */
 	int64_t max_response;       /* 1MiB */
+	/* release_on: the answers that say the service did not take the request (SPEC §6), as
+	 * retry.on keeps them: bit (status - 400) of release_status, bit CODE of release_grpc */
+	uint8_t release_status[200 / 8];    /* default 429, 503 */
+	uint32_t release_grpc;              /* default resource-exhausted */
 	char *store;                /* "memory" | "redis://[user:password@]host[:port][/db]" */
 	/* the redis store URL, decoded at load (all unset for "memory") */
 	char *store_host;           /* NULL: memory; an IPv6 literal without brackets */
@@ -269,6 +273,17 @@ static inline bool cfg_retry_on_grpc(const struct cfg_retry *r, int code)
 	if (code <= 0 || code >= 32)
 		return false;
 	return (r->on_grpc >> code) & 1u;
+}
+
+/* Is this answer listed in idempotency.release_on? GRPC >= 0: a gRPC response under :status
+ * 200, whose code decides (SPEC §10); else the HTTP status. */
+static inline bool cfg_idem_release_on(const struct cfg_idempotency *c, int status, int grpc)
+{
+	if (grpc >= 0 && status == 200)
+		return grpc > 0 && grpc < 32 && ((c->release_grpc >> grpc) & 1u);
+	if (status < 400 || status > 599)
+		return false;
+	return (c->release_status[(status - 400) / 8] >> ((status - 400) % 8)) & 1;
 }
 
 /* The backoff cap before retry n, as retry.backoff means it: min(max, base * 2^(n-1)),

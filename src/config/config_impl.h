@@ -265,5 +265,6 @@ void emit_secret(struct json *j, const struct key *k, const void *base);
 void emit_store(struct json *j, const struct key *k, const void *base);
 void emit_workers(struct json *j, const struct key *k, const void *base);
 void emit_retry_on(struct json *j, const struct key *k, const void *base);
+void emit_release_on(struct json *j, const struct key *k, const void *base);
 
 #endif

@@ -110,6 +110,23 @@ void emit_workers(struct json *j, const struct key *k, const void *base)
 	fprintf(j->f, "%d", *CFIELD(base, k->off, int));
 }
 
+/* The statuses (400-599) and gRPC codes of a list of answers, after FIRST items. */
+static void emit_answers(struct json *j, const uint8_t status_bits[200 / 8], uint32_t grpc_bits,
+                         bool first)
+{
+	for (int s = 400; s <= 599; s++)
+		if ((status_bits[(s - 400) / 8] >> ((s - 400) % 8)) & 1) {
+			fprintf(j->f, "%s%d", first ? "" : ", ", s);
+			first = false;
+		}
+	for (int c = 1; c < GRPC_NCODES; c++)
+		if ((grpc_bits >> c) & 1u) {
+			fputs(first ? "" : ", ", j->f);
+			json_string(j, grpc_status_name(c));
+			first = false;
+		}
+}
+
 void emit_retry_on(struct json *j, const struct key *k, const void *base)
 {
 	const struct cfg_retry *r = base;
@@ -122,17 +139,16 @@ void emit_retry_on(struct json *j, const struct key *k, const void *base)
 			json_string(j, cfg_retry_on_words[w]);
 			first = false;
 		}
-	for (int s = 400; s <= 599; s++)
-		if (cfg_retry_on_status(r, s)) {
-			fprintf(j->f, "%s%d", first ? "" : ", ", s);
-			first = false;
-		}
-	for (int c = 0; c < GRPC_NCODES; c++)
-		if (cfg_retry_on_grpc(r, c)) {
-			fputs(first ? "" : ", ", j->f);
-			json_string(j, grpc_status_name(c));
-			first = false;
-		}
+	emit_answers(j, r->on_status, r->on_grpc, first);
+	fputc(']', j->f);
+}
+
+void emit_release_on(struct json *j, const struct key *k, const void *base)
+{
+	const struct cfg_idempotency *id = base;
+
+	fputc('[', j->f);
+	emit_answers(j, id->release_status, id->release_grpc, true);
 	fputc(']', j->f);
 }
 

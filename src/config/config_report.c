@@ -317,6 +317,12 @@ static void report_warnings(FILE *out, const struct config *c)
 		snprintf(where, sizeof where, "upstreams.%s", n);
 		warn_per_try(out, where, r, &u->deadline);
 		report_fault_warnings(out, u);
+		/* SPEC §6: only where the service guarantees it, UNAVAILABLE means "not executed" */
+		if (u->idem.enabled && cfg_idem_release_on(&u->idem, 200, GRPC_UNAVAILABLE))
+			fprintf(out, "warning: upstreams.%s.idempotency.release_on: unavailable releases "
+			        "the key of a call the service may have run (grpcio answers UNAVAILABLE "
+			        "for those too): a repeat runs it again; list it only if the service "
+			        "guarantees UNAVAILABLE means not executed\n", n);
 		if (!r->enabled || r->max_attempts < 2)
 			continue;
 		if (r->non_idempotent == NI_ALWAYS)

@@ -127,13 +127,18 @@ static enum refusal rule_attempts(const struct cfg_retry *r, const struct retry_
 
 /* Rule 4. A connect-failure provably never reached the upstream, so any method may go again,
  * as may any method on an idempotent path; otherwise a non-idempotent method needs the
- * policy's permission. */
+ * policy's permission. A key is that permission only where it is not enforced here: at the
+ * hop that deduplicates, the service behind does not, so the key licenses a retry only of an
+ * outcome that cannot have executed (a release_on answer), never of one that may have run. */
 static enum refusal rule_method(const struct cfg_retry *r, const struct retry_facts *f)
 {
 	if (f->method == MC_IDEMPOTENT || f->idempotent_path || f->outcome == OUT_CONNECT_FAILURE)
 		return RR_NONE;
 	switch (r->non_idempotent) {
-	case NI_REQUIRE_KEY: return f->has_key ? RR_NONE : RR_NON_IDEMPOTENT;
+	case NI_REQUIRE_KEY:
+		if (!f->has_key || (f->enforced && !f->not_executed))
+			return RR_NON_IDEMPOTENT;
+		return RR_NONE;
 	case NI_ALWAYS:      return RR_NONE;
 	case NI_NEVER:       break;
 	}
@@ -223,6 +228,7 @@ bool retry_may_replay(const struct cfg_retry *r, const struct retry_facts *f)
 {
 	struct retry_facts reset = *f;
 	reset.outcome = OUT_RESET;
+	reset.not_executed = false;     /* a reset may have executed */
 	return rule_nested(&reset) == RR_NONE && rule_method(r, &reset) == RR_NONE &&
 	       rule_body(&reset) == RR_NONE;
 }

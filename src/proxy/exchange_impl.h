@@ -126,6 +126,8 @@ struct exchange {
 	struct idem_job *idem;          /* SPEC §6 enforcement at this hop, or NULL */
 	int last_att_status;            /* the last attempt's response status, 0: none */
 	bool reached;                   /* some attempt may have reached the upstream */
+	bool executed;                  /* some retried attempt may have executed (its outcome was
+	                                 * not idem_not_executed()); the last one is judged at the end */
 	bool resp_complete;             /* a relayed response went out whole */
 
 	/* SPEC §11: the fault the current attempt drew, or NULL. Faults that send nothing
