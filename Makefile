@@ -83,7 +83,11 @@ $(BUILD)/unit/%: tests/unit/%.c $(LIBOBJS)
 # test, fuzz and bench tools (~1.6 GB more).
 APT_BUILD_PKGS := build-essential pkg-config libevent-dev libyaml-dev libssl-dev libhiredis-dev libnghttp2-dev
 APT_PKGS := $(APT_BUILD_PKGS) libcmocka-dev python3 python3-pytest curl redis-server wrk prometheus clang \
-            python3-h2 python3-grpcio python3-yaml nghttp2-client
+            python3-h2 python3-grpcio python3-yaml nghttp2-client nodejs
+# Node's gRPC client for the tests (tests/tools/grpc_node_client.js), from npm, pinned
+GRPC_JS_VERSION := 1.14.7
+NODE_DIR := $(DEPS_DIR)/node
+GRPC_JS_STAMP := $(NODE_DIR)/.grpc-js-$(GRPC_JS_VERSION)
 # $(call apt_missing,PACKAGES,APT OPTIONS): install those not installed (as root), else say how
 apt_missing = missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
@@ -98,7 +102,7 @@ apt_missing = missing=""; for p in $(1); do \
 	fi
 deps:
 	@$(call apt_missing,$(APT_PKGS))
-	@$(MAKE) --no-print-directory $(LLHTTP_LIB)
+	@$(MAKE) --no-print-directory $(LLHTTP_LIB) $(GRPC_JS_STAMP)
 
 deps-build:
 	@$(call apt_missing,$(APT_BUILD_PKGS),--no-install-recommends)
@@ -115,6 +119,15 @@ $(DEPS_DIR)/usr/lib/$(ARCH)/libllhttp.a:
 	(cd $$d && apt-get $$o -q download libllhttp-dev libllhttp9.2 >/dev/null); \
 	for f in $$d/libllhttp*.deb; do dpkg-deb -x $$f $(DEPS_DIR); done; \
 	test -f $@
+
+# @grpc/grpc-js into build/deps/node/node_modules (a Debian nodejs without npm gets Debian's)
+$(GRPC_JS_STAMP):
+	@set -e; command -v npm >/dev/null || { $(call apt_missing,npm); }; \
+	echo "deps: npm install @grpc/grpc-js@$(GRPC_JS_VERSION) into $(NODE_DIR)"; \
+	mkdir -p $(NODE_DIR); \
+	npm install --prefix $(NODE_DIR) --save-exact --no-audit --no-fund --loglevel=error \
+	  @grpc/grpc-js@$(GRPC_JS_VERSION) >/dev/null; \
+	rm -f $(NODE_DIR)/.grpc-js-*; touch $@
 
 # ---------------------------------------------------------------- tests
 test: deps

@@ -51,6 +51,7 @@ struct admin_conn {
 };
 
 static struct evconnlistener *admin_evl;
+static struct event_base *admin_base;
 static LIST_HEAD(, admin_conn) admin_conns = LIST_HEAD_INITIALIZER(admin_conns);
 static _Atomic int admin_state = ADMIN_STARTING;
 static char *admin_token;
@@ -507,8 +508,15 @@ static void admin_accept_cb(struct evconnlistener *evl, evutil_socket_t fd, stru
 	admin_serve(evconnlistener_get_base(evl), fd, sa);
 }
 
+static void admin_listen_on(int fd)
+{
+	admin_evl = evconnlistener_new(admin_base, admin_accept_cb, NULL,
+	                               LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+}
+
 int admin_start(struct event_base *base, const struct config *cfg)
 {
+	admin_base = base;
 	admin_reconfigure(cfg);
 	if (!cfg->admin_listen || !cfg->admin_listen[0])
 		return 0;
@@ -518,10 +526,46 @@ int admin_start(struct event_base *base, const struct config *cfg)
 		fprintf(stderr, "%s: admin: cannot listen on %s: %s\n", cfg->path, cfg->admin_listen, err);
 		return -1;
 	}
-	admin_evl = evconnlistener_new(base, admin_accept_cb, NULL,
-	                               LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+	admin_listen_on(fd);
 	log_info("admin listening on %s", cfg->admin_listen);
 	return 0;
+}
+
+int admin_bind_moved(const struct config *old, const struct config *cfg, int *fd)
+{
+	const char *err = NULL;
+	*fd = -1;
+	if (strcmp(old->admin_listen, cfg->admin_listen) == 0 || !cfg->admin_listen[0])
+		return 0;
+	*fd = listener_bind_single(cfg->admin_listen, &err);
+	if (*fd >= 0)
+		return 0;
+	log_error("reload of %s failed; the old config keeps serving: admin: cannot listen on %s: "
+	          "%s", cfg->path, cfg->admin_listen, err);
+	return -1;
+}
+
+void admin_move(const struct config *old, const struct config *cfg, int fd)
+{
+	if (strcmp(old->admin_listen, cfg->admin_listen) == 0)
+		return;
+	if (admin_evl)
+		evconnlistener_free(admin_evl);
+	admin_evl = NULL;
+	/* the old address's connections end as in a drain: after what they are answering */
+	struct admin_conn *c, *next;
+	for (c = LIST_FIRST(&admin_conns); c; c = next) {
+		next = LIST_NEXT(c, link);
+		c->closing = true;
+		close_if_done(c);
+	}
+	if (fd >= 0) {
+		admin_listen_on(fd);
+		log_info("reload: admin listening on %s (was %s)", cfg->admin_listen,
+		         old->admin_listen[0] ? old->admin_listen : "off");
+	} else {
+		log_info("reload: admin listener %s closed", old->admin_listen);
+	}
 }
 
 void admin_stop(void)

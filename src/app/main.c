@@ -34,6 +34,7 @@
 #include "state/runtime.h"
 #include "state/upstream.h"
 #include "base/util.h"
+#include "app/watch.h"
 #include "app/worker.h"
 
 static struct event_base *main_base;
@@ -46,8 +47,10 @@ static struct event *workers_done_ev, *drain_timer, *flush_timer, *trim_timer;
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: retrygate [-c FILE] [--check] [--version] [--health URL]\n"
+	fprintf(f, "usage: retrygate [-c FILE] [--watch] [--check] [--version] [--health URL]\n"
 	           "  -c FILE       config file (default conf/retrygate.yaml)\n"
+	           "  --watch       also reload when FILE changes (an editor's save, or the symlink\n"
+	           "                swap of a Kubernetes ConfigMap volume)\n"
 	           "  --check       validate FILE, print the worst case each upstream allows, exit\n"
 	           "  --version     print the version and exit\n"
 	           "  --health URL  GET URL (http:// or https://, e.g. http://127.0.0.1:9901/ready):\n"
@@ -113,22 +116,114 @@ static void reload_failed(struct config *cfg)
 	config_unref(cfg);
 }
 
-/* What a reload does not change at once, and the listeners it closes. */
-static void log_listener_changes(const struct config *old, const struct config *cfg)
+/* One socket per worker for listener L into FDS[g_nworkers]; 0, or -1 with *ERR set and
+ * nothing left open. */
+static int bind_listener(const struct cfg_listener *l, int *fds, const char **err)
 {
-	if (cfg->workers != old->workers)
-		log_warn("reload: workers changed; takes effect at restart");
-	for (int i = 0; i < cfg->nlisteners; i++) {
-		const struct cfg_listener *was = config_listener(old, cfg->listeners[i].name);
-		if (!was || strcmp(cfg->listeners[i].listen, was->listen) != 0)
-			log_warn("reload: listener %s (%s) is new or moved; it opens at restart",
-			         cfg->listeners[i].name, cfg->listeners[i].listen);
+	for (int w = 0; w < g_nworkers; w++) {
+		fds[w] = listener_bind(l->listen, err);
+		if (fds[w] < 0) {
+			while (w-- > 0)
+				close(fds[w]);
+			return -1;
+		}
 	}
+	return 0;
+}
+
+/* Whether OLD has listener L at the same address: its sockets stay. */
+static bool listener_kept(const struct config *old, const struct cfg_listener *l)
+{
+	const struct cfg_listener *was = config_listener(old, l->name);
+	return was && strcmp(was->listen, l->listen) == 0;
+}
+
+/* The sockets a reload opens, bound before anything is switched so that a bind error fails
+ * the reload with the old config still serving: FDS[i * g_nworkers + w] for CFG's listener i
+ * when it is new or moved, else -1. NULL after logging why. */
+static int *reload_bind(const struct config *old, const struct config *cfg)
+{
+	int *fds = xcalloc((size_t)cfg->nlisteners * (size_t)g_nworkers, sizeof(int));
+	for (int i = 0; i < cfg->nlisteners; i++) {
+		int *f = fds + (size_t)i * (size_t)g_nworkers;
+		const char *err = NULL;
+		for (int w = 0; w < g_nworkers; w++)
+			f[w] = -1;
+		if (listener_kept(old, &cfg->listeners[i]))
+			continue;
+		if (bind_listener(&cfg->listeners[i], f, &err) == 0)
+			continue;
+		log_error("reload of %s failed; the old config keeps serving: listener %s: cannot "
+		          "listen on %s: %s", config_path, cfg->listeners[i].name,
+		          cfg->listeners[i].listen, err);
+		for (int k = 0; k < i * g_nworkers; k++)
+			if (fds[k] >= 0)
+				close(fds[k]);
+		free(fds);
+		return NULL;
+	}
+	return fds;
+}
+
+static void reload_unbind(const struct config *cfg, int *fds)
+{
+	for (int k = 0; k < cfg->nlisteners * g_nworkers; k++)
+		if (fds[k] >= 0)
+			close(fds[k]);
+	free(fds);
+}
+
+/* The new config is published: the workers take the new sockets (and close the listeners it
+ * no longer has, or has elsewhere, when notified). */
+static void reload_listeners(const struct config *old, const struct config *cfg, int *fds)
+{
+	for (int i = 0; i < cfg->nlisteners; i++) {
+		const struct cfg_listener *l = &cfg->listeners[i];
+		if (fds[(size_t)i * (size_t)g_nworkers] < 0)
+			continue;
+		for (int w = 0; w < g_nworkers; w++)
+			worker_add_listener(&workers[w], l->name, l->listen, fds[(size_t)i * (size_t)g_nworkers + (size_t)w]);
+		const struct cfg_listener *was = config_listener(old, l->name);
+		if (was)
+			log_info("reload: listener %s moved from %s to %s", l->name, was->listen, l->listen);
+		else
+			log_info("reload: listening on %s (%s)", l->listen, l->name);
+	}
+	free(fds);
 	for (int j = 0; j < old->nlisteners; j++)
 		if (!config_listener(cfg, old->listeners[j].name))
 			log_info("reload: listener %s (%s) removed: its socket closes, its connections "
 			         "close after their current request", old->listeners[j].name,
 			         old->listeners[j].listen);
+}
+
+/* What a reload keeps from start: the worker count (the live value stays in the config that
+ * /config shows; the file's is returned, for the warning once the reload succeeded), and the
+ * fault switches, which only POST /faults and the stop conditions move once running. */
+static int reload_keep(struct config *cfg)
+{
+	int file = cfg->workers;
+	cfg->workers = g_nworkers;
+	return file;
+}
+
+static void log_faults_differ(const struct config *old, struct runtime *rt)
+{
+	struct strbuf b = { 0 };
+	for (int i = 0; i < rt->cfg->nupstreams; i++) {
+		const struct cfg_upstream *u = &rt->cfg->upstreams[i];
+		if (!config_upstream(old, u->name))
+			continue;       /* a new name starts with its file's switch */
+		bool file = u->faults.enabled && u->faults.nrules > 0;
+		bool live = atomic_load(&rt->ups[i].st->faults_on);
+		if (file != live)
+			sb_printf(&b, "%s%s (file %s, live %s)", b.s ? ", " : "", u->name,
+			          file ? "on" : "off", live ? "on" : "off");
+	}
+	if (b.s)
+		log_warn("reload: faults.enabled applies at start only; the runtime switch is kept "
+		         "(POST /faults moves it): %s", b.s);
+	free(b.s);
 }
 
 static void on_hup(evutil_socket_t sig, short what, void *arg)
@@ -153,8 +248,9 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	free(errs);
+	int file_workers = reload_keep(cfg);
 	/* everything that can fail comes before anything is switched: a failed reload leaves
-	 * the old config serving, its access log included */
+	 * the old config serving, its access log and its sockets included */
 	char terr[512];
 	struct runtime *nrt = runtime_new(cfg, terr, sizeof(terr));
 	if (!nrt) {
@@ -163,17 +259,30 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	struct runtime *old = runtime_current();
+	int *fds = reload_bind(old->cfg, cfg);
+	int admin_fd = -1;
+	if (!fds)
+		goto fail;
+	if (admin_bind_moved(old->cfg, cfg, &admin_fd) != 0) {
+		reload_unbind(cfg, fds);
+		goto fail;
+	}
 	if (strcmp(cfg->access_log, old->cfg->access_log) != 0 &&
 	    accesslog_switch(cfg->access_log) != 0) {
 		log_error("reload of %s failed; the old config keeps serving: cannot open access "
 		          "log %s: %s", config_path, cfg->access_log, strerror(errno));
-		runtime_unref(old);
-		runtime_unref(nrt);
-		reload_failed(cfg);
-		return;
+		reload_unbind(cfg, fds);
+		if (admin_fd >= 0)
+			close(admin_fd);
+		goto fail;
 	}
 	runtime_publish(nrt);
-	log_listener_changes(old->cfg, cfg);
+	if (file_workers != g_nworkers)
+		log_warn("reload: workers changed to %d; takes effect at restart (keeps %d)",
+		         file_workers, g_nworkers);
+	log_faults_differ(old->cfg, nrt);
+	reload_listeners(old->cfg, cfg, fds);
+	admin_move(old->cfg, cfg, admin_fd);
 	runtime_unref(old);
 	resolve_reconfigure(cfg);
 	admin_reconfigure(cfg);
@@ -182,10 +291,21 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	reconcile_publish_configure(main_base, &cfg->reconcile);
 	config_unref(cfg);
 	stats_config_loaded(true);
-	/* workers close the listeners the config no longer has */
+	/* workers take the new sockets and close the listeners the config no longer has */
 	for (int i = 0; i < g_nworkers; i++)
 		worker_notify(&workers[i]);
 	log_info("reloaded %s", config_path);
+	return;
+fail:
+	runtime_unref(old);
+	runtime_unref(nrt);
+	reload_failed(cfg);
+}
+
+/* --watch: the file changed; a reload as SIGHUP does it */
+static void on_file_change(void *arg)
+{
+	on_hup(SIGHUP, 0, NULL);
 }
 
 static void flush_cb(evutil_socket_t fd, short what, void *arg)
@@ -251,7 +371,7 @@ static void on_usr1(evutil_socket_t sig, short what, void *arg)
 int main(int argc, char **argv)
 {
 	loop_global_init();
-	bool check = false;
+	bool check = false, watch = false;
 	for (int i = 1; i < argc; i++) {
 		bool has_value = i + 1 < argc;
 		if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--health") == 0) {
@@ -263,6 +383,8 @@ int main(int argc, char **argv)
 				return health_check(argv[i + 1]);
 		} else if (strcmp(argv[i], "--check") == 0) {
 			check = true;
+		} else if (strcmp(argv[i], "--watch") == 0) {
+			watch = true;
 		} else if (strcmp(argv[i], "--version") == 0) {
 			printf("retrygate %s\n", RETRYGATE_VERSION);
 			return 0;
@@ -310,23 +432,19 @@ int main(int argc, char **argv)
 	}
 
 	/* bind everything before serving anything: a bind error is a startup error */
-	for (int w = 0; w < g_nworkers; w++) {
-		workers[w].id = w;
-		workers[w].nlisteners = cfg->nlisteners;
-		workers[w].listen_fds = xcalloc((size_t)cfg->nlisteners, sizeof(int));
-		workers[w].listen_names = xcalloc((size_t)cfg->nlisteners, sizeof(char *));
-		workers[w].on_exit = worker_exited;
-		for (int i = 0; i < cfg->nlisteners; i++) {
-			const char *err = NULL;
-			int fd = listener_bind(cfg->listeners[i].listen, &err);
-			if (fd < 0) {
-				fprintf(stderr, "%s: listener %s: cannot listen on %s: %s\n", config_path,
-				        cfg->listeners[i].name, cfg->listeners[i].listen, err);
-				return 1;
-			}
-			workers[w].listen_fds[i] = fd;
-			workers[w].listen_names[i] = xstrdup(cfg->listeners[i].name);
+	for (int w = 0; w < g_nworkers; w++)
+		worker_init(&workers[w], w, worker_exited);
+	for (int i = 0; i < cfg->nlisteners; i++) {
+		const struct cfg_listener *l = &cfg->listeners[i];
+		const char *err = NULL;
+		int fds[MAX_WORKERS];
+		if (bind_listener(l, fds, &err) != 0) {
+			fprintf(stderr, "%s: listener %s: cannot listen on %s: %s\n", config_path,
+			        l->name, l->listen, err);
+			return 1;
 		}
+		for (int w = 0; w < g_nworkers; w++)
+			worker_add_listener(&workers[w], l->name, l->listen, fds[w]);
 	}
 	if (admin_start(main_base, cfg) != 0)
 		return 1;
@@ -349,6 +467,12 @@ int main(int argc, char **argv)
 	int nsigs = (int)(sizeof sigs / sizeof sigs[0]);
 	for (int i = 0; i < nsigs; i++)
 		evsignal_add(sigs[i], NULL);
+	struct watch *watcher = NULL;
+	if (watch && !(watcher = watch_start(main_base, config_path, on_file_change, NULL))) {
+		fprintf(stderr, "%s: --watch: cannot watch its directory: %s\n", config_path,
+		        strerror(errno));
+		return 1;
+	}
 	workers_done_ev = event_new(main_base, -1, 0, workers_done_cb, NULL);
 	drain_timer = evtimer_new(main_base, drain_timeout_cb, NULL);
 	flush_timer = event_new(main_base, -1, EV_PERSIST, flush_cb, NULL);
@@ -373,13 +497,9 @@ int main(int argc, char **argv)
 
 	event_base_dispatch(main_base);
 
-	for (int w = 0; w < g_nworkers; w++) {
+	for (int w = 0; w < g_nworkers; w++)
 		worker_join(&workers[w]);
-		for (int i = 0; i < workers[w].nlisteners; i++)
-			free(workers[w].listen_names[i]);
-		free(workers[w].listen_names);
-		free(workers[w].listen_fds);
-	}
+	watch_stop(watcher);
 	admin_stop();
 	faults_watch_stop();
 	reconcile_publish_stop();

@@ -101,6 +101,58 @@ static void drain_sessions(struct worker *w, bool close_idle)
 	}
 }
 
+/* Free the listeners a reload closed once their last connection has gone. */
+static void prune_listeners(struct worker *w)
+{
+	int n = 0;
+	for (int i = 0; i < w->nlisteners; i++) {
+		if (listener_done(w->listeners[i]))
+			listener_free(w->listeners[i]);
+		else
+			w->listeners[n++] = w->listeners[i];
+	}
+	w->nlisteners = n;
+}
+
+static const struct config *listener_cfg(void *arg, uint64_t *gen);
+static void on_accept(void *arg, struct listener *lst, const char *lname, int fd,
+                      const struct sockaddr *sa, int salen);
+
+/* Take the sockets the main thread bound for this worker since the last look. */
+static void adopt_listeners(struct worker *w)
+{
+	struct listener_owner own = { .on_accept = on_accept, .config = listener_cfg, .arg = w };
+	pthread_mutex_lock(&w->pending_lock);
+	w->listeners = xrealloc(w->listeners,
+	                        (size_t)(w->nlisteners + w->npending + 1) * sizeof(*w->listeners));
+	for (int i = 0; i < w->npending; i++) {
+		struct pending_listener *p = &w->pending[i];
+		struct listener *l = listener_new(&w->loop, &own, p->name, p->addr, p->fd);
+		if (w->draining)
+			listener_stop(l);       /* a reload during the drain opens nothing */
+		w->listeners[w->nlisteners++] = l;
+		free(p->name);
+		free(p->addr);
+	}
+	w->npending = 0;
+	pthread_mutex_unlock(&w->pending_lock);
+}
+
+void worker_init(struct worker *w, int id, void (*on_exit)(struct worker *w))
+{
+	w->id = id;
+	w->on_exit = on_exit;
+	pthread_mutex_init(&w->pending_lock, NULL);
+}
+
+void worker_add_listener(struct worker *w, const char *name, const char *addr, int fd)
+{
+	pthread_mutex_lock(&w->pending_lock);
+	w->pending = xrealloc(w->pending, (size_t)(w->npending + 1) * sizeof(*w->pending));
+	w->pending[w->npending++] = (struct pending_listener){ xstrdup(name), xstrdup(addr), fd };
+	pthread_mutex_unlock(&w->pending_lock);
+}
+
 /* A session ended (called once, from h1_session_close). */
 static void on_conn_closed(void *arg)
 {
@@ -111,6 +163,8 @@ static void on_conn_closed(void *arg)
 	atomic_fetch_sub(&g_gstats[w->id].conns_active, 1);
 	listener_release(c->lst);
 	free(c);
+	if (!w->in_check)
+		prune_listeners(w);
 	maybe_exit(w);
 }
 
@@ -170,10 +224,12 @@ static const struct config *listener_cfg(void *arg, uint64_t *gen)
 	return rt->cfg;
 }
 
-/* After a reload: a listener the config no longer has is closed (listener_check), and its
- * connections end as in a drain: idle ones now, busy ones after their current response. */
+/* After a reload: a listener the config no longer has (or has at another address) is closed
+ * (listener_check), and its connections end as in a drain: idle ones now, busy ones after
+ * their current response. */
 static void check_listeners(struct worker *w)
 {
+	w->in_check = true;
 	for (int i = 0; i < w->nlisteners; i++) {
 		struct listener *l = w->listeners[i];
 		if (listener_check(l))
@@ -185,6 +241,8 @@ static void check_listeners(struct worker *w)
 				conn_drain(c, true);    /* may close it: on_conn_closed frees C */
 		}
 	}
+	w->in_check = false;
+	prune_listeners(w);
 }
 
 /* After a reload: HTTP/2 connections tell their clients what changed in their SETTINGS. */
@@ -277,6 +335,7 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 			event_base_loopbreak(w->loop.base);
 		return;
 	}
+	adopt_listeners(w);
 	if (atomic_load(&g_draining))
 		begin_drain(w);
 	else {
@@ -311,6 +370,16 @@ static void *worker_main(void *arg)
 		listener_free(w->listeners[i]);
 	free(w->listeners);
 	w->listeners = NULL;
+	pthread_mutex_lock(&w->pending_lock);
+	for (int i = 0; i < w->npending; i++) {
+		close(w->pending[i].fd);
+		free(w->pending[i].name);
+		free(w->pending[i].addr);
+	}
+	free(w->pending);
+	w->pending = NULL;
+	w->npending = 0;
+	pthread_mutex_unlock(&w->pending_lock);
 	loop_run_deferred(&w->loop);
 	idem_store_release_base(w->loop.base);  /* before the DNS base it may use */
 	loop_free_dns(&w->loop);
@@ -343,10 +412,7 @@ int worker_start(struct worker *w)
 	w->notify_ev = event_new(w->loop.base, w->wake_fd, EV_READ | EV_PERSIST, notify_cb, w);
 	event_add(w->notify_ev, NULL);
 	w->rt = runtime_current();
-	w->listeners = xcalloc((size_t)w->nlisteners, sizeof(*w->listeners));
-	struct listener_owner own = { .on_accept = on_accept, .config = listener_cfg, .arg = w };
-	for (int i = 0; i < w->nlisteners; i++)
-		w->listeners[i] = listener_new(&w->loop, &own, w->listen_names[i], w->listen_fds[i]);
+	adopt_listeners(w);
 	return pthread_create(&w->thread, NULL, worker_main, w);
 }
 
@@ -354,4 +420,5 @@ void worker_join(struct worker *w)
 {
 	pthread_join(w->thread, NULL);
 	loop_free_base(&w->loop);
+	pthread_mutex_destroy(&w->pending_lock);
 }

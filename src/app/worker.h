@@ -42,13 +42,24 @@ struct worker {
 	struct event *expire_ev;        /* ... for at most this long */
 	int64_t drain_start_us;
 	uint64_t next_sid;
-	int *listen_fds;                /* bound by main, one per configured listener */
-	char **listen_names;
+	bool in_check;                  /* walking the listeners: none is freed meanwhile */
+	/* sockets bound by the main thread (startup, reload) that the loop has yet to take */
+	pthread_mutex_t pending_lock;
+	struct pending_listener {
+		char *name, *addr;
+		int fd;
+	} *pending;
+	int npending;
 	void (*on_exit)(struct worker *w);  /* called from the worker thread as it ends */
 };
 
 extern _Atomic bool g_draining;
 
+/* Before anything else: W is worker number ID, with no listener yet. */
+void worker_init(struct worker *w, int id, void (*on_exit)(struct worker *w));
+/* Hand W a listening socket FD for listener NAME bound to ADDR (FD is W's from now on; it
+ * takes it at start, or when notified). Thread-safe. */
+void worker_add_listener(struct worker *w, const char *name, const char *addr, int fd);
 int worker_start(struct worker *w);
 void worker_notify(struct worker *w);
 /* Ask the loop to stop now (drain timeout); thread-safe. */

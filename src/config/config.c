@@ -97,6 +97,17 @@ static void strs_free(char **v, int n)
 	free(v);
 }
 
+/* SLOT holds a value written ${NAME} (V): remember it for /config's redaction. */
+static void note_secret(struct load *ld, const struct node *v, char **slot)
+{
+	struct config *c = ld->c;
+
+	if (!v->secret)
+		return;
+	c->secrets = xrealloc(c->secrets, (size_t)(c->nsecrets + 1) * sizeof *c->secrets);
+	c->secrets[c->nsecrets++] = slot;
+}
+
 static void load_string(struct load *ld, const struct key *k, void *base, const struct node *v)
 {
 	const char *s = scalar_text(ld, v, key_expect(k));
@@ -118,6 +129,7 @@ static void load_string(struct load *ld, const struct key *k, void *base, const 
 	}
 	free(*FIELD(base, k->off, char *));
 	*FIELD(base, k->off, char *) = copy;
+	note_secret(ld, v, FIELD(base, k->off, char *));
 }
 
 static void load_strings(struct load *ld, const struct key *k, void *base, const struct node *v)
@@ -158,6 +170,7 @@ static void load_strings(struct load *ld, const struct key *k, void *base, const
 			continue;
 		}
 		(*list)[i] = copy;
+		note_secret(ld, item, &(*list)[i]);
 	}
 }
 
@@ -568,6 +581,7 @@ static void config_free(struct config *c)
 {
 	block_free(&cfg_root_block, c);
 	strs_free(c->warnings, c->nwarnings);
+	free(c->secrets);
 	free(c->path);
 	free(c);
 }
@@ -667,5 +681,5 @@ void config_unref(struct config *c)
 /* GET /config: the JSON of C, walked by the same tables that loaded it */
 char *config_to_json(const struct config *c)
 {
-	return json_render(&cfg_root_block, c);
+	return json_render(&cfg_root_block, c, c->secrets, c->nsecrets);
 }

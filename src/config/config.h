@@ -29,6 +29,7 @@
 enum non_idempotent { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
 enum cfg_log_format { LF_TEXT, LF_JSON };
 enum up_protocol { UP_HTTP1, UP_H2 };
+enum probe_kind { PROBE_HTTP, PROBE_GRPC };   /* health.active.kind */
 
 struct cfg_deadline {
 	int64_t default_us;         /* 5s */
@@ -72,6 +73,10 @@ struct cfg_idempotency {
 	int64_t lock_timeout_us;    /* 30s */
 	int64_t max_body;           /* 1MiB */
 	int64_t max_response;       /* 1MiB */
+	/* release_on: the answers that say the service did not take the request (SPEC §6), as
+	 * retry.on keeps them: bit (status - 400) of release_status, bit CODE of release_grpc */
+	uint8_t release_status[200 / 8];    /* default 429, 503 */
+	uint32_t release_grpc;              /* default resource-exhausted */
 	char *store;                /* "memory" | "redis://[user:password@]host[:port][/db]" */
 	/* the redis store URL, decoded at load (all unset for "memory") */
 	char *store_host;           /* NULL: memory; an IPv6 literal without brackets */
@@ -115,12 +120,20 @@ struct cfg_health {
 	int64_t base_ejection_us;   /* 10s */
 	int64_t max_ejection_us;    /* 5m */
 	int max_ejected_percent;    /* 50 */
-	char *active_path;          /* "": no probes */
+	enum probe_kind active_kind; /* http; grpc: grpc.health.v1.Health/Check (needs h2) */
+	char *active_path;          /* kind http: "": no probes */
+	char *active_service;       /* kind grpc: the service checked ("": the whole server) */
 	int64_t active_interval_us; /* 5s */
 	int64_t active_timeout_us;  /* 1s */
 	int unhealthy_after;        /* 3 */
 	int healthy_after;          /* 2 */
 };
+
+/* Active health is on (SPEC §13): a path to GET, or the gRPC health service. */
+static inline bool cfg_health_active(const struct cfg_health *h)
+{
+	return h->active_kind == PROBE_GRPC || *h->active_path;
+}
 
 struct cfg_upstream {
 	char *name;
@@ -215,6 +228,10 @@ struct config {
 	 * "path.to.key: what happened"; config_report prints them, the caller may log them */
 	char **warnings;
 	int nwarnings;
+	/* the string fields (char * slots in this config) whose value was written ${NAME}: a
+	 * secret from the environment, which /config redacts */
+	char ***secrets;
+	int nsecrets;
 };
 
 /* Load and validate PATH. On any error, print every one of them to ERRS and return NULL.
@@ -258,6 +275,17 @@ static inline bool cfg_retry_on_grpc(const struct cfg_retry *r, int code)
 	if (code <= 0 || code >= 32)
 		return false;
 	return (r->on_grpc >> code) & 1u;
+}
+
+/* Is this answer listed in idempotency.release_on? GRPC >= 0: a gRPC response under :status
+ * 200, whose code decides (SPEC §10); else the HTTP status. */
+static inline bool cfg_idem_release_on(const struct cfg_idempotency *c, int status, int grpc)
+{
+	if (grpc >= 0 && status == 200)
+		return grpc > 0 && grpc < 32 && ((c->release_grpc >> grpc) & 1u);
+	if (status < 400 || status > 599)
+		return false;
+	return (c->release_status[(status - 400) / 8] >> ((status - 400) % 8)) & 1;
 }
 
 /* The backoff cap before retry n, as retry.backoff means it: min(max, base * 2^(n-1)),

@@ -40,6 +40,7 @@ enum node_kind { N_SCALAR, N_SEQ, N_MAP };
 struct node {
 	enum node_kind kind;
 	bool plain;                 /* untagged plain scalar: may be null, a boolean, a number */
+	bool secret;                /* the whole value came from ${NAME}: /config redacts it */
 	int line, col;              /* 1-based */
 	char *str;                  /* scalar text, NUL-terminated */
 	size_t len;
@@ -234,6 +235,7 @@ const char *check_host(char *s, char *buf, size_t cap);
 const char *check_path_prefix(char *s, char *buf, size_t cap);
 const char *check_sni(char *s, char *buf, size_t cap);
 const char *check_probe_path(char *s, char *buf, size_t cap);
+const char *check_grpc_service(char *s, char *buf, size_t cap);
 const char *check_resolver(char *s, char *buf, size_t cap);
 const char *check_store(char *s, char *buf, size_t cap);
 bool listen_parse(const char *s, int *family, unsigned char addr[16], int *port);
@@ -256,13 +258,14 @@ void files_check_log(struct load *ld, const struct node *map, const char *key, c
 /* ------------------------------------------------------------------ JSON (config_json.c) */
 
 /* The JSON of the block ROOT describes at BASE, pretty-printed, ending with a newline;
- * malloc'ed. */
-char *json_render(const struct block *root, const void *base);
+ * malloc'ed. The string fields at the NSECRETS addresses SECRETS show as "<redacted>". */
+char *json_render(const struct block *root, const void *base, char ***secrets, int nsecrets);
 /* the `emit` of keys whose JSON is not their type's: redacted or K_CUSTOM */
 void emit_secret(struct json *j, const struct key *k, const void *base);
 void emit_store(struct json *j, const struct key *k, const void *base);
 void emit_workers(struct json *j, const struct key *k, const void *base);
 void emit_retry_on(struct json *j, const struct key *k, const void *base);
+void emit_release_on(struct json *j, const struct key *k, const void *base);
 /* faults.rules[].grpc_status: the code's name, or null; an int key whose -1 means "not set":
  * null */
 void emit_grpc_status(struct json *j, const struct key *k, const void *base);

@@ -1,8 +1,8 @@
 /*
  * config_json: GET /config, the effective configuration as JSON, rendered from the schema
  * tables so that every key appears under its YAML name with its loaded (or default) value.
- * Secrets never leave: admin.token becomes "<redacted>" and a redis store URL keeps all but
- * its password. Output is pretty-printed, two spaces an indent, and ends with a newline.
+ * Secrets never leave: admin.token and every value written ${NAME} become "<redacted>", and
+ * a redis store URL keeps all but its password. Output is pretty-printed, two spaces an indent, and ends with a newline.
  * The tables name the emitters here and config.c hands over the root, so this file calls down
  * only (config_values.c) and never names the schema.
  */
@@ -18,7 +18,17 @@ struct json {
 	FILE *f;
 	int depth;
 	bool had[16];               /* the container at each depth already has an item */
+	char ***secrets;            /* the string fields whose value came from ${NAME} */
+	int nsecrets;
 };
+
+static bool is_secret(const struct json *j, const void *slot)
+{
+	for (int i = 0; i < j->nsecrets; i++)
+		if ((const void *)j->secrets[i] == slot)
+			return true;
+	return false;
+}
 
 static void json_string(struct json *j, const char *s)
 {
@@ -63,7 +73,9 @@ static void json_strings(struct json *j, char *const *v, int n)
 	for (int i = 0; i < n; i++) {
 		if (i)
 			fputs(", ", j->f);
-		if (v[i])
+		if (is_secret(j, &v[i]))
+			json_string(j, "<redacted>");
+		else if (v[i])
 			json_string(j, v[i]);
 		else
 			fputs("null", j->f);
@@ -98,6 +110,23 @@ void emit_workers(struct json *j, const struct key *k, const void *base)
 	fprintf(j->f, "%d", *CFIELD(base, k->off, int));
 }
 
+/* The statuses (400-599) and gRPC codes of a list of answers, after FIRST items. */
+static void emit_answers(struct json *j, const uint8_t status_bits[200 / 8], uint32_t grpc_bits,
+                         bool first)
+{
+	for (int s = 400; s <= 599; s++)
+		if ((status_bits[(s - 400) / 8] >> ((s - 400) % 8)) & 1) {
+			fprintf(j->f, "%s%d", first ? "" : ", ", s);
+			first = false;
+		}
+	for (int c = 1; c < GRPC_NCODES; c++)
+		if ((grpc_bits >> c) & 1u) {
+			fputs(first ? "" : ", ", j->f);
+			json_string(j, grpc_status_name(c));
+			first = false;
+		}
+}
+
 void emit_retry_on(struct json *j, const struct key *k, const void *base)
 {
 	const struct cfg_retry *r = base;
@@ -110,17 +139,16 @@ void emit_retry_on(struct json *j, const struct key *k, const void *base)
 			json_string(j, cfg_retry_on_words[w]);
 			first = false;
 		}
-	for (int s = 400; s <= 599; s++)
-		if (cfg_retry_on_status(r, s)) {
-			fprintf(j->f, "%s%d", first ? "" : ", ", s);
-			first = false;
-		}
-	for (int c = 0; c < GRPC_NCODES; c++)
-		if (cfg_retry_on_grpc(r, c)) {
-			fputs(first ? "" : ", ", j->f);
-			json_string(j, grpc_status_name(c));
-			first = false;
-		}
+	emit_answers(j, r->on_status, r->on_grpc, first);
+	fputc(']', j->f);
+}
+
+void emit_release_on(struct json *j, const struct key *k, const void *base)
+{
+	const struct cfg_idempotency *id = base;
+
+	fputc('[', j->f);
+	emit_answers(j, id->release_status, id->release_grpc, true);
 	fputc(']', j->f);
 }
 
@@ -149,6 +177,10 @@ static void json_block(struct json *j, const struct block *b, const void *base)
 	json_open(j, '{');
 	for (const struct key *k = b->keys; k->name; k++) {
 		json_item(j, k->name);
+		if (k->type == K_STR && is_secret(j, CFIELD(base, k->off, char *))) {
+			json_string(j, "<redacted>");
+			continue;
+		}
 		if (k->emit) {
 			k->emit(j, k, base);
 			continue;
@@ -213,11 +245,11 @@ static void json_block(struct json *j, const struct block *b, const void *base)
 	json_close(j, '}');
 }
 
-char *json_render(const struct block *root, const void *base)
+char *json_render(const struct block *root, const void *base, char ***secrets, int nsecrets)
 {
 	char *out = NULL;
 	size_t len = 0;
-	struct json j = { 0 };
+	struct json j = { .secrets = secrets, .nsecrets = nsecrets };
 
 	j.f = open_memstream(&out, &len);
 	if (!j.f) {

@@ -39,14 +39,16 @@ static void report_health(FILE *out, const struct cfg_upstream *u)
 		        dur(h->base_ejection_us, a), dur(h->max_ejection_us, b), h->max_ejected_percent);
 	else
 		fprintf(out, "  passive health off (consecutive_failures: 0)\n");
-	if (*h->active_path && u->tls)
-		fprintf(out, "  active health  off: probes speak plain HTTP and this upstream uses TLS\n");
+	if (h->active_kind == PROBE_GRPC)
+		fprintf(out, "  active health  grpc.health.v1 Check \"%s\"", h->active_service);
 	else if (*h->active_path)
-		fprintf(out, "  active health  GET %s every %s (timeout %s): down after %d failures, up "
-		        "after %d successes\n", h->active_path, dur(h->active_interval_us, a),
-		        dur(h->active_timeout_us, b), h->unhealthy_after, h->healthy_after);
+		fprintf(out, "  active health  GET %s", h->active_path);
 	else
 		fprintf(out, "  active health  off (no path)\n");
+	if (cfg_health_active(h))
+		fprintf(out, " every %s (timeout %s): down after %d failures, up after %d successes\n",
+		        dur(h->active_interval_us, a), dur(h->active_timeout_us, b), h->unhealthy_after,
+		        h->healthy_after);
 }
 
 /* How deadline D treats the worst case of N attempts that all time out after maximal
@@ -315,6 +317,12 @@ static void report_warnings(FILE *out, const struct config *c)
 		snprintf(where, sizeof where, "upstreams.%s", n);
 		warn_per_try(out, where, r, &u->deadline);
 		report_fault_warnings(out, u);
+		/* SPEC §6: only where the service guarantees it, UNAVAILABLE means "not executed" */
+		if (u->idem.enabled && cfg_idem_release_on(&u->idem, 200, GRPC_UNAVAILABLE))
+			fprintf(out, "warning: upstreams.%s.idempotency.release_on: unavailable releases "
+			        "the key of a call the service may have run (grpcio answers UNAVAILABLE "
+			        "for those too): a repeat runs it again; list it only if the service "
+			        "guarantees UNAVAILABLE means not executed\n", n);
 		if (!r->enabled || r->max_attempts < 2)
 			continue;
 		if (r->non_idempotent == NI_ALWAYS)

@@ -59,6 +59,44 @@ static void workers_parse(struct load *ld, const struct key *k, const struct nod
 		*FIELD(base, k->off, int) = (int)n;
 }
 
+/* One item of a list of answers (retry.on, idempotency.release_on): a status 400-599 or a gRPC
+ * code name but "ok", set in STATUS_BITS / GRPC_BITS as config.h keeps them. Anything else is
+ * reported as an unknown NOUN, with the closest of WORDS; VERB says why "ok" or another status
+ * cannot be listed, EXPECT what the list takes. */
+static void answer_item(struct load *ld, const struct node *item, const char *const *words,
+                        const char *noun, const char *verb, const char *expect,
+                        uint8_t status_bits[200 / 8], uint32_t *grpc_bits)
+{
+	const char *near;
+	int64_t status;
+	char q[80];
+	int code = grpc_status_by_name(item->str, strlen(item->str));
+
+	if (code > GRPC_OK)
+		*grpc_bits |= 1u << code;
+	else if (code == GRPC_OK)
+		value_error(ld, item, "gRPC status \"ok\" is a success and %s (%s)", verb, expect);
+	else if (scan_int(item->str, &status) == 0 && status >= 400 && status <= 599)
+		status_bits[(status - 400) / 8] |= (uint8_t)(1u << ((status - 400) % 8));
+	else if (scan_int(item->str, &status) == 0)
+		value_error(ld, item, "status %s %s (%s)", cfg_quote(item->str, q, sizeof q), verb,
+		            expect);
+	else if ((near = closest_word(item->str, words)))
+		value_error(ld, item, "unknown %s %s (did you mean \"%s\"?)", noun,
+		            cfg_quote(item->str, q, sizeof q), near);
+	else
+		value_error(ld, item, "unknown %s %s (%s)", noun, cfg_quote(item->str, q, sizeof q),
+		            expect);
+}
+
+/* WORDS[N...]: the gRPC code names but "ok", NULL-terminated, for "did you mean" */
+static void grpc_words(const char **words, int n)
+{
+	for (int c = GRPC_OK + 1; c < GRPC_NCODES; c++)
+		words[n++] = grpc_status_name(c);
+	words[n] = NULL;
+}
+
 static void retry_on_parse(struct load *ld, const struct key *k, const struct node *v, void *base)
 {
 	static const char expect[] = "expected connect-failure, reset, timeout, a status code "
@@ -67,13 +105,10 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 	/* the words, then the gRPC names but "ok", for "did you mean" */
 	const char *words[8 + GRPC_NCODES];
 	int nw = 0;
-	char q[80];
 
 	for (int w = 0; cfg_retry_on_words[w]; w++)
 		words[nw++] = cfg_retry_on_words[w];
-	for (int c = GRPC_OK + 1; c < GRPC_NCODES; c++)
-		words[nw++] = grpc_status_name(c);
-	words[nw] = NULL;
+	grpc_words(words, nw);
 
 	if (v->kind != N_SEQ && !node_is_null(v)) {
 		type_error(ld, v, "a sequence of conditions");
@@ -85,9 +120,7 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 	r->on_grpc = 0;
 	for (int i = 0; v->kind == N_SEQ && i < v->nkids; i++) {
 		const struct node *item = v->kids[i];
-		const char *near;
-		int64_t status;
-		int w, code;
+		int w;
 
 		if (item->kind != N_SCALAR || node_is_null(item)) {
 			type_error(ld, item, "a condition");
@@ -98,26 +131,38 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 				r->on_flags |= 1u << w;
 				break;
 			}
-		if (cfg_retry_on_words[w])
+		if (!cfg_retry_on_words[w])
+			answer_item(ld, item, words, "condition", "cannot be retried", expect,
+			            r->on_status, &r->on_grpc);
+	}
+}
+
+/* idempotency.release_on: the answers by which the service says it did not take the request
+ * (SPEC §6); a connect-failure always releases and is no answer to list */
+static void release_on_parse(struct load *ld, const struct key *k, const struct node *v,
+                             void *base)
+{
+	static const char expect[] = "expected a status code 400-599 or a gRPC code name such as "
+	                             "resource-exhausted";
+	struct cfg_idempotency *id = base;
+	const char *words[GRPC_NCODES + 1];
+
+	grpc_words(words, 0);
+	if (v->kind != N_SEQ && !node_is_null(v)) {
+		type_error(ld, v, "a sequence of statuses and gRPC code names");
+		return;
+	}
+	memset(id->release_status, 0, sizeof id->release_status);
+	id->release_grpc = 0;
+	for (int i = 0; v->kind == N_SEQ && i < v->nkids; i++) {
+		const struct node *item = v->kids[i];
+
+		if (item->kind != N_SCALAR || node_is_null(item)) {
+			type_error(ld, item, "a status or a gRPC code name");
 			continue;
-		code = grpc_status_by_name(item->str, strlen(item->str));
-		if (code > GRPC_OK)
-			r->on_grpc |= 1u << code;
-		else if (code == GRPC_OK)
-			/* a success is not a failure that may heal: retrying it would repeat every call */
-			value_error(ld, item, "gRPC status \"ok\" is a success and cannot be retried "
-			            "(%s)", expect);
-		else if (scan_int(item->str, &status) == 0 && status >= 400 && status <= 599)
-			r->on_status[(status - 400) / 8] |= (uint8_t)(1u << ((status - 400) % 8));
-		else if (scan_int(item->str, &status) == 0)
-			value_error(ld, item, "status %s cannot be retried (%s)",
-			            cfg_quote(item->str, q, sizeof q), expect);
-		else if ((near = closest_word(item->str, words)))
-			value_error(ld, item, "unknown condition %s (did you mean \"%s\"?)",
-			            cfg_quote(item->str, q, sizeof q), near);
-		else
-			value_error(ld, item, "unknown condition %s (%s)", cfg_quote(item->str, q, sizeof q),
-			            expect);
+		}
+		answer_item(ld, item, words, "answer", "cannot mean \"not executed\"", expect,
+		            id->release_status, &id->release_grpc);
 	}
 }
 
@@ -336,6 +381,23 @@ static void upstream_check(struct load *ld, void *base, const struct node *map)
 	struct cfg_upstream *u = base;
 	u->line = map->line;
 	u->col = map->col;
+	/* a gRPC call is HTTP/2: an http1 upstream cannot answer the health service */
+	const struct node *active = node_find(node_find(map, "health"), "active");
+	if (u->health.active_kind == PROBE_GRPC && u->protocol != UP_H2 && active &&
+	    key_ok(ld, "protocol") && key_ok(ld, "health")) {
+		size_t mark = path_push(ld, "health");
+		path_push(ld, "active");
+		key_error(ld, active, "kind", "kind grpc needs protocol: h2 on this upstream "
+		          "(grpc.health.v1 is a gRPC call; expected protocol: h2, or kind http with a "
+		          "path)");
+		path_pop(ld, mark);
+	}
+	/* keys of the other kind are kept but unused: say so rather than ignore them silently */
+	if (u->health.active_kind == PROBE_GRPC && *u->health.active_path)
+		load_warn(ld, "health.active.path is not used with kind grpc (the probe calls %s)",
+		          "/grpc.health.v1.Health/Check");
+	else if (u->health.active_kind == PROBE_HTTP && *u->health.active_service)
+		load_warn(ld, "health.active.service is used only with kind grpc");
 }
 
 static void route_check(struct load *ld, void *base, const struct node *map)
@@ -636,6 +698,8 @@ static const struct key idempotency_keys[] = {
 	{ "max_body", K_SIZE, OFF(cfg_idempotency, max_body), .def = "1MiB", .min = 0, .max = GiB },
 	{ "max_response", K_SIZE, OFF(cfg_idempotency, max_response), .def = "1MiB", .min = 0,
 	  .max = GiB },
+	{ "release_on", K_CUSTOM, 0, .def = "[429, 503, resource-exhausted]",
+	  .parse = release_on_parse, .emit = emit_release_on },
 	{ "store", K_STR, OFF(cfg_idempotency, store), .def = "memory", .check = check_store,
 	  .emit = emit_store, .expect = "\"memory\" or a redis:// URL" },
 	{ .name = NULL },
@@ -710,9 +774,14 @@ static const struct key passive_keys[] = {
 };
 static const struct block passive_block = { .keys = passive_keys };
 
+static const char *const probe_kind_words[] = { "http", "grpc", NULL };
+
 static const struct key active_keys[] = {
+	{ "kind", K_ENUM, OFF(cfg_health, active_kind), .def = "http", .names = probe_kind_words },
 	{ "path", K_STR, OFF(cfg_health, active_path), .def = "", .check = check_probe_path,
 	  .expect = "\"\" or a path such as /healthz" },
+	{ "service", K_STR, OFF(cfg_health, active_service), .def = "", .check = check_grpc_service,
+	  .expect = "\"\" or a gRPC service name such as pkg.Service" },
 	{ "interval", K_DUR, OFF(cfg_health, active_interval_us), .def = "5s", TIMEOUT },
 	{ "timeout", K_DUR, OFF(cfg_health, active_timeout_us), .def = "1s", TIMEOUT },
 	{ "unhealthy_after", K_INT, OFF(cfg_health, unhealthy_after), .def = "3", .min = 1,

@@ -200,6 +200,19 @@ const char *check_probe_path(char *s, char *buf, size_t cap)
 	return *s ? check_path_prefix(s, buf, cap) : NULL;
 }
 
+/* health.active.service: "" (the whole server) or a service name as gRPC writes it
+ * ("grpc.health.v1.Health"); a HealthCheckRequest carries it, so it is short */
+const char *check_grpc_service(char *s, char *buf, size_t cap)
+{
+	char q[80];
+
+	if (strlen(s) <= 200 && str_is_visible(s) && !strchr(s, '/'))
+		return NULL;
+	snprintf(buf, cap, "bad service %s (expected \"\" or a service name such as pkg.Service, "
+	         "printable, without '/', at most 200 bytes)", cfg_quote(s, q, sizeof q));
+	return buf;
+}
+
 /* resolvers: a DNS server, "IP:port" (the port may not be left out: say 53) */
 const char *check_resolver(char *s, char *buf, size_t cap)
 {

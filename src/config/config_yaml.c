@@ -3,6 +3,9 @@
  * libyaml's events. Every node keeps the 1-based line and column of its mark; an alias is a
  * second reference to its anchored node, never to an ancestor, so the tree has no cycles.
  * Depth, anchors and the alias-expanded size are bounded; errors go to the loader's list.
+ * A value (never a key) written ${NAME} is the environment variable NAME, and so is ${NAME} in
+ * the user:password part of a redis:// URL (percent-encoded there); an unset one is an error
+ * at the value.
  * Called by config.c; calls go down only, to config_diag.c (which also holds the queries of
  * the finished tree).
  */
@@ -106,6 +109,92 @@ static void report_yaml_error(struct load *ld, const yaml_parser_t *p, const cha
 		load_error(ld, line, col, "YAML: %s", what);
 }
 
+/* NAME of "${NAME}" at P (letters, digits, '_', not starting with a digit): its length, with
+ * *LEN the length of the whole reference; 0 when P holds none. */
+static size_t env_ref(const char *p, size_t *len)
+{
+	size_t n = 0;
+
+	if (p[0] != '$' || p[1] != '{' || (p[2] >= '0' && p[2] <= '9'))
+		return 0;
+	while ((p[2 + n] >= 'a' && p[2 + n] <= 'z') || (p[2 + n] >= 'A' && p[2 + n] <= 'Z') ||
+	       (p[2 + n] >= '0' && p[2 + n] <= '9') || p[2 + n] == '_')
+		n++;
+	if (n == 0 || p[2 + n] != '}')
+		return 0;
+	*len = n + 3;
+	return n;
+}
+
+/* The value of the variable named by the reference at REF, or NULL after reporting it unset. */
+static const char *env_value(struct load *ld, const struct node *n, const char *ref, size_t nlen)
+{
+	char name[256];
+	const char *v;
+
+	snprintf(name, sizeof name, "%.*s", (int)nlen, ref + 2);
+	if ((v = getenv(name)))
+		return v;
+	load_error(ld, n->line, n->col, "environment variable %s is not set (the value is ${%s})",
+	           name, name);
+	return NULL;
+}
+
+static void node_set_str(struct node *n, char *s)
+{
+	free(n->str);
+	n->str = s;
+	n->len = strlen(s);
+	n->plain = false;           /* a string, never read as null, a boolean or a number */
+}
+
+/* ${NAME} in scalar value N: the whole value, or inside a redis:// URL's user:password.
+ * False after reporting an unset variable. */
+static bool env_expand(struct load *ld, struct node *n)
+{
+	size_t len, nlen = env_ref(n->str, &len);
+	const char *v;
+
+	if (nlen && len == n->len) {
+		if (!(v = env_value(ld, n, n->str, nlen)))
+			return false;
+		node_set_str(n, xstrdup(v));
+		n->secret = true;
+		return true;
+	}
+	if (strncmp(n->str, "redis://", 8) != 0 || !strstr(n->str, "${"))
+		return true;
+	const char *user = n->str + 8, *at = strchr(user, '@'), *slash = strchr(user, '/');
+	if (!at || (slash && slash < at))
+		return true;
+	struct strbuf b = { 0 };
+	bool ok = true;
+	sb_putn(&b, n->str, 8);
+	for (const char *p = user; p < at;) {
+		if (!(nlen = env_ref(p, &len)) || p + len > at) {
+			sb_putn(&b, p++, 1);
+			continue;
+		}
+		if (!(v = env_value(ld, n, p, nlen)))
+			ok = false;
+		for (; v && *v; v++) {
+			unsigned char c = (unsigned char)*v;
+			if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			    strchr("-._~", c))
+				sb_putn(&b, v, 1);
+			else
+				sb_printf(&b, "%%%02X", c);
+		}
+		p += len;
+	}
+	sb_puts(&b, at);
+	if (ok)
+		node_set_str(n, b.s);
+	else
+		free(b.s);
+	return ok;
+}
+
 static struct node *tree_find_anchor(struct tree *t, const char *name)
 {
 	for (int i = t->nanchors - 1; i >= 0; i--)
@@ -120,7 +209,7 @@ bool tree_parse(struct load *ld, struct tree *t, const char *data, size_t len)
 	yaml_event_t ev;
 	struct node *stack[MAX_DEPTH];
 	int depth = 0, docs = 0;
-	bool ok = true, done = false;
+	bool ok = true, done = false, env_ok = true;
 
 	if (!yaml_parser_initialize(&p)) {
 		fprintf(stderr, "retrygate: out of memory (yaml parser)\n");
@@ -156,6 +245,10 @@ bool tree_parse(struct load *ld, struct tree *t, const char *data, size_t len)
 			if (strlen(n->str) != n->len) {
 				load_error(ld, n->line, n->col, "a NUL character in a value (expected text)");
 				ok = false;
+			} else if (!(depth && stack[depth - 1]->kind == N_MAP &&
+			             stack[depth - 1]->nkids % 2 == 0)) {
+				/* a value or an item, not a key: every unset variable is reported */
+				env_ok = env_expand(ld, n) && env_ok;
 			}
 			break;
 		case YAML_SEQUENCE_START_EVENT:
@@ -214,6 +307,7 @@ bool tree_parse(struct load *ld, struct tree *t, const char *data, size_t len)
 		yaml_event_delete(&ev);
 	}
 	yaml_parser_delete(&p);
+	ok = ok && env_ok;
 	if (ok && t->root && t->root->weight > MAX_WEIGHT) {
 		load_error(ld, t->root->line, t->root->col,
 		           "the document expands to more than %d nodes through its aliases", MAX_WEIGHT);

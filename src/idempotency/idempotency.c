@@ -120,9 +120,20 @@ void idem_fingerprint(unsigned char out[32], const char *method, size_t method_l
 
 /* ------------------------------------------------------------------ policy */
 
-enum idem_after idem_disposition(int last_status, int grpc_status, bool reached,
+bool idem_not_executed(const struct cfg_idempotency *c, enum outcome out, int status,
+                       int grpc_status)
+{
+	if (out == OUT_CONNECT_FAILURE)
+		return true;
+	return out == OUT_STATUS && cfg_idem_release_on(c, status, grpc_status);
+}
+
+enum idem_after idem_disposition(int last_status, int grpc_status, bool reached, bool refused,
                                  int64_t stored_len, int64_t max_response)
 {
+	/* the service said, every time, that it did not take the request: nothing to remember */
+	if (refused)
+		return IDEM_AFTER_RELEASE;
 	/* a gRPC error such as UNAVAILABLE travels under :status 200: the code decides */
 	bool definite = last_status != 200 || grpc_status < 0 || grpc_definite(grpc_status);
 	if (last_status > 0 && last_status < 500 && definite)

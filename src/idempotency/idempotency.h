@@ -9,7 +9,9 @@
  *   CLAIMED --idem_complete---------> DONE(fp, response)     for ttl  (final status < 500, stored)
  *                                                                     (gRPC: a definite code)
  *   CLAIMED --idem_keep_claimed-----> KEPT(fp)               for ttl  (response too large to store)
- *   CLAIMED --idem_release----------> (none)                 (provably never reached the upstream)
+ *   CLAIMED --idem_release----------> (none)                 (provably never executed: nothing
+ *                                                                     reached the upstream, or
+ *                                                                     it refused (release_on))
  *   CLAIMED --lock_timeout passes---> (none)                 (outcome unknown: claimable again)
  *
  * A claim on an existing record answers MISMATCH when fp differs (whatever the state, so a
@@ -46,6 +48,7 @@
 
 #include "config/config.h"
 #include "idempotency/idem_types.h"
+#include "policy/retry.h"
 
 struct event_base;
 struct evdns_base;
@@ -78,27 +81,37 @@ enum idem_after {
 	IDEM_AFTER_STORE,   /* idem_complete(): the response is stored for ttl */
 	IDEM_AFTER_KEEP,    /* idem_keep_claimed(): stays claimed for ttl, a repeat gets 409 */
 	IDEM_AFTER_EXPIRE,  /* nothing: outcome unknown, the claim lapses at lock_timeout */
-	IDEM_AFTER_RELEASE, /* idem_release(): nothing reached the upstream, a repeat may go now */
+	IDEM_AFTER_RELEASE, /* idem_release(): nothing executed, a repeat may go now */
 };
 
-/* SPEC §6 "the claim follows the last attempt", and §10's definite gRPC answers, as a pure
- * function:
+/* SPEC §6 release_on and §4 rule 4: an attempt's outcome that cannot have executed — OUT is a
+ * connect-failure (nothing was sent), or OUT_STATUS answered with a status or gRPC code in
+ * c->release_on (GRPC_STATUS: the grpc-status of a gRPC answer, -1 for HTTP; a gRPC call
+ * answered with another :status than 200 is judged by the status). Any other outcome (a
+ * reset, a timeout, another answer, none yet) may have executed. */
+bool idem_not_executed(const struct cfg_idempotency *c, enum outcome out, int status,
+                       int grpc_status);
+
+/* SPEC §6 "the claim follows the last attempt", its definite refusals, and §10's definite gRPC
+ * answers, as a pure function:
  *   last_status  the last attempt's final response status; 0 when it had none (connect
  *                failure, reset, timeout, cancelled) or no attempt was made;
  *   grpc_status  that response's grpc-status (from its trailers, or its head for a
  *                Trailers-Only response), or -1 when it is not a gRPC response;
  *   reached      whether any attempt's request may have reached the upstream (every outcome
  *                but connect-failure and "never sent");
+ *   refused      every attempt's outcome was one that cannot have executed
+ *                (idem_not_executed: connect-failures and release_on answers);
  *   stored_len   the bytes to store, body plus trailers, when they were fully buffered; -1
  *                when not (streamed past max_response);
- * STORE when 0 < last_status < 500, the answer is definite and 0 <= stored_len <=
- * max_response; KEEP when 0 < last_status < 500 and definite otherwise; RELEASE when no
- * response and !reached; else EXPIRE (a 5xx, or reset/timeout: even if an earlier attempt's
- * response was relayed). A response is definite unless it is gRPC (grpc_status >= 0) with
- * :status 200 and a code grpc_definite() refuses (UNAVAILABLE, INTERNAL, ...): that outcome
- * is unknown exactly as a 5xx, EXPIRE. A gRPC call answered with another :status is an
- * HTTP outcome (§10), judged by the status alone. */
-enum idem_after idem_disposition(int last_status, int grpc_status, bool reached,
+ * RELEASE when refused, or when no response and !reached; STORE when 0 < last_status < 500,
+ * the answer is definite and 0 <= stored_len <= max_response; KEEP when 0 < last_status <
+ * 500 and definite otherwise; else EXPIRE (a 5xx, or reset/timeout: even if an earlier
+ * attempt's response was relayed). A response is definite unless it is gRPC (grpc_status >=
+ * 0) with :status 200 and a code grpc_definite() refuses (UNAVAILABLE, INTERNAL, ...): that
+ * outcome is unknown exactly as a 5xx, EXPIRE. A gRPC call answered with another :status is
+ * an HTTP outcome (§10), judged by the status alone. */
+enum idem_after idem_disposition(int last_status, int grpc_status, bool reached, bool refused,
                                  int64_t stored_len, int64_t max_response);
 
 /* ------------------------------------------------------------------ the store */
@@ -140,8 +153,9 @@ void idem_complete(struct idem_store *s, const struct idem_key *key,
  * gets IDEM_IN_PROGRESS (409), never a second execution. Fire and forget. */
 void idem_keep_claimed(struct idem_store *s, const struct idem_key *key, int64_t ttl_us);
 
-/* Give KEY back (only if it is still this fp's claim): no attempt reached the upstream, so a
- * repeat may proceed at once instead of waiting out lock_timeout. Fire and forget. */
+/* Give KEY back (only if it is still this fp's claim): no attempt executed (none reached the
+ * upstream, or it refused each), so a repeat may proceed at once instead of waiting out
+ * lock_timeout. Fire and forget. */
 void idem_release(struct idem_store *s, const struct idem_key *key);
 
 /* Drop every expired record of the memory store now (a no-op for redis, which expires keys

@@ -57,9 +57,11 @@ struct listener {
 	struct loop *loop;
 	struct listener_owner own;
 	char *name;
+	char *addr;                     /* the address its socket was bound to */
 	struct evconnlistener *evl;
 	struct event *pause_ev;
 	bool paused, stopped;
+	int local;                      /* connections of this socket still open (its worker's) */
 	struct lcount *count;
 	/* its entry in the config of generation cached_gen (0: none looked up yet): keyed by
 	 * generation, not by the config's address, which a later config may reuse */
@@ -76,7 +78,7 @@ struct listener {
 	int nparked;
 };
 
-/* Addresses this process has bound already (main thread, at startup only): the first socket
+/* Addresses this process has bound already (main thread: startup and reloads): the first socket
  * of an address is the one that checks for another process; the workers' further sockets
  * join it. */
 static struct bound_addr {
@@ -157,7 +159,8 @@ int listener_bind_single(const char *addr, const char **err)
 	return bind_one(&ss, (socklen_t)len, false, true, err);
 }
 
-/* Its entry in the current config; NULL once a reload removed it. */
+/* Its entry in the current config; NULL once a reload removed it or moved it to another
+ * address (a socket bound for the new address takes over the name). */
 static struct cfg_listener *current(struct listener *l)
 {
 	uint64_t gen = 0;
@@ -165,6 +168,8 @@ static struct cfg_listener *current(struct listener *l)
 	if (gen != l->cached_gen || !l->cached_gen) {
 		l->cached_gen = gen;
 		l->cached = config_listener(cfg, l->name);
+		if (l->cached && strcmp(l->cached->listen, l->addr) != 0)
+			l->cached = NULL;
 	}
 	return l->cached;
 }
@@ -199,6 +204,7 @@ static void unpark(struct listener *l, int64_t cap)
 		struct parked p = l->parked[0];
 		l->nparked--;
 		memmove(&l->parked[0], &l->parked[1], sizeof(l->parked[0]) * (size_t)l->nparked);
+		l->local++;
 		l->own.on_accept(l->own.arg, l, l->name, p.fd, (struct sockaddr *)&p.sa, p.salen);
 	}
 }
@@ -245,6 +251,7 @@ static void accept_cb(struct evconnlistener *evl, evutil_socket_t fd, struct soc
 	}
 	if (n == cap)
 		pause_for(l, PAUSE_POLL_US);
+	l->local++;
 	l->own.on_accept(l->own.arg, l, l->name, fd, sa, salen);
 }
 
@@ -258,12 +265,13 @@ static void accept_error_cb(struct evconnlistener *evl, void *arg)
 }
 
 struct listener *listener_new(struct loop *loop, const struct listener_owner *own,
-                              const char *name, int fd)
+                              const char *name, const char *addr, int fd)
 {
 	struct listener *l = xcalloc(1, sizeof(*l));
 	l->loop = loop;
 	l->own = *own;
 	l->name = xstrdup(name);
+	l->addr = xstrdup(addr);
 	l->count = lcount_get(name);
 	/* backlog 0: the socket listens already (listener_bind, 1024); -1 would listen() again
 	 * with libevent's default of 128, and a burst of connects would see SYNs dropped */
@@ -291,11 +299,18 @@ void listener_free(struct listener *l)
 	listener_stop(l);
 	event_free(l->pause_ev);
 	free(l->name);
+	free(l->addr);
 	free(l);
+}
+
+bool listener_done(const struct listener *l)
+{
+	return l->stopped && l->local == 0;
 }
 
 void listener_release(struct listener *l)
 {
+	l->local--;
 	atomic_fetch_sub(&l->count->conns, 1);
 	if (l->paused && !l->stopped) {
 		evtimer_del(l->pause_ev);

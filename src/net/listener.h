@@ -1,7 +1,8 @@
 /*
  * listener: the proxy's listening sockets. Every worker has its own socket per configured
  * listener (SO_REUSEPORT: the kernel spreads connections), all bound by the main thread at
- * startup so that a bind error stops the process before it serves anything. max_connections
+ * startup so that a bind error stops the process before it serves anything, and on a reload
+ * that adds or moves a listener before the new config is published (a bind error fails it). max_connections
  * counts across workers: at the cap a worker's listener pauses until a connection closes.
  */
 #ifndef RG_LISTENER_H
@@ -33,14 +34,18 @@ struct listener_owner {
 	void *arg;
 };
 
-/* Wrap FD on LOOP; NAME is the listener's name (its config is looked up by it). */
+/* Wrap FD, bound to ADDR, on LOOP; NAME is the listener's name (its config is looked up by
+ * it; a config that has NAME at another address makes this socket a stale one). */
 struct listener *listener_new(struct loop *loop, const struct listener_owner *own,
-                              const char *name, int fd);
+                              const char *name, const char *addr, int fd);
 void listener_free(struct listener *l);
 /* Stop accepting (drain): the socket and the connections waiting at the cap close. */
 void listener_stop(struct listener *l);
-/* False when a reload removed it from the config: it is stopped then (and stays so). */
+/* False when a reload removed it from the config or moved it to another address: it is
+ * stopped then (and stays so). */
 bool listener_check(struct listener *l);
+/* Stopped, and every connection it accepted has closed: it may be freed. */
+bool listener_done(const struct listener *l);
 /* A connection it accepted closed: its place is free again. */
 void listener_release(struct listener *l);
 

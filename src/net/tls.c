@@ -159,6 +159,20 @@ SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify)
 	return ssl;
 }
 
+void tls_offer_h2(SSL *ssl)
+{
+	SSL_set_alpn_protos(ssl, (const unsigned char *)"\x02h2", 3);
+}
+
+bool tls_selected_h2(SSL *ssl)
+{
+	const unsigned char *p = NULL;
+	unsigned int n = 0;
+	if (ssl)
+		SSL_get0_alpn_selected(ssl, &p, &n);
+	return n == 2 && memcmp(p, "h2", 2) == 0;
+}
+
 const char *tls_server_name(const char *configured, const char *endpoint, char *buf, size_t cap)
 {
 	int port;

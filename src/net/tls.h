@@ -30,5 +30,8 @@ bool tls_error_is_peer_refusal(unsigned long e);
 const char *tls_server_name(const char *configured, const char *endpoint, char *buf, size_t cap);
 /* A client SSL for one upstream connection: SNI and, when verifying, the expected name. */
 SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify);
+/* Offer h2 by ALPN on a client SSL; after the handshake, did the server select it? */
+void tls_offer_h2(SSL *ssl);
+bool tls_selected_h2(SSL *ssl);
 
 #endif

@@ -126,7 +126,7 @@ const char *access_unknown_cause(const struct access_rec *r)
 		return outcome_name(r->last_out);
 	/* a gRPC error the upstream answered (retrygate's own answers name a reason) that is not
 	 * definite: the call may have run, as after a 5xx (SPEC §10) */
-	if (r->grpc_answered && !grpc_definite(r->grpc_status))
+	if (r->grpc_answered && !r->not_executed && !grpc_definite(r->grpc_status))
 		return grpc_status_name(r->grpc_status);
 	return NULL;
 }

@@ -45,6 +45,7 @@ struct access_rec {
 	enum outcome last_out;
 	int grpc_status;                /* a gRPC call: the code its client read (grpc.h); -1: HTTP */
 	bool grpc_answered;             /* that code is an upstream's grpc-status, relayed */
+	bool not_executed;              /* ... which says the call did not run (release_on) */
 	const char *held_ep;            /* the retry was refused for this endpoint's hold ... */
 	int64_t held_ms;                /* ... which had this long left */
 };
@@ -72,7 +73,8 @@ void access_set_grpc_status(struct access_rec *r, int code);
 /* Why the request's outcome is unknown — it may have executed (SPEC §6, §10, §12) — or NULL.
  * A non-idempotent request with attempts is unknown when its last attempt ended in a reset or
  * a timeout ("reset", "timeout"), or, for a gRPC call, when the grpc-status relayed to its
- * client is one §6 does not take as definite (its name: "unavailable", ...). The one decision
+ * client is one §6 does not take as definite (its name: "unavailable", ...) and not one that
+ * says the call did not run (idempotency.release_on: not_executed). The one decision
  * behind both the log's outcome and the reconciliation queue's record. */
 const char *access_unknown_cause(const struct access_rec *r);
 

@@ -12,6 +12,8 @@
 
 #include <string.h>
 
+#include "http/grpc.h"
+
 static const char *const refusal_names[RR_NREASONS] = {
 	[RR_NONE]              = "",
 	[RR_NOT_LISTED]        = "",
@@ -103,6 +105,14 @@ static enum refusal rule_listed(const struct cfg_retry *r, const struct retry_fa
 	return RR_NONE;
 }
 
+/* A DEADLINE_EXCEEDED answered by a gRPC server: the call's time is gone (the server was told
+ * the call's remaining time, SPEC §10), so it is never retried, listed or not. */
+static enum refusal rule_grpc_deadline(const struct retry_facts *f)
+{
+	bool gone = f->grpc && f->outcome == OUT_STATUS && f->grpc_status == GRPC_DEADLINE_EXCEEDED;
+	return gone ? RR_DEADLINE : RR_NONE;
+}
+
 /* Rule 2: one layer retries; a deeper retrygate already did (or refused). */
 static enum refusal rule_nested(const struct retry_facts *f)
 {
@@ -117,13 +127,18 @@ static enum refusal rule_attempts(const struct cfg_retry *r, const struct retry_
 
 /* Rule 4. A connect-failure provably never reached the upstream, so any method may go again,
  * as may any method on an idempotent path; otherwise a non-idempotent method needs the
- * policy's permission. */
+ * policy's permission. A key is that permission only where it is not enforced here: at the
+ * hop that deduplicates, the service behind does not, so the key licenses a retry only of an
+ * outcome that cannot have executed (a release_on answer), never of one that may have run. */
 static enum refusal rule_method(const struct cfg_retry *r, const struct retry_facts *f)
 {
 	if (f->method == MC_IDEMPOTENT || f->idempotent_path || f->outcome == OUT_CONNECT_FAILURE)
 		return RR_NONE;
 	switch (r->non_idempotent) {
-	case NI_REQUIRE_KEY: return f->has_key ? RR_NONE : RR_NON_IDEMPOTENT;
+	case NI_REQUIRE_KEY:
+		if (!f->has_key || (f->enforced && !f->not_executed))
+			return RR_NON_IDEMPOTENT;
+		return RR_NONE;
 	case NI_ALWAYS:      return RR_NONE;
 	case NI_NEVER:       break;
 	}
@@ -176,6 +191,8 @@ enum refusal retry_decide(const struct cfg_retry *r, const struct cfg_deadline *
 {
 	enum refusal why = rule_listed(r, f);
 	if (why == RR_NONE)
+		why = rule_grpc_deadline(f);
+	if (why == RR_NONE)
 		why = rule_nested(f);
 	if (why == RR_NONE)
 		why = rule_attempts(r, f);
@@ -211,6 +228,7 @@ bool retry_may_replay(const struct cfg_retry *r, const struct retry_facts *f)
 {
 	struct retry_facts reset = *f;
 	reset.outcome = OUT_RESET;
+	reset.not_executed = false;     /* a reset may have executed */
 	return rule_nested(&reset) == RR_NONE && rule_method(r, &reset) == RR_NONE &&
 	       rule_body(&reset) == RR_NONE;
 }

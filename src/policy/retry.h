@@ -72,6 +72,13 @@ struct retry_facts {
 	                             * refuses (retry-after), no hold. A valid pushback comes as
 	                             * retry_after_us, exactly like a Retry-After (with honor) */
 	bool has_key;               /* non-empty idempotency header */
+	bool enforced;              /* this hop deduplicates the request (SPEC §6 enforcement on,
+	                             * its method in idempotency.methods, a key), and the service
+	                             * behind it does not: there the key licenses (rule 4) only a
+	                             * retry of an outcome that cannot have executed */
+	bool not_executed;          /* the outcome cannot have executed: a connect-failure, or an
+	                             * answer listed in idempotency.release_on (the caller judges
+	                             * it, idem_not_executed()); read only with enforced */
 	bool body_replayable;       /* no body, or fully buffered and <= retry.max_body */
 	int64_t now_us;
 	int64_t deadline_us;        /* absolute */
@@ -97,8 +104,9 @@ enum refusal retry_gate_taken(bool slot_taken, bool token_taken);
 
 /* May this request be re-sent if its attempt ends in a reset? Rules 2, 4 and 5 as
  * retry_decide() judges them for OUT_RESET: not nested, method repeatable (idempotent, an
- * idempotent path, or non_idempotent permits), body replayable. Reads only nested, method,
- * idempotent_path, has_key and body_replayable. A no means the attempt should not risk a
+ * idempotent path, or non_idempotent permits; a key not where it is enforced, since a reset
+ * may have executed), body replayable. Reads only nested, method, idempotent_path, has_key,
+ * enforced and body_replayable. A no means the attempt should not risk a
  * pooled connection that may have gone stale. After a connect-failure any method may go
  * again (rule 4), but that is retry_decide()'s to say, not this question's: nothing was sent.
  * Rules 1 and 3 (enabled, attempts left) are not consulted. */

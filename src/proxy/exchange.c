@@ -14,7 +14,7 @@
  *
  *   X_ATTEMPT --gRPC 200 head, no END_STREAM--> X_HELD --first message--> X_RELAY
  *       |                                          |
- *       |                                          +--trailers, end, per-try timer--> ex_decide()
+ *       |                                          +--trailers, end--> ex_decide()
  *       +--head--> ex_judge_status() --relay--> X_RELAY
  *       +--retried status, failure-------------------------------------------------> ex_decide()
  *

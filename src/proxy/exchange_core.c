@@ -5,7 +5,7 @@
  * Every other exchange file calls down into this one; it calls none of them.
  *
  * Invariant: the two waits inside an attempt are states, and leaving one undoes it here:
- * X_FAULT_WAIT's fault_ev is deleted, X_HELD's head and per-try timer are freed (a path that
+ * X_FAULT_WAIT's fault_ev is deleted, X_HELD's head is freed (a path that
  * still needs the held head takes it out of ex->held first).
  */
 #include <stdlib.h>
@@ -30,7 +30,6 @@ void ex_held_free(struct grpc_held *held)
 {
 	if (!held)
 		return;
-	evtimer_del(&held->ev);
 	saved_clear(&held->head);
 	free(held);
 }

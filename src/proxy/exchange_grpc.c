@@ -4,10 +4,10 @@
  * first message commits the call (gRFC A6: relayed, never retried) or trailers that follow
  * with no message name its grpc-status, which is then judged like an HTTP status by the same
  * ex_decide(). grpc-retry-pushback-ms is the Retry-After of such an outcome. The per-try
- * timeout runs on while a head is held.
+ * timeout bounds the wait for the head only: a held head waits on until the deadline.
  *
  * The held head is the state X_HELD: entered here, left by whatever comes first (a message,
- * trailers, the attempt's end, its per-try timer, the deadline, the client going away), and
+ * trailers, the attempt's end, the deadline, the client going away), and
  * leaving it frees the head (ex_set_state()); the paths here that relay or keep the head take
  * it out of the exchange first. Called by exchange.c; calls go down only, to exchange_retry.c
  * (ex_decide()), exchange_reply.c and exchange_core.c.
@@ -78,35 +78,15 @@ static void grpc_decide(struct exchange *ex, struct attempt *a, const struct htt
 	ex->dec_ntrailers = 0;
 }
 
-/* The per-try timeout ran out while a gRPC head was held: no outcome in time, a timeout
- * (retried only where a timeout may be, rule 4). Leaving X_HELD frees the head. */
-static void hold_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct exchange *ex = arg;
-	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state != X_HELD || !ex->att)
-		return;
-	STAT_INC(ex->us->outcomes[OUT_TIMEOUT]);
-	ex_report_health(ex, OUT_TIMEOUT, NULL);
-	access_set_outcome(&ex->log, outcome_name(OUT_TIMEOUT));
-	ex_decide(ex, OUT_TIMEOUT, NULL, false);
-}
-
-/* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. */
+/* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. The
+ * per-try timeout bounded the wait for this head only (SPEC §10; the transport's head timer
+ * stopped when it came): from here the call runs until its deadline, which the server was
+ * told in grpc-timeout and enforces itself. */
 static void grpc_hold(struct exchange *ex, const struct http_head *h)
 {
 	ex->held = xcalloc(1, sizeof(*ex->held));
 	saved_keep(&ex->held->head, h, NULL);
-	evtimer_assign(&ex->held->ev, ex->loop->base, hold_cb, ex);
 	ex_set_state(ex, X_HELD);
-	/* the per-try timeout still runs: a head is not an outcome (the transport's own head
-	 * timer stopped when the head came) */
-	int64_t now = clock_now_us();
-	int64_t left = ex->retry->per_try_timeout_us - (now - ex->att_t0_us);
-	if (ex->att_t0_us + ex->retry->per_try_timeout_us < ex->deadline_us) {
-		struct timeval tv = clock_tv(left > 0 ? left : 0);
-		evtimer_add(&ex->held->ev, &tv);
-	}
 }
 
 /* The held head, out of the exchange for a path that relays or keeps it (leaving X_HELD then

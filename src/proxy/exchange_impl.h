@@ -58,7 +58,7 @@ enum xstate {
 	X_CLAIM,            /* the idempotency claim (SPEC §6) */
 	X_FAULT_WAIT,       /* a drawn fault's wait (SPEC §11), fault_ev armed; ex->att NULL */
 	X_ATTEMPT,          /* ex->att sent, its head awaited */
-	X_HELD,             /* a gRPC head held (SPEC §10): ex->held and its timer; ex->att on */
+	X_HELD,             /* a gRPC head held (SPEC §10): ex->held; ex->att on */
 	X_BACKOFF,          /* a retry's wait, backoff_ev armed */
 	X_RELAY,            /* a response goes to the client */
 	X_DONE,
@@ -66,11 +66,10 @@ enum xstate {
 
 struct attempt_cbs;
 
-/* A gRPC head held while its outcome is unknown (X_HELD), with the per-try timer that still
- * runs meanwhile. Apart from the exchange: HTTP requests never need it. */
+/* A gRPC head held while its outcome is unknown (X_HELD). Apart from the exchange: HTTP
+ * requests never need it. */
 struct grpc_held {
 	struct saved_response head;     /* deep copy: the transport's goes away */
-	struct event ev;
 };
 
 struct exchange {
@@ -127,6 +126,8 @@ struct exchange {
 	struct idem_job *idem;          /* SPEC §6 enforcement at this hop, or NULL */
 	int last_att_status;            /* the last attempt's response status, 0: none */
 	bool reached;                   /* some attempt may have reached the upstream */
+	bool executed;                  /* some retried attempt may have executed (its outcome was
+	                                 * not idem_not_executed()); the last one is judged at the end */
 	bool resp_complete;             /* a relayed response went out whole */
 
 	/* SPEC §11: the fault the current attempt drew, or NULL. Faults that send nothing

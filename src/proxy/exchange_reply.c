@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "proxy/exchange_impl.h"
 #include "http/grpc.h"
+#include "idempotency/idempotency.h"
 #include "proxy/idem_job.h"
 #include "base/loop.h"
 #include "obs/reconcile.h"
@@ -46,6 +47,8 @@ static const char *own_refusal(const struct exchange *ex)
  * ex_start_tunnel() or exchange_abort(). */
 void ex_end(struct exchange *ex)
 {
+	/* an attempt cut in flight (the client went away) may have executed */
+	bool in_flight = ex->att && attempt_wrote_any(ex->att);
 	ex_set_state(ex, X_DONE);
 	ex_release_slots(ex);
 	ex_timers_stop(ex);
@@ -53,9 +56,16 @@ void ex_end(struct exchange *ex)
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
+	if (!ex->idem)
+		return;
 	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
 	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
-	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached, ex->resp_complete))
+	/* SPEC §6: released at once when no attempt can have executed (the earlier ones were
+	 * judged as they were retried) */
+	bool refused = !ex->executed && !in_flight && ex->attempts > 0 &&
+	               idem_not_executed(&ex->up->idem, ex->last_out, ex->last_att_status, gs);
+	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached || in_flight, refused,
+	                    ex->resp_complete))
 		STAT_INC(ex->us->idem[IS_STORED]);
 }
 
@@ -73,6 +83,10 @@ static void log_facts(struct exchange *ex, int64_t now)
 		                                       ex->resp_complete);
 		/* retrygate's own answers and replays name a reason: not the upstream's word */
 		ex->log.grpc_answered = ex->client_grpc >= 0 && !ex->log.reason;
+		/* a code of release_on says the call did not run: failed, not unknown (SPEC §6) */
+		ex->log.not_executed = ex->log.grpc_answered &&
+		                       idem_not_executed(&ex->up->idem, OUT_STATUS, 200,
+		                                         ex->log.grpc_status);
 	}
 	ex->log.duration_us = now - ex->t0_us;
 	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;

@@ -29,6 +29,7 @@
 #include "policy/balance.h"
 #include "policy/faults.h"
 #include "policy/retry.h"
+#include "idempotency/idempotency.h"
 #include "proxy/admit.h"
 #include "proxy/exchange_impl.h"
 #include "proxy/reqbody.h"
@@ -65,6 +66,7 @@ static void request_facts(const struct exchange *ex, struct retry_facts *f)
 	f->nested = ex->req_nested;
 	f->method = ex->mclass;
 	f->has_key = ex->has_key;
+	f->enforced = ex->enforce_idem;
 	f->idempotent_path = ex->idem_path;
 	f->body_replayable = reqbody_replayable(&ex->rb, ex->retry->max_body);
 }
@@ -144,7 +146,9 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 }
 
 /* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
- * rest), and X-Timeout-Ms says so. */
+ * rest), and X-Timeout-Ms says so. A gRPC attempt is told the call's remaining time instead
+ * (SPEC §10): its server enforces grpc-timeout over the whole call, streams included, while
+ * the per-try time bounds only the wait for its head. */
 static void send_attempt(struct exchange *ex, struct ep_state *ep)
 {
 	int64_t now = clock_now_us();
@@ -164,7 +168,7 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 		.tls = ex->ci.tls,
 		.reqid = ex->reqid,
 		.dl_present = ex->dl_present,
-		.wait_us = wait,
+		.wait_us = ex->grpc ? remaining : wait,
 		.attempt = ex->attempts,
 		.nested = ex->req_nested,
 		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
@@ -300,6 +304,8 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		if (pb >= 0)
 			f.retry_after_us = pb;
 	}
+	/* SPEC §6, §4 rule 4: did the service say it did not take the request? */
+	f.not_executed = idem_not_executed(&ex->up->idem, out, f.status, f.grpc ? f.grpc_status : -1);
 	struct ep_state *next = choose_endpoint(ex, now, true);
 	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
 	f.hold_until_us = hold > now ? hold : 0;
@@ -319,6 +325,8 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		ex->slot_retry = reason == RR_NONE;
 	}
 	if (reason == RR_NONE) {
+		/* the claim (SPEC §6) is released only if no attempt, this one included, may have run */
+		ex->executed = ex->executed || !f.not_executed;
 		if (h) {
 			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
 			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */

@@ -29,7 +29,8 @@ struct forward_req {
 	bool tls;                       /* the client connection: X-Forwarded-Proto https */
 	const char *reqid;              /* X-Request-Id when the client sent none */
 	const bool *dl_present;         /* [DL_NKINDS]: the deadline headers the client sent */
-	int64_t wait_us;                /* how long this attempt will be waited for */
+	int64_t wait_us;                /* the time the attempt is told it has: how long it
+	                                 * will be waited for (gRPC: the call's remaining time) */
 	int attempt;                    /* 1-based */
 	bool nested;                    /* arrived marked as a retry: markers unchanged */
 	bool streamed;                  /* body streamed: the client's framing (length or chunked),

@@ -25,6 +25,7 @@ struct idem_job {
 	bool owns;                      /* this request claimed the key */
 	bool overflow;                  /* body + trailers outgrew max_response: relayed, not
 	                                 * stored */
+	bool body_seen;                 /* body bytes were relayed (for gRPC: messages) */
 	int status;
 	struct evbuffer *hdrs;          /* "Name: value\r\n" lines */
 	struct evbuffer *body;
@@ -146,9 +147,12 @@ void idem_job_record_head(struct idem_job *j, const struct resp_head *h)
 
 void idem_job_record_body(struct idem_job *j, struct evbuffer *data)
 {
-	if (!idem_job_owns(j) || j->overflow)
+	if (!idem_job_owns(j))
 		return;
 	size_t n = evbuffer_get_length(data);
+	j->body_seen = j->body_seen || n > 0;
+	if (j->overflow)
+		return;
 	if (kept(j) + n > (size_t)j->ic->max_response) {
 		overflow(j);
 		return;
@@ -177,7 +181,7 @@ void idem_job_record_trailers(struct idem_job *j, const struct http_hdr *t, int 
 }
 
 bool idem_job_settle(struct idem_job *j, int last_status, int grpc_status, bool reached,
-                     bool complete)
+                     bool refused, bool complete)
 {
 	if (!j)
 		return false;
@@ -190,7 +194,12 @@ bool idem_job_settle(struct idem_job *j, int last_status, int grpc_status, bool 
 	j->owns = false;
 	const struct cfg_idempotency *ic = j->ic;
 	int64_t len = (j->overflow || !complete) ? -1 : (int64_t)kept(j);
-	switch (idem_disposition(last_status, grpc_status, reached, len, ic->max_response)) {
+	/* a gRPC call whose messages went out was committed (SPEC §10): it ran, whatever code its
+	 * trailers carry */
+	if (grpc_status >= 0 && last_status == 200 && j->body_seen)
+		refused = false;
+	switch (idem_disposition(last_status, grpc_status, reached, refused, len,
+	                         ic->max_response)) {
 	case IDEM_AFTER_STORE: {
 		struct idem_response resp = {
 			.status = last_status,

@@ -45,10 +45,12 @@ void idem_job_record_trailers(struct idem_job *j, const struct http_hdr *t, int 
  * (0: none); GRPC_STATUS: that response's grpc-status, from its trailers or from its head
  * for a Trailers-Only response (-1: not a gRPC response; a gRPC call whose response carried
  * none is GRPC_UNKNOWN, as its client reads it); REACHED: some attempt may have reached the
- * upstream; COMPLETE: the relayed response went out whole. idem_disposition() decides.
- * Returns true when a response was stored. */
+ * upstream; REFUSED: no attempt can have executed (each a connect-failure or an answer in
+ * release_on, idem_not_executed) — except that a gRPC answer whose messages were relayed was
+ * committed, whatever its code; COMPLETE: the relayed response went out whole.
+ * idem_disposition() decides. Returns true when a response was stored. */
 bool idem_job_settle(struct idem_job *j, int last_status, int grpc_status, bool reached,
-                     bool complete);
+                     bool refused, bool complete);
 
 struct idem_replay {
 	struct resp_head head;

@@ -225,14 +225,7 @@ static void conn_write_cb(struct stream *strm, void *arg)
 
 static bool alpn_is_h2(struct stream *strm, SSL_CTX *tls)
 {
-	if (!tls)
-		return true;
-	SSL *ssl = stream_ssl(strm);
-	const unsigned char *p = NULL;
-	unsigned int n = 0;
-	if (ssl)
-		SSL_get0_alpn_selected(ssl, &p, &n);
-	return n == 2 && memcmp(p, "h2", 2) == 0;
+	return !tls || tls_selected_h2(stream_ssl(strm));
 }
 
 static void conn_event_cb(struct stream *strm, short what, void *arg)
@@ -345,7 +338,7 @@ static void conn_connect(struct h2_conn *c)
 	if (c->tls) {
 		ssl = tls_client_ssl(c->tls, c->sni[0] ? c->sni : NULL, c->verify);
 		if (ssl)
-			SSL_set_alpn_protos(ssl, (const unsigned char *)"\x02h2", 3);
+			tls_offer_h2(ssl);
 	}
 	struct stream *strm = (!c->tls || ssl) ?
 	        stream_new(c->loop, -1, ssl, ssl ? STREAM_TLS_CONNECT : STREAM_PLAIN) : NULL;

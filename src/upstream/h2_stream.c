@@ -400,8 +400,9 @@ void h2u_set_callbacks(nghttp2_session_callbacks *cb)
 
 /* The time-left fields come flagged never-indexed: their values may differ in every request,
  * and entering the connection's HPACK table each one would evict the fields that repeat. Yet
- * without a deadline from the client they repeat too (the per-try timeout: ex_send_attempt
- * counts the time spent before it in whole milliseconds): a value equal to the previous one
+ * an HTTP request without a deadline from the client repeats them too (the per-try timeout:
+ * send_attempt() counts the time spent before it in whole milliseconds; a gRPC call is told
+ * its remaining time, which rarely repeats): a value equal to the previous one
  * on this connection goes indexable — it is then entered once and sent as one byte from the
  * table after that. */
 static bool repeats_last(struct h2_conn *c, const nghttp2_nv *e)

@@ -21,8 +21,8 @@ def api(endpoints, retry=None, **more):
     return {"api": d}
 
 
-def call(c, key=None, path="/pkg.Svc/Get"):
-    extra = [("idempotency-key", key)] if key else []
+def call(c, key=None, path="/pkg.Svc/Get", extra=()):
+    extra = ([("idempotency-key", key)] if key else []) + list(extra)
     sid = c.new_id()
     c.headers(sid, [(":method", "POST"), (":scheme", "http"), (":authority", "svc"),
                     (":path", path), ("te", "trailers")] + CT + extra, end=False)
@@ -37,10 +37,11 @@ def meta(r, name):
     return None
 
 
-def test_per_try_timeout_runs_while_the_head_is_held(h2up, rg_factory):
-    """Headers, then nothing for 3 s: no outcome within per_try_timeout is a timeout."""
+def test_per_try_timeout_stops_at_the_head(h2up, rg_factory):
+    """Headers at once, the message 1 s later: per_try_timeout (300 ms) bounds the wait for
+    the head only (SPEC §10), so the held call runs on and commits on its one attempt."""
     up = h2up()
-    up.push(respond(200, headers=CT, trailers=[("grpc-status", "0")], delay_body=3),
+    up.push(respond(200, headers=CT, body=MSG, trailers=[("grpc-status", "0")], delay_body=1),
             respond(200, headers=CT, body=MSG, trailers=[("grpc-status", "0")]))
     rg = rg_factory(upstreams=api([up], {"per_try_timeout": "300ms"}))
     c = H2Raw(rg.port)
@@ -48,21 +49,24 @@ def test_per_try_timeout_runs_while_the_head_is_held(h2up, rg_factory):
     r = call(c, key="held-1")
     took = time.monotonic() - t0
     assert r.status == 200 and r.body == MSG, r
-    assert meta(r, "grpc-status") == "0" and meta(r, "x-retrygate-attempts") == "2", r
-    assert 0.25 < took < 2.5, took
+    assert meta(r, "grpc-status") == "0" and meta(r, "x-retrygate-attempts") == "1", r
+    assert took > 0.9, took
+    assert len(up.requests) == 1
 
 
-def test_a_held_head_that_times_out_unkeyed_is_unavailable_timeout(h2up, rg_factory):
+def test_a_held_head_waits_until_the_calls_deadline(h2up, rg_factory):
+    """Headers, then nothing for 3 s: past per_try_timeout the call waits on; its deadline
+    (1 s) ends it with DEADLINE_EXCEEDED, on one attempt."""
     up = h2up()
     up.push(respond(200, headers=CT, trailers=[("grpc-status", "0")], delay_body=3))
     rg = rg_factory(upstreams=api([up], {"per_try_timeout": "300ms"}))
     c = H2Raw(rg.port)
     t0 = time.monotonic()
-    r = call(c)
-    assert time.monotonic() - t0 < 2.5
-    assert r.status == 200 and meta(r, "grpc-status") == "14", r
-    assert meta(r, "grpc-message") == "timeout", r
-    assert meta(r, "x-retrygate-retry-refused") == "non-idempotent", r
+    r = call(c, extra=[("x-timeout-ms", "1000")])
+    took = time.monotonic() - t0
+    assert 0.9 < took < 2.5, took
+    assert r.status == 200 and meta(r, "grpc-status") == "4", r
+    assert meta(r, "grpc-message") == "deadline-exceeded", r
     assert len(up.requests) == 1
 
 

@@ -26,6 +26,7 @@ since retrygate re-sends the same metadata) without touching the server:
         executed            a failure happens after the side effect (the "did it happen?" case)
         sleep:MS            wait MS before answering (stops early when the call is cancelled)
         messages:N          Stream sends N messages
+        gap:MS              Stream waits MS before each message after the first
         after-message:CODE  Stream sends one message, then fails with CODE (committed call)
         trailer:NAME=VALUE  an OK answer carries this trailing metadata too
         initial:NAME=VALUE  an OK answer carries this initial metadata too
@@ -43,7 +44,9 @@ A side effect is one execution of a call: a call that answered OK, or failed aft
 Per call the server records what it received: method, key, metadata (as the application sees
 it), the deadline it was given (time_remaining, seconds; None without one), the request
 messages, the side effect. grpcio consumes grpc-timeout and te itself (they show as
-time_remaining); tests that need the wire headers use tests/tools/h2upstream.py.
+time_remaining); tests that need the wire headers use tests/tools/h2upstream.py. A call that
+stopped being active while the server still waited (a sleep or gap) records .cut_left, the
+time it had left then (seconds): far from 0, the client cancelled it; near 0, its deadline.
 
 In-process (tests):
     srv = GrpcServer()            # listens on 127.0.0.1:<free port>, srv.endpoint
@@ -110,6 +113,7 @@ class Script:
         self.fail_n, self.fail_code, self.always = 0, None, None
         self.pushback, self.headers_first, self.executed = None, False, False
         self.sleep_ms, self.messages, self.after_message = 0, 3, None
+        self.gap_ms = 0
         self.trailers, self.initial = [], []
         for step in filter(None, (s.strip() for s in (text or "").split(","))):
             kind, _, arg = step.partition(":")
@@ -128,6 +132,8 @@ class Script:
                 self.sleep_ms = int(arg)
             elif kind == "messages":
                 self.messages = int(arg)
+            elif kind == "gap":
+                self.gap_ms = int(arg)
             elif kind == "after-message":
                 self.after_message = code_of(arg or "unavailable")
             elif kind in ("trailer", "initial"):
@@ -147,6 +153,7 @@ class Call:
         self.seq = seq
         self.t = time.monotonic()
         self.phase = None
+        self.cut_left = None            # seconds left when it went inactive during a wait
 
     def header(self, name):
         return self.metadata.get(name.lower())
@@ -155,7 +162,8 @@ class Call:
         return {"seq": self.seq, "method": self.method, "key": self.key,
                 "metadata": self.metadata, "time_remaining": self.time_remaining,
                 "messages": [m.decode("latin-1") for m in self.messages],
-                "effect": self.effect, "code": self.code, "t": self.t, "phase": self.phase}
+                "effect": self.effect, "code": self.code, "t": self.t, "phase": self.phase,
+                "cut_left": self.cut_left}
 
 
 class GrpcServer:
@@ -280,10 +288,16 @@ class GrpcServer:
             self.by_code[call.code] = self.by_code.get(call.code, 0) + 1
 
     @staticmethod
-    def _sleep(script, context):
-        end = time.monotonic() + script.sleep_ms / 1000.0
-        while time.monotonic() < end and context.is_active():
+    def _wait(call, ms, context):
+        """Wait MS; False (and .cut_left recorded) when the call went inactive meanwhile."""
+        end = time.monotonic() + ms / 1000.0
+        while time.monotonic() < end:
+            if not context.is_active():
+                if call.cut_left is None:
+                    call.cut_left = context.time_remaining() or 0.0
+                return False
             time.sleep(0.005)
+        return True
 
     def _fail(self, call, script, code, context, pushback):
         """Fail the call with CODE: before any message, so grpcio sends Trailers-Only (or
@@ -302,7 +316,7 @@ class GrpcServer:
     def _run(self, method, context, messages, answer):
         call, script, fail, executed, pushback = self._begin(method, context)
         call.messages = list(messages)
-        self._sleep(script, context)
+        self._wait(call, script.sleep_ms, context)
         if fail is not None:
             if executed:
                 self._effect(call)
@@ -347,6 +361,8 @@ class GrpcServer:
             context.abort(script.after_message, "grpcserver: %s after a message"
                           % name_of(script.after_message))
         for i in range(script.messages):
+            if i > 0 and script.gap_ms and not self._wait(call, script.gap_ms, context):
+                return
             yield b"msg-%d" % (i + 1)
         self._answered(call, grpc.StatusCode.OK)
 

@@ -135,33 +135,46 @@ static const struct outcome_row {
 	bool ok_response;
 	int grpc_status;                /* -1: HTTP */
 	bool answered;
+	bool not_executed;
 	const char *reason;
 	const char *cause, *outcome;
 } outcome_rows[] = {
-	{ "HTTP POST answered 200", true, 1, OUT_STATUS, 200, true, -1, false, NULL, NULL, "ok" },
-	{ "HTTP POST answered 503", true, 3, OUT_STATUS, 503, true, -1, false, NULL, NULL, "failed" },
-	{ "HTTP POST reset", true, 1, OUT_RESET, 502, false, -1, false, "reset", "reset", "unknown" },
-	{ "HTTP POST timed out", true, 2, OUT_TIMEOUT, 504, false, -1, false, "timeout", "timeout",
-	  "unknown" },
-	{ "HTTP GET reset", false, 3, OUT_RESET, 502, false, -1, false, "reset", NULL, "failed" },
-	{ "no attempt", true, 0, OUT_NONE, 503, false, -1, false, "overloaded", NULL, "failed" },
-	{ "gRPC OK", true, 1, OUT_STATUS, 200, true, 0, true, NULL, NULL, "ok" },
-	{ "gRPC UNAVAILABLE relayed", true, 1, OUT_STATUS, 200, true, 14, true, NULL,
-	  "unavailable", "unknown" },
-	{ "gRPC INTERNAL relayed", true, 3, OUT_STATUS, 200, true, 13, true, NULL, "internal",
-	  "unknown" },
-	{ "gRPC NOT_FOUND relayed: definite", true, 1, OUT_STATUS, 200, true, 5, true, NULL, NULL,
-	  "failed" },
-	{ "gRPC UNAVAILABLE on an idempotent path", false, 3, OUT_STATUS, 200, true, 14, true, NULL,
+	/* why: non_idempotent, attempts, last_out, status, ok_response, grpc_status, answered,
+	 * not_executed, reason -> cause, outcome */
+	{ "HTTP POST answered 200", true, 1, OUT_STATUS, 200, true, -1, false, false, NULL,
+	  NULL, "ok" },
+	{ "HTTP POST answered 503", true, 3, OUT_STATUS, 503, true, -1, false, false, NULL,
 	  NULL, "failed" },
-	{ "gRPC reset, retrygate's UNAVAILABLE", true, 1, OUT_RESET, 200, false, 14, false, "reset",
+	{ "HTTP POST reset", true, 1, OUT_RESET, 502, false, -1, false, false, "reset",
 	  "reset", "unknown" },
+	{ "HTTP POST timed out", true, 2, OUT_TIMEOUT, 504, false, -1, false, false, "timeout",
+	  "timeout", "unknown" },
+	{ "HTTP GET reset", false, 3, OUT_RESET, 502, false, -1, false, false, "reset",
+	  NULL, "failed" },
+	{ "no attempt", true, 0, OUT_NONE, 503, false, -1, false, false, "overloaded",
+	  NULL, "failed" },
+	{ "gRPC OK", true, 1, OUT_STATUS, 200, true, 0, true, false, NULL,
+	  NULL, "ok" },
+	{ "gRPC UNAVAILABLE relayed", true, 1, OUT_STATUS, 200, true, 14, true, false, NULL,
+	  "unavailable", "unknown" },
+	{ "gRPC INTERNAL relayed", true, 3, OUT_STATUS, 200, true, 13, true, false, NULL,
+	  "internal", "unknown" },
+	{ "gRPC NOT_FOUND relayed: definite", true, 1, OUT_STATUS, 200, true, 5, true, false, NULL,
+	  NULL, "failed" },
+	{ "gRPC UNAVAILABLE on an idempotent path", false, 3, OUT_STATUS, 200, true, 14, true,
+	  false, NULL, NULL, "failed" },
+	{ "gRPC reset, retrygate's UNAVAILABLE", true, 1, OUT_RESET, 200, false, 14, false, false,
+	  "reset", "reset", "unknown" },
 	{ "gRPC connect-failure, retrygate's UNAVAILABLE", true, 1, OUT_CONNECT_FAILURE, 200, false,
-	  14, false, "connect-failure", NULL, "failed" },
+	  14, false, false, "connect-failure", NULL, "failed" },
 	{ "gRPC HTTP 503 relayed (an HTTP outcome)", true, 1, OUT_STATUS, 503, true, 14, false,
-	  NULL, NULL, "failed" },
-	{ "gRPC replayed OK", true, 0, OUT_NONE, 200, false, 0, false, "idempotency-replayed", NULL,
-	  "ok" },
+	  false, NULL, NULL, "failed" },
+	{ "gRPC replayed OK", true, 0, OUT_NONE, 200, false, 0, false, false,
+	  "idempotency-replayed", NULL, "ok" },
+	{ "gRPC RESOURCE_EXHAUSTED relayed, in release_on", true, 1, OUT_STATUS, 200, true, 8, true,
+	  true, NULL, NULL, "failed" },
+	{ "gRPC RESOURCE_EXHAUSTED relayed, release_on without it", true, 1, OUT_STATUS, 200, true,
+	  8, true, false, NULL, "resource-exhausted", "unknown" },
 };
 
 static void test_outcome_table(void **state)
@@ -178,6 +191,7 @@ static void test_outcome_table(void **state)
 		r.ok_response = o->ok_response;
 		r.grpc_status = o->grpc_status;
 		r.grpc_answered = o->answered;
+		r.not_executed = o->not_executed;
 		r.reason = o->reason;
 		const char *cause = access_unknown_cause(&r);
 		if ((cause == NULL) != (o->cause == NULL) || (cause && strcmp(cause, o->cause) != 0))

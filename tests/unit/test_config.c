@@ -172,6 +172,13 @@ static void test_defaults(void **state)
 	assert_int_equal(id->lock_timeout_us, 30 * S);
 	assert_int_equal(id->max_body, 1 << 20);
 	assert_int_equal(id->max_response, 1 << 20);
+	/* release_on: 429, 503 and resource-exhausted (a gRPC code under :status 200 only) */
+	for (int s = 399; s <= 600; s++)
+		assert_int_equal(cfg_idem_release_on(id, s, -1), s == 429 || s == 503);
+	for (int g = -1; g < 17; g++)
+		assert_int_equal(cfg_idem_release_on(id, 200, g), g == 8);
+	assert_true(cfg_idem_release_on(id, 503, 0));       /* another :status is HTTP's */
+	assert_false(cfg_idem_release_on(id, 500, 8));
 	assert_string_equal(id->store, "memory");
 	assert_null(id->store_host);
 	config_unref(c);
@@ -208,6 +215,7 @@ static void test_values(void **state)
 		"    idempotency:\n"
 		"      enabled: true\n"
 		"      methods: []\n"
+		"      release_on: [unavailable, 503, unavailable, 599]\n"
 		"      store: \"redis://user:p%40ss%3Aword@[::1]:6380/3\"\n");
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	const struct cfg_upstream *b = config_upstream(c, "b");
@@ -246,6 +254,11 @@ static void test_values(void **state)
 	assert_true(b->tls_verify);
 	assert_string_equal(b->tls_sni, "b.internal");
 	assert_int_equal(b->idem.nmethods, 0);
+	/* release_on replaces the default */
+	for (int s = 400; s <= 599; s++)
+		assert_int_equal(cfg_idem_release_on(&b->idem, s, -1), s == 503 || s == 599);
+	for (int g = 0; g < 17; g++)
+		assert_int_equal(cfg_idem_release_on(&b->idem, 200, g), g == 14);
 	assert_string_equal(b->idem.store_host, "::1");
 	assert_int_equal(b->idem.store_port, 6380);
 	assert_int_equal(b->idem.store_db, 3);
@@ -661,7 +674,8 @@ static void test_report(void **state)
 		"    endpoints: [\"b:1\"]\n"
 		"    retry: { enabled: false, per_try_timeout: 40s }\n"
 		"  lonely:\n"
-		"    endpoints: [\"c:1\"]\n");
+		"    endpoints: [\"c:1\"]\n"
+		"    idempotency: { enabled: true, release_on: [503, unavailable] }\n");
 	r = report_of(c);
 	assert_contains(r, "retries <= 5000 + 0.7 x requests + 10/s: a burst of 5000 retries");
 	assert_contains(r, "4.00x at 1 first attempt/s (max_attempts), 2.70x at 10/s, 1.80x at 100/s, "
@@ -682,6 +696,9 @@ static void test_report(void **state)
 	assert_contains(r, "warning: upstreams.a.retry.budget.ratio: 0.7");
 	assert_contains(r, "warning: upstreams.a.retry.budget.max_tokens: 5000");
 	assert_contains(r, "warning: upstreams.a.retry.on: 404 is a client error");
+	assert_contains(r, "warning: upstreams.lonely.idempotency.release_on: unavailable releases "
+	                   "the key of a call the service may have run");
+	assert_lacks(r, "upstreams.a.idempotency.release_on");
 	assert_lacks(r, "on: 408 is");
 	assert_lacks(r, "on: 425 is");
 	assert_lacks(r, "on: 429 is");
@@ -757,6 +774,7 @@ static void test_json(void **state)
 	assert_contains(j, "\"on\": [\"connect-failure\", \"reset\", \"timeout\", 502, 503, 504, "
 	                   "\"unavailable\"]");
 	assert_contains(j, "\"idempotent_paths\": []");
+	assert_contains(j, "\"release_on\": [429, 503, \"resource-exhausted\"]");
 	assert_contains(j, "\"tls\": null");
 	assert_contains(j, "\"ratio\": 0.2,");
 	free(j);
@@ -866,6 +884,46 @@ static void test_refcount(void **state)
 	config_unref(NULL);
 }
 
+/* ${NAME}: a whole value, or inside a redis:// URL's user:password (percent-encoded there);
+ * never a key, never elsewhere inside a value; unset: an error at the value. */
+static void test_env_values(void **state)
+{
+	setenv("RG_UT_TOKEN", "tok-from-env", 1);
+	setenv("RG_UT_PASS", "p@ss:w/rd", 1);
+	setenv("RG_UT_EMPTY", "", 1);
+	struct config *c = load_ok(
+		"admin:\n"
+		"  token: ${RG_UT_TOKEN}\n"
+		"access_log: \"${RG_UT_EMPTY}off\"\n"
+		"listeners: [{ listen: \"127.0.0.1:1\", routes: [{ upstream: a, path_prefix: \"/${x}\" }] }]\n"
+		"upstreams:\n"
+		"  a:\n"
+		"    endpoints: [\"a:1\"]\n"
+		"    host_rewrite: \"${RG_UT_EMPTY}\"\n"
+		"    idempotency: { store: \"redis://u:${RG_UT_PASS}@db:6379/1\" }\n");
+	assert_string_equal(c->admin_token, "tok-from-env");
+	assert_string_equal(c->access_log, "${RG_UT_EMPTY}off");
+	assert_string_equal(c->listeners[0].routes[0].path_prefix, "/${x}");
+	assert_string_equal(c->upstreams[0].host_rewrite, "");
+	assert_string_equal(c->upstreams[0].idem.store, "redis://u:p%40ss%3Aw%2Frd@db:6379/1");
+	assert_string_equal(c->upstreams[0].idem.store_password, "p@ss:w/rd");
+	char *j = config_to_json(c);
+	assert_contains(j, "\"token\": \"<redacted>\"");
+	assert_contains(j, "\"host_rewrite\": \"<redacted>\"");
+	assert_contains(j, "\"store\": \"redis://u:<redacted>@db:6379/1\"");
+	assert_lacks(j, "tok-from-env");
+	assert_lacks(j, "p%40ss");
+	free(j);
+	config_unref(c);
+
+	char *errs = NULL;
+	unsetenv("RG_UT_UNSET");
+	assert_null(load_text("admin:\n  token: \"${RG_UT_UNSET}\"\n", &errs));
+	assert_string_equal(errs, "t.yaml:2:10: environment variable RG_UT_UNSET is not set (the "
+	                          "value is ${RG_UT_UNSET})\n");
+	free(errs);
+}
+
 /* ------------------------------------------------------------------ --check reads the files */
 
 static void write_file(const char *path, const char *text)
@@ -943,6 +1001,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_values),
+		cmocka_unit_test(test_env_values),
 		cmocka_unit_test(test_aliases_shared),
 		cmocka_unit_test(test_unknown_top_key),
 		cmocka_unit_test(test_bad_files),

@@ -500,53 +500,106 @@ static void test_disposition(void **state)
 		bool reached;
 		int64_t stored_len, max_response;
 		enum idem_after want;
+		bool refused;           /* every attempt a connect-failure or a release_on answer */
 	} rows[] = {
 		/* HTTP (grpc -1): as before gRPC came */
-		{ "2xx stored", 200, -1, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "4xx stored", 404, -1, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "499 stored", 499, -1, true, 0, 1024, IDEM_AFTER_STORE },
-		{ "empty body stored", 204, -1, true, 0, 0, IDEM_AFTER_STORE },
-		{ "body exactly max_response", 200, -1, true, 1024, 1024, IDEM_AFTER_STORE },
-		{ "body over max_response", 200, -1, true, 1025, 1024, IDEM_AFTER_KEEP },
-		{ "body not buffered", 200, -1, true, -1, 1024, IDEM_AFTER_KEEP },
-		{ "500 unknown", 500, -1, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "503 unknown", 503, -1, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "reset or timeout unknown", 0, -1, true, -1, 1024, IDEM_AFTER_EXPIRE },
-		{ "connect-failure only: released", 0, -1, false, -1, 1024, IDEM_AFTER_RELEASE },
-		{ "never sent: released", 0, -1, false, 0, 1024, IDEM_AFTER_RELEASE },
+		{ "2xx stored", 200, -1, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "4xx stored", 404, -1, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "499 stored", 499, -1, true, 0, 1024, IDEM_AFTER_STORE, false },
+		{ "empty body stored", 204, -1, true, 0, 0, IDEM_AFTER_STORE, false },
+		{ "body exactly max_response", 200, -1, true, 1024, 1024, IDEM_AFTER_STORE, false },
+		{ "body over max_response", 200, -1, true, 1025, 1024, IDEM_AFTER_KEEP, false },
+		{ "body not buffered", 200, -1, true, -1, 1024, IDEM_AFTER_KEEP, false },
+		{ "500 unknown", 500, -1, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "503 unknown", 503, -1, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "reset or timeout unknown", 0, -1, true, -1, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "connect-failure only: released", 0, -1, false, -1, 1024, IDEM_AFTER_RELEASE, false },
+		{ "never sent: released", 0, -1, false, 0, 1024, IDEM_AFTER_RELEASE, false },
 		/* gRPC under :status 200: the code decides (SPEC §10) */
-		{ "grpc ok", 200, 0, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc cancelled", 200, 1, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc unknown", 200, 2, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc invalid-argument", 200, 3, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc deadline-exceeded", 200, 4, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc not-found", 200, 5, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc already-exists", 200, 6, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc permission-denied", 200, 7, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc resource-exhausted", 200, 8, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc failed-precondition", 200, 9, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc aborted", 200, 10, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc out-of-range", 200, 11, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc unimplemented", 200, 12, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc internal", 200, 13, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc unavailable", 200, 14, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc data-loss", 200, 15, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc unauthenticated", 200, 16, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc code above 16", 200, 17, true, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc unknown, even not reached", 200, 14, false, 10, 1024, IDEM_AFTER_EXPIRE },
-		{ "grpc ok over max_response", 200, 0, true, 1025, 1024, IDEM_AFTER_KEEP },
-		{ "grpc ok not buffered", 200, 0, true, -1, 1024, IDEM_AFTER_KEEP },
-		{ "grpc unavailable over max_response", 200, 14, true, 1025, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc ok", 200, 0, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc cancelled", 200, 1, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc unknown", 200, 2, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc invalid-argument", 200, 3, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc deadline-exceeded", 200, 4, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc not-found", 200, 5, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc already-exists", 200, 6, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc permission-denied", 200, 7, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc resource-exhausted", 200, 8, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc failed-precondition", 200, 9, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc aborted", 200, 10, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc out-of-range", 200, 11, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc unimplemented", 200, 12, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc internal", 200, 13, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc unavailable", 200, 14, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc data-loss", 200, 15, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc unauthenticated", 200, 16, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc code above 16", 200, 17, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc unknown, even not reached", 200, 14, false, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "grpc ok over max_response", 200, 0, true, 1025, 1024, IDEM_AFTER_KEEP, false },
+		{ "grpc ok not buffered", 200, 0, true, -1, 1024, IDEM_AFTER_KEEP, false },
+		{ "grpc unavailable over max_response", 200, 14, true, 1025, 1024, IDEM_AFTER_EXPIRE, false },
 		/* another :status is an HTTP outcome, whatever grpc-status says */
-		{ "grpc call, HTTP 404", 404, 14, true, 10, 1024, IDEM_AFTER_STORE },
-		{ "grpc call, HTTP 503", 503, 0, true, 10, 1024, IDEM_AFTER_EXPIRE },
+		{ "grpc call, HTTP 404", 404, 14, true, 10, 1024, IDEM_AFTER_STORE, false },
+		{ "grpc call, HTTP 503", 503, 0, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		/* SPEC §6 release_on: the service said every time that it did not take it */
+		{ "503 refused: released", 503, -1, true, 10, 1024, IDEM_AFTER_RELEASE, true },
+		{ "429 refused: released, not stored", 429, -1, true, 10, 1024, IDEM_AFTER_RELEASE,
+		  true },
+		{ "grpc resource-exhausted refused", 200, 8, true, 0, 1024, IDEM_AFTER_RELEASE, true },
+		{ "grpc unavailable refused (listed)", 200, 14, true, 0, 1024, IDEM_AFTER_RELEASE,
+		  true },
+		{ "connect-failure then 503, refused", 503, -1, true, 0, 1024, IDEM_AFTER_RELEASE,
+		  true },
+		{ "503 after a reset: unknown", 503, -1, true, 10, 1024, IDEM_AFTER_EXPIRE, false },
+		{ "429 after a reset: stored as before", 429, -1, true, 10, 1024, IDEM_AFTER_STORE,
+		  false },
 	};
 	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
 		enum idem_after got = idem_disposition(rows[i].status, rows[i].grpc, rows[i].reached,
-		                                       rows[i].stored_len, rows[i].max_response);
+		                                       rows[i].refused, rows[i].stored_len,
+		                                       rows[i].max_response);
 		if (got != rows[i].want)
 			fail_msg("disposition \"%s\": got %d, want %d", rows[i].what, got, rows[i].want);
 	}
+}
+
+/* SPEC §6 release_on and §4 rule 4: which outcomes cannot have executed, under the default
+ * release_on [429, 503, resource-exhausted]. */
+static void test_not_executed(void **state)
+{
+	struct cfg_idempotency ic;
+	memset(&ic, 0, sizeof ic);
+	ic.release_status[(429 - 400) / 8] |= (uint8_t)(1u << ((429 - 400) % 8));
+	ic.release_status[(503 - 400) / 8] |= (uint8_t)(1u << ((503 - 400) % 8));
+	ic.release_grpc = 1u << 8;
+	static const struct {
+		const char *what;
+		enum outcome out;
+		int status, grpc;
+		bool want;
+	} rows[] = {
+		{ "connect-failure: nothing was sent", OUT_CONNECT_FAILURE, 0, -1, true },
+		{ "reset: may have run", OUT_RESET, 0, -1, false },
+		{ "timeout: may have run", OUT_TIMEOUT, 0, -1, false },
+		{ "no outcome (yet): may have run", OUT_NONE, 0, -1, false },
+		{ "503 listed", OUT_STATUS, 503, -1, true },
+		{ "429 listed", OUT_STATUS, 429, -1, true },
+		{ "502 not listed", OUT_STATUS, 502, -1, false },
+		{ "500 not listed", OUT_STATUS, 500, -1, false },
+		{ "200 never", OUT_STATUS, 200, -1, false },
+		{ "gRPC resource-exhausted listed", OUT_STATUS, 200, 8, true },
+		{ "gRPC unavailable not listed by default", OUT_STATUS, 200, 14, false },
+		{ "gRPC ok never", OUT_STATUS, 200, 0, false },
+		{ "gRPC call answered HTTP 503: the status decides", OUT_STATUS, 503, 2, true },
+		{ "gRPC call answered HTTP 500", OUT_STATUS, 500, 8, false },
+		{ "a status with a reset outcome is not an answer", OUT_RESET, 503, -1, false },
+	};
+	for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+		if (idem_not_executed(&ic, rows[i].out, rows[i].status, rows[i].grpc) != rows[i].want)
+			fail_msg("not executed \"%s\": got %d", rows[i].what, !rows[i].want);
+	/* release_on lists unavailable: then it releases */
+	ic.release_grpc |= 1u << 14;
+	assert_true(idem_not_executed(&ic, OUT_STATUS, 200, 14));
 }
 
 /* ------------------------------------------------------------------ one scenario table, two backends */
@@ -748,30 +801,41 @@ struct job_row {
 	bool trailers;                  /* the gRPC trailer block below, relayed after the body */
 	bool head_status;               /* grpc-status in the head (Trailers-Only) */
 	enum idem_after want;
+	bool refused;                   /* as the exchange passes it: no attempt can have run */
 };
 
 #define JOB_MAX_RESPONSE 64
 #define BODY40 "0123456789012345678901234567890123456789"
 
 static const struct job_row job_rows[] = {
-	{ "HTTP 201", 201, -1, true, true, "{\"id\":1}", false, false, IDEM_AFTER_STORE },
-	{ "HTTP 404", 404, -1, true, true, "no", false, false, IDEM_AFTER_STORE },
-	{ "HTTP 503", 503, -1, true, true, "busy", false, false, IDEM_AFTER_EXPIRE },
-	{ "HTTP cut short", 200, -1, true, false, "par", false, false, IDEM_AFTER_KEEP },
-	{ "HTTP body at 40 of 64", 201, -1, true, true, BODY40, false, false, IDEM_AFTER_STORE },
-	{ "reset", 0, -1, true, false, "", false, false, IDEM_AFTER_EXPIRE },
-	{ "connect-failure", 0, -1, false, false, "", false, false, IDEM_AFTER_RELEASE },
-	{ "gRPC ok + trailers", 200, 0, true, true, "\1msg", true, false, IDEM_AFTER_STORE },
-	{ "gRPC not-found, Trailers-Only", 200, 5, true, true, "", false, true, IDEM_AFTER_STORE },
+	{ "HTTP 201", 201, -1, true, true, "{\"id\":1}", false, false, IDEM_AFTER_STORE, false },
+	{ "HTTP 404", 404, -1, true, true, "no", false, false, IDEM_AFTER_STORE, false },
+	{ "HTTP 503", 503, -1, true, true, "busy", false, false, IDEM_AFTER_EXPIRE, false },
+	{ "HTTP cut short", 200, -1, true, false, "par", false, false, IDEM_AFTER_KEEP, false },
+	{ "HTTP body at 40 of 64", 201, -1, true, true, BODY40, false, false, IDEM_AFTER_STORE, false },
+	{ "reset", 0, -1, true, false, "", false, false, IDEM_AFTER_EXPIRE, false },
+	{ "connect-failure", 0, -1, false, false, "", false, false, IDEM_AFTER_RELEASE, false },
+	{ "gRPC ok + trailers", 200, 0, true, true, "\1msg", true, false, IDEM_AFTER_STORE, false },
+	{ "gRPC not-found, Trailers-Only", 200, 5, true, true, "", false, true, IDEM_AFTER_STORE, false },
 	{ "gRPC unavailable, Trailers-Only", 200, 14, true, true, "", false, true,
-	  IDEM_AFTER_EXPIRE },
+	  IDEM_AFTER_EXPIRE, false },
 	{ "gRPC internal after a message", 200, 13, true, true, "\1msg", true, false,
-	  IDEM_AFTER_EXPIRE },
-	{ "gRPC deadline-exceeded", 200, 4, true, true, "", true, false, IDEM_AFTER_EXPIRE },
+	  IDEM_AFTER_EXPIRE, false },
+	{ "gRPC deadline-exceeded", 200, 4, true, true, "", true, false, IDEM_AFTER_EXPIRE, false },
 	{ "gRPC ok, body + trailers over 64", 200, 0, true, true, BODY40, true, false,
-	  IDEM_AFTER_KEEP },
+	  IDEM_AFTER_KEEP, false },
 	{ "gRPC call answered HTTP 503", 503, -1, true, true, "", false, false,
-	  IDEM_AFTER_EXPIRE },
+	  IDEM_AFTER_EXPIRE, false },
+	/* SPEC §6 release_on */
+	{ "HTTP 503, refused", 503, -1, true, true, "busy", false, false, IDEM_AFTER_RELEASE,
+	  true },
+	{ "HTTP 429, refused", 429, -1, true, true, "slow down", false, false,
+	  IDEM_AFTER_RELEASE, true },
+	{ "gRPC resource-exhausted, Trailers-Only, refused", 200, 8, true, true, "", false, true,
+	  IDEM_AFTER_RELEASE, true },
+	/* a message went out: the call was committed, it ran whatever its trailers say */
+	{ "gRPC resource-exhausted after a message", 200, 8, true, true, "\1msg", true, false,
+	  IDEM_AFTER_EXPIRE, true },
 };
 
 /* The trailers as the upstream sent them: what is not a trailer is not stored. */
@@ -883,12 +947,13 @@ static void test_job_settle(void **state)
 				idem_job_record_trailers(j, job_trailers,
 				                         (int)(sizeof job_trailers / sizeof *job_trailers));
 		}
-		bool stored = idem_job_settle(j, r->status, r->grpc, r->reached, r->complete);
+		bool stored = idem_job_settle(j, r->status, r->grpc, r->reached, r->refused,
+		                              r->complete);
 		if (stored != (r->want == IDEM_AFTER_STORE))
 			fail_msg("job \"%s\": settle said stored=%d", r->what, stored);
 		assert_false(idem_job_owns(j));
 		/* settled once: a second settle does nothing */
-		assert_false(idem_job_settle(j, 200, 0, true, true));
+		assert_false(idem_job_settle(j, 200, 0, true, false, true));
 		idem_job_free(j);
 	}
 	for (int pass = 0; pass < 2; pass++) {
@@ -1951,6 +2016,7 @@ int main(void)
 		cmocka_unit_test(test_record_old_format),
 		cmocka_unit_test(test_judge_and_names),
 		cmocka_unit_test(test_disposition),
+		cmocka_unit_test(test_not_executed),
 		cmocka_unit_test(test_job_settle),
 		cmocka_unit_test(test_replay),
 		cmocka_unit_test(test_memory_scenarios),

@@ -80,6 +80,8 @@ struct row {
 	int grpc_status;
 	uint32_t grpc_on;           /* 0: retry.on's gRPC codes are the default (unavailable) */
 	bool pushback_refuse;       /* a negative or malformed grpc-retry-pushback-ms */
+	bool enforced;              /* this hop enforces the key (SPEC §6) */
+	bool not_executed;          /* the outcome was a release_on answer */
 	enum refusal want;
 	int64_t want_start_in;      /* checked when want is RR_NONE */
 };
@@ -150,6 +152,43 @@ static const struct row rows[] = {
 	  .idempotent_path = true, .outcome = OUT_RESET, .want = RR_NONE },
 	{ .why = "an idempotent path is idempotent whatever non_idempotent says", .method = "POST",
 	  .idempotent_path = true, .ni = NI_NEVER, .want = RR_NONE },
+
+	/* rule 4 where this hop enforces the key (SPEC §6): the service behind does not
+	 * deduplicate, so the key licenses only a retry of what cannot have executed */
+	{ .why = "enforced key, 503 in release_on: retry", .method = "POST", .has_key = true,
+	  .enforced = true, .not_executed = true, .want = RR_NONE },
+	{ .why = "enforced key, 503 not in release_on: non-idempotent", .method = "POST",
+	  .has_key = true, .enforced = true, .want = RR_NON_IDEMPOTENT },
+	{ .why = "enforced key after reset: non-idempotent", .method = "POST", .has_key = true,
+	  .enforced = true, .outcome = OUT_RESET, .want = RR_NON_IDEMPOTENT },
+	{ .why = "enforced key after timeout: non-idempotent", .method = "POST", .has_key = true,
+	  .enforced = true, .outcome = OUT_TIMEOUT, .want = RR_NON_IDEMPOTENT },
+	{ .why = "enforced key after connect-failure: retry", .method = "POST", .has_key = true,
+	  .enforced = true, .outcome = OUT_CONNECT_FAILURE, .want = RR_NONE },
+	{ .why = "enforced gRPC call, unavailable not in release_on: non-idempotent",
+	  .method = "POST", .has_key = true, .enforced = true, .grpc = true,
+	  .grpc_status = GRPC_UNAVAILABLE, .want = RR_NON_IDEMPOTENT },
+	{ .why = "enforced gRPC call, unavailable in release_on: retry", .method = "POST",
+	  .has_key = true, .enforced = true, .grpc = true, .grpc_status = GRPC_UNAVAILABLE,
+	  .not_executed = true, .want = RR_NONE },
+	{ .why = "enforced, GET with a key is idempotent anyway", .has_key = true,
+	  .enforced = true, .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "enforced, POST on an idempotent path after reset: retry", .method = "POST",
+	  .has_key = true, .enforced = true, .idempotent_path = true, .outcome = OUT_RESET,
+	  .want = RR_NONE },
+	{ .why = "enforced, non_idempotent always: the key is not the license, retry",
+	  .method = "POST", .has_key = true, .enforced = true, .ni = NI_ALWAYS,
+	  .outcome = OUT_RESET, .want = RR_NONE },
+	{ .why = "enforced, never: a release_on answer licenses nothing", .method = "POST",
+	  .has_key = true, .enforced = true, .not_executed = true, .ni = NI_NEVER,
+	  .want = RR_NON_IDEMPOTENT },
+	{ .why = "not enforced (no key) and a release_on answer: non-idempotent", .method = "POST",
+	  .not_executed = true, .want = RR_NON_IDEMPOTENT },
+	{ .why = "max-attempts beats the enforcing hop's non-idempotent", .method = "POST",
+	  .has_key = true, .enforced = true, .attempts = 3, .want = RR_MAX_ATTEMPTS },
+	{ .why = "the enforcing hop's non-idempotent beats body-too-large", .method = "POST",
+	  .has_key = true, .enforced = true, .outcome = OUT_RESET, .body_big = true,
+	  .want = RR_NON_IDEMPOTENT },
 
 	/* rule 5: body */
 	{ .why = "a body over retry.max_body: body-too-large", .body_big = true,
@@ -227,6 +266,12 @@ static const struct row rows[] = {
 	  .want = RR_NOT_LISTED },
 	{ .why = "a grpc-status without a gRPC outcome is not judged", .status = 200,
 	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .has_key = true,
+	  .want = RR_NOT_LISTED },
+	{ .why = "gRPC deadline-exceeded listed: never retried, the call's time is gone",
+	  .grpc = true, .grpc_status = GRPC_DEADLINE_EXCEEDED, .grpc_on = 1u << 4, .method = "POST",
+	  .idempotent_path = true, .want = RR_DEADLINE },
+	{ .why = "gRPC deadline-exceeded not listed: relayed without a refusal", .grpc = true,
+	  .grpc_status = GRPC_DEADLINE_EXCEEDED, .method = "POST", .idempotent_path = true,
 	  .want = RR_NOT_LISTED },
 	{ .why = "gRPC unavailable without key or idempotent path: non-idempotent", .grpc = true,
 	  .grpc_status = GRPC_UNAVAILABLE, .method = "POST", .want = RR_NON_IDEMPOTENT },
@@ -338,6 +383,8 @@ static enum refusal run_row(const struct row *t, int64_t *start)
 	f.method = retry_method_class(t->method ? t->method : "GET");
 	f.idempotent_path = t->idempotent_path;
 	f.has_key = t->has_key;
+	f.enforced = t->enforced;
+	f.not_executed = t->not_executed;
 	f.body_replayable = !t->body_big;
 	f.now_us = NOW;
 	f.deadline_us = NOW + (t->deadline_in_us ? t->deadline_in_us : 5 * S);
@@ -440,7 +487,9 @@ static void test_pushback_refuse_property(void **state)
 		enum refusal got = run_row(&t, &start);
 		bool early = before == RR_NOT_LISTED || before == RR_DISABLED || before == RR_NESTED ||
 		             before == RR_MAX_ATTEMPTS || before == RR_NON_IDEMPOTENT ||
-		             before == RR_BODY_TOO_LARGE;
+		             before == RR_BODY_TOO_LARGE ||
+		             /* a server's deadline-exceeded is refused before any wait is weighed */
+		             (t.grpc && t.grpc_status == GRPC_DEADLINE_EXCEEDED);
 		if (got != (early ? before : RR_RETRY_AFTER))
 			print_error("%s: %s with a refusing pushback, %s without\n", t.why,
 			            refusal_name(got), refusal_name(before));
@@ -483,6 +532,8 @@ static const struct replay_row {
 	bool nested;
 	enum non_idempotent ni;
 	enum outcome outcome;       /* ignored: the question is about a reset */
+	bool enforced;              /* this hop enforces the key (SPEC §6) */
+	bool not_executed;          /* ignored too: a reset may have executed */
 	bool want;
 } replay_rows[] = {
 	{ .why = "GET after reset: yes", .want = true },
@@ -503,6 +554,14 @@ static const struct replay_row {
 	{ .why = "a nested request: no", .nested = true, .want = false },
 	{ .why = "an outcome of connect-failure in the facts changes nothing: POST without key "
 	  "is no", .method = "POST", .outcome = OUT_CONNECT_FAILURE, .want = false },
+	{ .why = "POST with a key enforced here: no (a reset may have executed)", .method = "POST",
+	  .has_key = true, .enforced = true, .want = false },
+	{ .why = "... even when the last outcome was a release_on answer", .method = "POST",
+	  .has_key = true, .enforced = true, .not_executed = true, .want = false },
+	{ .why = "GET with a key enforced here: yes", .has_key = true, .enforced = true,
+	  .want = true },
+	{ .why = "POST on an idempotent path enforced here: yes", .method = "POST",
+	  .has_key = true, .enforced = true, .idempotent_path = true, .want = true },
 };
 
 static struct retry_facts replay_facts(const struct replay_row *t)
@@ -515,6 +574,8 @@ static struct retry_facts replay_facts(const struct replay_row *t)
 	f.idempotent_path = t->idempotent_path;
 	f.body_replayable = !t->body_big;
 	f.nested = t->nested;
+	f.enforced = t->enforced;
+	f.not_executed = t->not_executed;
 	return f;
 }
 
@@ -540,13 +601,13 @@ static void test_may_replay_agrees_with_decide(void **state)
 {
 	static const char *const methods[] = { "GET", "POST" };
 	static const enum non_idempotent nis[] = { NI_REQUIRE_KEY, NI_NEVER, NI_ALWAYS };
-	for (unsigned bits = 0; bits < 16; bits++)
+	for (unsigned bits = 0; bits < 32; bits++)
 		for (size_t m = 0; m < 2; m++)
 			for (size_t n = 0; n < 3; n++) {
 				struct replay_row t = {
 					.method = methods[m], .has_key = bits & 1,
 					.idempotent_path = bits & 2, .body_big = bits & 4,
-					.nested = bits & 8, .ni = nis[n],
+					.nested = bits & 8, .enforced = bits & 16, .ni = nis[n],
 				};
 				struct cfg_retry r = base_retry();
 				r.non_idempotent = t.ni;
