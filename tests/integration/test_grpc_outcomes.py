@@ -89,12 +89,16 @@ def test_access_log_outcome_and_reconciliation_follow_the_grpc_status(grpcsrv, r
     # an idempotent path: its failure is just a failure
     assert call(ch, CATALOG, xkey="d", script="code:unavailable").code == \
         grpc.StatusCode.UNAVAILABLE
+    # RESOURCE_EXHAUSTED is in idempotency.release_on by default: the call did not run
+    assert call(ch, xkey="f", script="code:resource-exhausted").code == \
+        grpc.StatusCode.RESOURCE_EXHAUSTED
     assert call(ch, xkey="e").code == grpc.StatusCode.OK
 
-    recs = log_records(log, 6)
+    recs = log_records(log, 7)
     got = [(x["path"], x["status"], x["outcome"]) for x in recs]
     assert got == [(UNARY, 200, "unknown"), (UNARY, 200, "unknown"), (UNARY, 200, "unknown"),
-                   (UNARY, 200, "failed"), (CATALOG, 200, "failed"), (UNARY, 200, "ok")], got
+                   (UNARY, 200, "failed"), (CATALOG, 200, "failed"), (UNARY, 200, "failed"),
+                   (UNARY, 200, "ok")], got
 
     recorded = unknown(rg)      # newest first
     assert [(x["path"], x["last_outcome"]) for x in recorded] == [
