@@ -4,7 +4,8 @@ issue 26).
 A gRPC error travels in an HTTP 200, so these tests look where an operator looks: the
 downstream metric by grpc-status, the access log's outcome, the reconciliation queue (GET
 /unknown), and abort fault rules with grpc_status / pushback_ms seen by a real grpcio client.
-The server is tests/tools/grpcserver.py (grpcio), scripted per call by metadata.
+The server is tests/tools/grpcserver.py (grpcio), scripted per call by metadata; the fault
+pushback test runs with grpcio and with Node's @grpc/grpc-js as the client.
 """
 
 import json
@@ -14,6 +15,7 @@ import pytest
 
 from harness import wait_for
 from test_grpc import CATALOG, UNARY, api, call, channel, grpcsrv  # noqa: F401 (fixtures)
+from test_grpc_deadlines import call as either_call, client  # noqa: F401 (grpcio and Node)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,14 +117,14 @@ def test_access_log_outcome_and_reconciliation_follow_the_grpc_status(grpcsrv, r
 # ------------------------------------------------------------------------------- faults
 
 def test_fault_grpc_status_is_a_trailers_only_answer_retried_after_its_pushback(
-        grpcsrv, rg_factory, channel):
+        grpcsrv, rg_factory, client):
     """An abort rule with grpc_status: unavailable and pushback_ms: a keyed call is retried by
     retrygate (UNAVAILABLE is in the default retry.on), each retry after the pushback, and the
     client gets the gRPC error with its pushback; nothing reaches the server."""
     srv = grpcsrv()
     rule = {"kind": "abort", "percent": 100, "grpc_status": "unavailable", "pushback_ms": 400}
     rg = rg_factory(upstreams=api(srv, {"max_attempts": 3}, faults=faults(rule)))
-    r = call(channel(rg), key="f-1", timeout=8)
+    r = either_call(client, rg, key="f-1", timeout=8)
     assert r.code == grpc.StatusCode.UNAVAILABLE, r
     assert r.md.get("x-retrygate-attempts") == "3", r
     assert r.md.get("grpc-retry-pushback-ms") == "400", r
