@@ -3,7 +3,9 @@
  * interleave; text, or JSON objects (log_format: json) whose message util.h's json_escape
  * keeps valid whatever bytes it holds.
  */
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
@@ -77,4 +79,42 @@ void log_msg(enum log_level lvl, uint64_t sid, const char *fmt, ...)
 	line[n++] = '\n';
 	ssize_t w = write(STDERR_FILENO, line, n);
 	(void)w;
+}
+
+bool log_every(_Atomic int64_t *last, int64_t now_us, int64_t period_us)
+{
+	int64_t was = atomic_load_explicit(last, memory_order_relaxed);
+	if (was && now_us - was < period_us)
+		return false;
+	return atomic_compare_exchange_strong_explicit(last, &was, now_us ? now_us : 1,
+	                                               memory_order_acq_rel, memory_order_relaxed);
+}
+
+static pthread_mutex_t keys_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint64_t hash; int64_t last; } keys[LOG_KEYS];
+
+bool log_keyed_every(const char *key, int64_t now_us, int64_t period_us)
+{
+	uint64_t h = 1469598103934665603ull;       /* FNV-1a */
+	for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+		h = (h ^ *p) * 1099511628211ull;
+	h |= 1;             /* 0 marks a free slot */
+	bool ok = false;
+	pthread_mutex_lock(&keys_lock);
+	int slot = -1, oldest = 0;
+	for (int i = 0; i < LOG_KEYS && slot < 0; i++) {
+		if (keys[i].hash == h)
+			slot = i;
+		else if (keys[i].last < keys[oldest].last)
+			oldest = i;
+	}
+	if (slot < 0 && (!keys[oldest].hash || now_us - keys[oldest].last >= period_us))
+		slot = oldest;
+	if (slot >= 0 && (keys[slot].hash != h || now_us - keys[slot].last >= period_us)) {
+		keys[slot].hash = h;
+		keys[slot].last = now_us;
+		ok = true;
+	}
+	pthread_mutex_unlock(&keys_lock);
+	return ok;
 }

@@ -492,12 +492,33 @@ static void write_cb(struct stream *strm, void *arg)
 		event_active(s->resume_ev, EV_TIMEOUT, 0);     /* held back by CLIENT_HIGH */
 }
 
+/* SPEC §7: a client whose TLS handshake failed is counted by reason, and logged once a minute
+ * per client address (a scanner or a client without its certificate repeats itself). */
+static void note_tls_failure(struct h1_session *s)
+{
+	char detail[160], key[80];
+	SSL *ssl = stream_ssl(s->strm);
+	if (!ssl || SSL_is_init_finished(ssl))
+		return;
+	enum tls_failure f = stream_tls_failure(s->strm, detail, sizeof(detail));
+	if (f == TLSF_NONE)
+		return;     /* it closed without a word: not a failed handshake */
+	STAT_INC(g_gstats[s->loop->id].tls_handshake_errors[f]);
+	snprintf(key, sizeof(key), "client %s", s->peer_ip);
+	if (log_keyed_every(key, clock_now_us(), 60 * 1000000LL))
+		slog(LOG_WARN, s->id, "TLS handshake with client %s on listener %s failed: %s (%s); "
+		     "more from it within a minute are only counted", s->peer_ip, s->lname,
+		     tls_failure_name(f), detail);
+}
+
 static void event_cb(struct stream *strm, short what, void *arg)
 {
 	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (what & BEV_EVENT_CONNECTED)
 		return;     /* a TLS handshake completed: nothing to do */
+	if (s->tls)
+		note_tls_failure(s);
 	if (s->state == S_CLOSING && !(what & BEV_EVENT_ERROR) && (what & BEV_EVENT_EOF)) {
 		/* the client half-closed while we flush: keep flushing */
 		stream_disable(strm, EV_READ);

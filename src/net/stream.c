@@ -511,6 +511,22 @@ unsigned long stream_tls_error(struct stream *s)
 	return s->strm ? bufferevent_get_openssl_error(s->strm) : 0;
 }
 
+enum tls_failure stream_tls_failure(struct stream *s, char *detail, size_t cap)
+{
+	enum tls_failure f = TLSF_NONE;
+	SSL *ssl = stream_ssl(s);
+	if (cap)
+		detail[0] = 0;
+	for (unsigned long e; (e = stream_tls_error(s)) != 0;) {
+		enum tls_failure g = tls_failure_of(ssl, e);
+		if (f == TLSF_NONE || (f == TLSF_OTHER && g != TLSF_OTHER)) {
+			f = g;
+			tls_failure_detail(ssl, e, detail, cap);
+		}
+	}
+	return f;
+}
+
 void stream_enable(struct stream *s, short what)
 {
 	if (s->strm) {

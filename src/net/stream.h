@@ -26,6 +26,8 @@
 #include <event2/bufferevent.h>     /* BEV_EVENT_* names the events below */
 #include <openssl/ssl.h>
 
+#include "net/tls.h"
+
 struct loop;
 struct evbuffer;
 struct stream;
@@ -65,6 +67,10 @@ void stream_trigger_read(struct stream *s);
 int stream_fd(struct stream *s);
 /* TLS streams: take the most recent OpenSSL error behind an error event; 0: none (left). */
 unsigned long stream_tls_error(struct stream *s);
+/* Why the TLS stream S failed (tls.h), from the OpenSSL errors it holds (taken: a second call
+ * finds none), with a short reason in DETAIL: the first error that says more than
+ * TLSF_OTHER. TLSF_NONE: no TLS error (a plain stream, or a peer that only closed). */
+enum tls_failure stream_tls_failure(struct stream *s, char *detail, size_t cap);
 /* The SSL of a TLS stream (ALPN, peer certificate), or NULL. */
 SSL *stream_ssl(struct stream *s);
 

@@ -146,6 +146,69 @@ bool tls_error_is_peer_refusal(unsigned long e)
 	}
 }
 
+enum tls_failure tls_failure_of(const SSL *ssl, unsigned long e)
+{
+	if (!e)
+		return TLSF_NONE;
+	if (tls_error_is_peer_refusal(e))
+		return TLSF_PEER_REFUSED;
+	if (ERR_GET_LIB(e) != ERR_LIB_SSL)
+		return TLSF_OTHER;
+	switch (ERR_GET_REASON(e)) {
+	case SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE:
+		return TLSF_NO_CLIENT_CERT;
+	case SSL_R_CERTIFICATE_VERIFY_FAILED:
+		switch (ssl ? SSL_get_verify_result(ssl) : X509_V_OK) {
+		case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
+		case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+		case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
+		case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+		case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+			return TLSF_UNKNOWN_CA;
+		default:
+			return TLSF_BAD_CERTIFICATE;
+		}
+	case SSL_R_WRONG_VERSION_NUMBER:
+	case SSL_R_UNSUPPORTED_PROTOCOL:
+	case SSL_R_NO_SHARED_CIPHER:
+	case SSL_R_NO_PROTOCOLS_AVAILABLE:
+	case SSL_R_HTTP_REQUEST:
+	case SSL_R_HTTPS_PROXY_REQUEST:
+	case SSL_R_UNEXPECTED_MESSAGE:
+	case SSL_R_UNEXPECTED_RECORD:
+	case SSL_R_PACKET_LENGTH_TOO_LONG:
+	case SSL_R_LENGTH_MISMATCH:
+	case SSL_R_BAD_PACKET_LENGTH:
+	case SSL_R_TLSV1_ALERT_PROTOCOL_VERSION:
+	case SSL_R_SSLV3_ALERT_ILLEGAL_PARAMETER:
+	case SSL_R_TLSV1_ALERT_INSUFFICIENT_SECURITY:
+	case SSL_R_NO_APPLICATION_PROTOCOL:
+		return TLSF_PROTOCOL;
+	default:
+		return TLSF_OTHER;
+	}
+}
+
+const char *tls_failure_name(enum tls_failure f)
+{
+#define X_NAME(i, v) [i] = v,
+	static const char *const names[TLSF_N] = { [TLSF_NONE] = "none", TLS_FAILURE_VALUES(X_NAME) };
+#undef X_NAME
+	return (unsigned)f < TLSF_N ? names[f] : "other";
+}
+
+void tls_failure_detail(const SSL *ssl, unsigned long e, char *buf, size_t cap)
+{
+	const char *why = e ? ERR_reason_error_string(e) : NULL;
+	long v = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+	if (e && ERR_GET_LIB(e) == ERR_LIB_SSL &&
+	    ERR_GET_REASON(e) == SSL_R_CERTIFICATE_VERIFY_FAILED && v != X509_V_OK)
+		snprintf(buf, cap, "%s: %s", why ? why : "certificate verify failed",
+		         X509_verify_cert_error_string(v));
+	else
+		snprintf(buf, cap, "%s", why ? why : "unknown error");
+}
+
 SSL *tls_client_ssl(SSL_CTX *ctx, const char *sni, bool verify)
 {
 	SSL *ssl = SSL_new(ctx);

@@ -25,6 +25,26 @@ int tls_server_verify_clients(SSL_CTX *ctx, const char *client_ca, bool require,
  * our client certificate? With TLS 1.3 the server checks it after our side counts as
  * connected, so the alert arrives in place of a response: the request was never processed. */
 bool tls_error_is_peer_refusal(unsigned long e);
+/* Why a TLS handshake failed, the label of the handshake error metrics (SPEC §7): the peer
+ * sent no certificate although one is required; its certificate does not chain to a CA we
+ * trust; it chains but fails otherwise (expired, wrong name, bad signature); the peer refused
+ * ours or the handshake by an alert; no common protocol (version, ciphers, not TLS at all);
+ * anything else. V(index, label) lists them for stats.h. */
+enum tls_failure {
+	TLSF_NONE, TLSF_NO_CLIENT_CERT, TLSF_UNKNOWN_CA, TLSF_BAD_CERTIFICATE, TLSF_PEER_REFUSED,
+	TLSF_PROTOCOL, TLSF_OTHER, TLSF_N
+};
+#define TLS_FAILURE_VALUES(V) \
+	V(TLSF_NO_CLIENT_CERT, "no-client-cert") V(TLSF_UNKNOWN_CA, "unknown-ca") \
+	V(TLSF_BAD_CERTIFICATE, "bad-certificate") V(TLSF_PEER_REFUSED, "peer-refused") \
+	V(TLSF_PROTOCOL, "protocol") V(TLSF_OTHER, "other")
+/* What the OpenSSL error E on SSL (whose verify result tells certificate failures apart)
+ * means; TLSF_NONE for no error. */
+enum tls_failure tls_failure_of(const SSL *ssl, unsigned long e);
+const char *tls_failure_name(enum tls_failure f);
+/* A short human reason for E on SSL into BUF: OpenSSL's reason, and the certificate check's
+ * verdict when that failed. */
+void tls_failure_detail(const SSL *ssl, unsigned long e, char *buf, size_t cap);
 /* The server name to send and check towards ENDPOINT ("host:port"): CONFIGURED (tls.sni) when
  * set, else the endpoint's host when it is a name, not an address; NULL for none. */
 const char *tls_server_name(const char *configured, const char *endpoint, char *buf, size_t cap);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "http/grpc.h"
+#include "net/tls.h"
 #include "policy/retry.h"
 
 #define MAX_WORKERS 64
@@ -117,7 +118,10 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	  "Attempts given a fault by the faults rules, by kind.", "kind", FAULT_VALUES) \
 	X(grpc_responses, "retrygate_upstream_grpc_responses_total", \
 	  "gRPC attempts by the final grpc-status of their Trailers-Only response or trailers.", \
-	  "status", GRPC_VALUES)
+	  "status", GRPC_VALUES) \
+	X(tls_errors, "retrygate_upstream_tls_handshake_errors_total", \
+	  "TLS handshakes with the upstream's endpoints that failed, by reason.", "reason", \
+	  TLS_FAILURE_VALUES)
 
 /* per-upstream histograms: field (JSON keys FIELD_count, FIELD_sum_seconds), metric, help;
  * buckets DURATION_BUCKETS */
@@ -141,12 +145,21 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  s->up->retries_in_flight) \
 	X(retry_budget_tokens, "retrygate_upstream_retry_budget_tokens", \
 	  "Retry budget tokens available.", SF_TOKENS, s->up->budget_tokens) \
-	X(retries_enabled, NULL, "The runtime switch of POST /retries.", SF_SWITCH, \
-	  s->up->retries_enabled) \
+	X(retries_enabled, "retrygate_upstream_retries_enabled", "1 when retries happen: retry.enabled " \
+	  "and the runtime switch of POST /retries are both on.", SF_SWITCH, s->up->retries_enabled) \
 	X(amplification_1m, NULL, "Attempts per first attempt over the last minute.", SF_RATIO, \
 	  s->win_req ? (double)s->win_att / (double)s->win_req : 0.0) \
 	X(requests_1m, NULL, "First attempts over the last minute.", SF_COUNT, s->win_req) \
-	X(attempts_1m, NULL, "Attempts over the last minute.", SF_COUNT, s->win_att)
+	X(attempts_1m, NULL, "Attempts over the last minute.", SF_COUNT, s->win_att) \
+	X(faults_active, "retrygate_upstream_faults_active", \
+	  "1 while fault injection (faults) is switched on.", SF_SWITCH, s->up->faults_active) \
+	X(retry_budget_ratio, "retrygate_upstream_retry_budget_ratio", \
+	  "retry.budget.ratio: tokens each first attempt adds.", SF_RATIO, s->up->budget_ratio) \
+	X(retry_budget_min_per_second, "retrygate_upstream_retry_budget_min_per_second", \
+	  "retry.budget.min_per_second: tokens time adds per second.", SF_RATIO, \
+	  s->up->budget_min_per_second) \
+	X(retry_budget_max_tokens, "retrygate_upstream_retry_budget_max_tokens", \
+	  "retry.budget.max_tokens: the most the bucket holds.", SF_COUNT, s->up->budget_max_tokens)
 
 /* process-wide downstream gauges (no upstream label), summed over workers: field, JSON key,
  * metric, help */
@@ -173,7 +186,10 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  H2ERR_VALUES) \
 	X(grpc_status, "retrygate_downstream_grpc_responses_total", \
 	  "gRPC calls by the grpc-status their client received, relayed or made by retrygate.", \
-	  "status", GRPC_VALUES)
+	  "status", GRPC_VALUES) \
+	X(tls_handshake_errors, "retrygate_downstream_tls_handshake_errors_total", \
+	  "TLS handshakes on the proxy listeners that failed, by reason.", "reason", \
+	  TLS_FAILURE_VALUES)
 
 /* process-wide figures (no upstream label), rendered after the upstreams. */
 #define RELOAD_VALUES(V)    /* SIGHUP reload results */ \
@@ -306,7 +322,9 @@ struct stats_upstream {
 	const struct ustats *per_worker;    /* [g_nworkers] */
 	int64_t in_flight, retries_in_flight;
 	double budget_tokens;
-	bool retries_enabled;
+	bool retries_enabled;           /* retry.enabled and the runtime switch */
+	bool faults_active;
+	double budget_ratio, budget_min_per_second, budget_max_tokens;
 	const struct stats_endpoint *endpoints;
 	int nendpoints;
 };

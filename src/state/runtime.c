@@ -170,7 +170,11 @@ static void stats_state_cb(void *arg, struct upstream_state *st)
 		.retries_in_flight = atomic_load(&st->retries_in_flight),
 		.budget_tokens = u ? budget_tokens(&st->budget, &u->retry, w->now)
 		                   : (double)atomic_load(&st->budget.tokens) / BUDGET_ONE,
-		.retries_enabled = atomic_load(&st->runtime_enabled),
+		.retries_enabled = atomic_load(&st->runtime_enabled) && (!u || u->retry.enabled),
+		.faults_active = atomic_load(&st->faults_on),
+		.budget_ratio = u ? u->retry.budget_ratio : 0,
+		.budget_min_per_second = u ? u->retry.budget_min_per_second : 0,
+		.budget_max_tokens = u ? (double)u->retry.budget_max_tokens : 0,
 		.endpoints = eps,
 		.nendpoints = ep_table_stats(&st->slots, eps),
 	};

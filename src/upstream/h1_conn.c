@@ -369,12 +369,13 @@ static void write_cb(struct stream *strm, void *arg)
 
 /* A TLS 1.3 server checks our client certificate after we count as connected: its refusal
  * comes as an alert instead of a response, and the request was never processed. */
-static bool peer_refused_tls(struct stream *strm)
+static bool peer_refused_tls(struct h1_req *r, struct stream *strm)
 {
-	bool refused = false;
-	for (unsigned long e; (e = stream_tls_error(strm)) != 0;)
-		refused = refused || tls_error_is_peer_refusal(e);
-	return refused;
+	char detail[160];
+	if (stream_tls_failure(strm, detail, sizeof(detail)) != TLSF_PEER_REFUSED)
+		return false;
+	pool_tls_failed(r->loop, r->ep, TLSF_PEER_REFUSED, detail);
+	return true;
 }
 
 static void event_cb(struct stream *strm, short what, void *arg)
@@ -391,6 +392,13 @@ static void event_cb(struct stream *strm, short what, void *arg)
 		return;
 	}
 	if (r->state == R_CONNECTING) {
+		char detail[160];
+		enum tls_failure f = r->tls ? stream_tls_failure(strm, detail, sizeof(detail)) : TLSF_NONE;
+		if (f != TLSF_NONE) {
+			pool_tls_failed(r->loop, r->ep, f, detail);
+			req_end(r, false, OUT_CONNECT_FAILURE, false, "TLS handshake failed");
+			return;
+		}
 		req_end(r, false, OUT_CONNECT_FAILURE, false,
 		        (what & BEV_EVENT_ERROR) ? evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR())
 		                                 : "closed while connecting");
@@ -405,7 +413,7 @@ static void event_cb(struct stream *strm, short what, void *arg)
 		req_end(r, false, OUT_CONNECT_FAILURE, false, "closed before the request was written");
 		return;
 	}
-	if ((what & BEV_EVENT_ERROR) && r->state == R_WAITING && peer_refused_tls(strm)) {
+	if ((what & BEV_EVENT_ERROR) && r->state == R_WAITING && peer_refused_tls(r, strm)) {
 		req_end(r, false, OUT_CONNECT_FAILURE, false, "TLS handshake refused by the upstream "
 		        "(client certificate)");
 		return;

@@ -252,6 +252,17 @@ static void conn_event_cb(struct stream *strm, short what, void *arg)
 		return;
 	}
 	if (c->state == UC_CONNECTING) {
+		/* a failed handshake counts for the endpoint of the first stream waiting (the
+		 * connection itself keeps no endpoint state that could outlive its requests) */
+		char detail[160];
+		enum tls_failure f = c->tls ? stream_tls_failure(strm, detail, sizeof(detail)) : TLSF_NONE;
+		struct h2_upstream_stream *s = TAILQ_FIRST(&c->streams);
+		if (f != TLSF_NONE && s)
+			pool_tls_failed(c->loop, s->ep, f, detail);
+		if (f != TLSF_NONE) {
+			h2conn_fail(c, "TLS handshake failed", true);
+			return;
+		}
 		h2conn_fail(c, (what & BEV_EVENT_ERROR) ?
 		          evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()) : "closed while connecting",
 		          true);

@@ -4,6 +4,7 @@
  * forget epoch and, through upstream_ep_live(), whether a slot still holds a serial.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -235,4 +236,15 @@ void pool_free_all(struct loop *l)
 	free(t->pools);
 	free(t);
 	l->pools = NULL;
+}
+
+void pool_tls_failed(struct loop *l, struct ep_state *ep, int f, const char *detail)
+{
+	char key[EP_LABEL_MAX + 16];
+	STAT_INC(ep->up->stats[l->id].tls_errors[f]);
+	snprintf(key, sizeof(key), "upstream %s", ep->name);
+	if (log_keyed_every(key, clock_now_us(), 60 * 1000000LL))
+		log_warn("upstream %s: TLS handshake with %s failed: %s (%s); more within a minute are "
+		         "only counted", ep->up->name, ep->name, tls_failure_name((enum tls_failure)f),
+		         detail);
 }

@@ -76,6 +76,11 @@ struct pool_conn *pool_get(struct pool_ep *pe);
 /* Park PC as idle (after a complete keep-alive response), or close it if it may not be. */
 void pool_put(struct pool_conn *pc);
 
+/* A TLS handshake with EP (alive: the caller holds a request to it) failed for F (net/tls.h,
+ * not TLSF_NONE) on worker L: counted for EP's upstream (SPEC §7), and logged once a minute per
+ * endpoint address, with DETAIL. */
+void pool_tls_failed(struct loop *l, struct ep_state *ep, int f, const char *detail);
+
 /* Drain: close every idle connection and park no more (called down by the worker). */
 void pool_drain(struct loop *l);
 void pool_free_all(struct loop *l);

@@ -69,6 +69,8 @@ static void walk(stats_upstream_fn fn, void *arg)
 		struct stats_upstream v = {
 			.name = names[i], .per_worker = per_worker[i], .in_flight = 3 + i,
 			.retries_in_flight = 1, .budget_tokens = 7.5, .retries_enabled = i == 0,
+			.faults_active = i == 1, .budget_ratio = 0.2, .budget_min_per_second = 5,
+			.budget_max_tokens = i ? 20 : 100,
 			.endpoints = eps, .nendpoints = 2,
 		};
 		fn(arg, &v);
@@ -111,6 +113,8 @@ static void setup_figures(void)
 		STAT_INC(g_gstats[w].requests[2]);
 		STAT_INC(g_gstats[w].conns_active);
 		STAT_ADD(g_gstats[w].grpc_status[GRPC_UNAVAILABLE], 3);
+		STAT_INC(g_gstats[w].tls_handshake_errors[TLSF_NO_CLIENT_CERT]);
+		STAT_INC(per_worker[0][w].tls_errors[TLSF_UNKNOWN_CA]);
 	}
 }
 
@@ -163,7 +167,18 @@ static void test_prometheus_every_family_once(void **state)
 	assert_non_null(strstr(t, "retrygate_downstream_grpc_responses_total{status=\"ok\"} 0\n"));
 	/* /stats-only figures have no series */
 	assert_null(strstr(t, "amplification"));
-	assert_null(strstr(t, "retries_enabled"));
+	/* SPEC §7 state gauges: retries happen, faults on, the budget's parameters */
+	assert_non_null(strstr(t, "# TYPE retrygate_upstream_retries_enabled gauge\n"
+	                          "retrygate_upstream_retries_enabled{upstream=\"api\"} 1\n"
+	                          "retrygate_upstream_retries_enabled{upstream=\"db\"} 0\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_faults_active{upstream=\"db\"} 1\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_retry_budget_ratio{upstream=\"api\"} 0.2000\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_retry_budget_min_per_second{upstream=\"api\"} 5.0000\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_retry_budget_max_tokens{upstream=\"db\"} 20\n"));
+	/* TLS handshake failures by reason, both sides */
+	assert_non_null(strstr(t, "retrygate_downstream_tls_handshake_errors_total{reason=\"no-client-cert\"} 2\n"));
+	assert_non_null(strstr(t, "retrygate_upstream_tls_handshake_errors_total{upstream=\"api\",reason=\"unknown-ca\"} 2\n"));
+	assert_int_equal(count(t, "retrygate_upstream_tls_handshake_errors_total{upstream=\"db\""), TLSF_N - 1);
 	/* the families of one upstream come after the other's, grouped by family */
 	char *a = strstr(t, "retrygate_upstream_attempts_total{upstream=\"api\"}");
 	char *d = strstr(t, "retrygate_upstream_attempts_total{upstream=\"db\"}");
@@ -186,8 +201,11 @@ static void test_json_same_figures(void **state)
 	                          "\"already-exists\":0,\"permission-denied\":0,"
 	                          "\"resource-exhausted\":0,\"failed-precondition\":0,\"aborted\":0,"
 	                          "\"out-of-range\":0,\"unimplemented\":0,\"internal\":0,"
-	                          "\"unavailable\":6,\"data-loss\":0,\"unauthenticated\":0}},"
-	                          "\"upstreams\":{\"api\":{\"requests\":20,"));
+	                          "\"unavailable\":6,\"data-loss\":0,\"unauthenticated\":0},"
+	                          "\"tls_handshake_errors\":{\"no-client-cert\":2,"));
+	assert_non_null(strstr(j, "\"other\":0}},\"upstreams\":{\"api\":{\"requests\":20,"));
+	assert_non_null(strstr(j, "\"faults_active\":false,\"retry_budget_ratio\":0.2000,"
+	                          "\"retry_budget_min_per_second\":5.0000,\"retry_budget_max_tokens\":100"));
 	assert_non_null(strstr(j, "\"refused\":{\"disabled\":0,\"nested\":0,"));
 	assert_non_null(strstr(j, "\"budget\":4,\"retries-in-flight\":0}"));
 	assert_non_null(strstr(j, "\"in_flight\":3,\"retries_in_flight\":1,\"retry_budget_tokens\":7.500,"
