@@ -8,6 +8,7 @@
  * X_FAULT_WAIT's fault_ev is deleted, X_HELD's head is freed (a path that
  * still needs the held head takes it out of ex->held first).
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <event2/event.h>
@@ -16,7 +17,9 @@
 #include "base/log.h"
 #include "base/loop.h"
 #include "base/util.h"
+#include "http/grpc.h"
 #include "http/h1_parser.h"
+#include "policy/budget.h"
 #include "policy/outlier.h"
 #include "policy/retry.h"
 #include "proxy/exchange_impl.h"
@@ -136,4 +139,42 @@ int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now)
 	if (ex->pushback_us > 0)
 		upstream_hold(ex->att_ep, now + ex->pushback_us);
 	return ex->pushback_us;
+}
+
+/* ------------------------------------------------------------------ what the log says */
+
+void ex_note_outage(struct exchange *ex, enum outage_kind k, int64_t now)
+{
+	if (!outage_due(&ex->st->outage, k, now))
+		return;
+	struct outage_subject u = {
+		.name = ex->up->name,
+		.per_worker = ex->st->stats,
+		.tokens = budget_peek(&ex->st->budget, &ex->up->retry, now),
+		.max_tokens = (double)ex->up->retry.budget_max_tokens,
+	};
+	outage_write(&ex->st->outage, k, &u, now);
+}
+
+void ex_log_decision(const struct exchange *ex, enum outcome out, const struct http_head *h,
+                     int grpc, enum refusal reason, int64_t wait_us)
+{
+	char what[64];
+	if (log_min_level > LOG_DEBUG)
+		return;
+	if (!h)
+		snprintf(what, sizeof(what), "%s", ex->last_bad ? "bad-response" : outcome_name(out));
+	else if (grpc >= 0)
+		snprintf(what, sizeof(what), "status %d, grpc-status %s", h->status,
+		         grpc_status_name(grpc));
+	else
+		snprintf(what, sizeof(what), "status %d", h->status);
+	if (reason == RR_NONE)
+		slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d: %s; decision: retry (outcome in "
+		     "retry.on, every rule passed), backoff %.1f ms", ex->up->name, ex->attempts, what,
+		     (double)wait_us / 1e3);
+	else
+		slog(LOG_DEBUG, ex->ci.sid, "upstream %s attempt %d: %s; decision: no retry, reason %s",
+		     ex->up->name, ex->attempts, what,
+		     reason == RR_NOT_LISTED ? "not-listed (outcome not in retry.on)" : refusal_name(reason));
 }

@@ -23,6 +23,7 @@
 #include <event2/event_struct.h>
 
 #include "obs/accesslog.h"
+#include "obs/outage_log.h"
 #include "config/config.h"
 #include "policy/deadline.h"
 #include "proxy/forward.h"
@@ -201,5 +202,11 @@ void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool
 void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h);
 int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);
 int64_t ex_grpc_pushback_hold(struct exchange *ex, int64_t now);
+/* The log of an outage (obs/outage_log.h): a failure or refusal of kind K was just counted. */
+void ex_note_outage(struct exchange *ex, enum outage_kind k, int64_t now);
+/* RETRYGATE_LOG=debug: an attempt's outcome (H: its head; GRPC: its grpc-status or -1), the
+ * retry decision and its reason, and the wait before the retry (WAIT_US, REASON RR_NONE). */
+void ex_log_decision(const struct exchange *ex, enum outcome out, const struct http_head *h,
+                     int grpc, enum refusal reason, int64_t wait_us);
 
 #endif

@@ -77,12 +77,15 @@ static void cannot_start(struct exchange *ex, bool retry, enum refusal why)
 	if (retry) {
 		ex->refused = why;
 		STAT_INC(ex->us->refused[why]);
+		ex_note_outage(ex, OUTAGE_REFUSALS, clock_now_us());
 		ex_deliver_last(ex);
 	} else if (why == RR_DEADLINE) {
 		STAT_INC(ex->us->rejected[REJ_DEADLINE]);
+		ex_note_outage(ex, OUTAGE_REFUSALS, clock_now_us());
 		ex_finish_error(ex, 504, "deadline-exceeded", false, NULL);
 	} else {
 		STAT_INC(ex->us->rejected[REJ_OVERLOADED]);
+		ex_note_outage(ex, OUTAGE_REFUSALS, clock_now_us());
 		ex_finish_error(ex, 503, "overloaded", false, "1");
 	}
 }
@@ -255,6 +258,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		ex_release_slots(ex);
 		ex->refused = r;
 		STAT_INC(ex->us->refused[r]);
+		ex_note_outage(ex, OUTAGE_REFUSALS, now);
 		ex_deliver_last(ex);
 		return;
 	}
@@ -324,6 +328,9 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		reason = retry_gate_taken(slot, token);
 		ex->slot_retry = reason == RR_NONE;
 	}
+	if (out != OUT_STATUS || (h && h->status >= 500) || (f.grpc && outage_grpc_failure(f.grpc_status)))
+		ex_note_outage(ex, OUTAGE_FAILURES, now);
+	ex_log_decision(ex, out, h, f.grpc ? f.grpc_status : -1, reason, start - now);
 	if (reason == RR_NONE) {
 		/* the claim (SPEC §6) is released only if no attempt, this one included, may have run */
 		ex->executed = ex->executed || !f.not_executed;
@@ -347,6 +354,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	if (reason != RR_NOT_LISTED) {
 		STAT_INC(ex->us->refused[reason]);
 		ex->refused = reason;
+		ex_note_outage(ex, OUTAGE_REFUSALS, now);
 	}
 	if (reason == RR_RETRY_AFTER && f.hold_until_us > 0 && !f.pushback_refuse &&
 	    !(f.retry_after_us >= 0 && f.retry_after_us > rc->retry_after_max_us))
@@ -382,11 +390,15 @@ void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_h
 		ex_decide(ex, OUT_STATUS, h, false);
 		return;
 	}
+	int64_t now = clock_now_us();
 	/* not retried, but it may set a hold */
 	if (grpc)
-		ex_grpc_pushback_hold(ex, clock_now_us());
+		ex_grpc_pushback_hold(ex, now);
 	else
-		ex_retry_after_hint(ex, h, clock_now_us());
+		ex_retry_after_hint(ex, h, now);
+	if (h->status >= 500 || (grpc && outage_grpc_failure(ex->att_grpc)))
+		ex_note_outage(ex, OUTAGE_FAILURES, now);
+	ex_log_decision(ex, OUT_STATUS, h, grpc ? ex->att_grpc : -1, RR_NOT_LISTED, 0);
 	ex_relay_from(ex, a, h, RR_NONE);
 	if (ex->dec_trailers)
 		ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);

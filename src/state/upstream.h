@@ -24,6 +24,7 @@
 
 #include "policy/budget.h"
 #include "config/config.h"
+#include "obs/outage_log.h"
 #include "obs/stats.h"
 #include "state/endpoint.h"
 #include "state/gate.h"
@@ -42,6 +43,7 @@ struct upstream_state {
 	_Atomic uint64_t rr;
 	struct ep_table slots;          /* its endpoint names and addresses */
 	struct ustats *stats;           /* [g_nworkers] */
+	struct outage_log outage;       /* its WARN lines in an outage */
 	int id;                         /* registry slot, lowest free; reused once forgotten */
 	int refs;                       /* live runtimes binding it; under the registry lock */
 	struct upstream_state *next;    /* registry order: first configured first */
