@@ -76,16 +76,18 @@ void outage_write(struct outage_log *o, enum outage_kind k, const struct outage_
 		if (n)
 			log_warn("upstream %s: %" PRIu64 " attempts failed %s (%s); retry budget %.1f of %.0f "
 			         "tokens left", u->name, n, since, what, u->tokens, u->max_tokens);
-		return;
+	} else {
+		uint64_t n = put_moved(&p, end, refused_names, refused_index, NELEM(refused_names),
+		                       refused, o->refused);
+		char rej[160], *q = rej;
+		rej[0] = 0;
+		uint64_t m = put_moved(&q, rej + sizeof(rej), rejected_names, rejected_index,
+		                       NELEM(rejected_names), rejected, o->rejected);
+		if (n || m)
+			log_warn("upstream %s: %" PRIu64 " retries refused (%s) and %" PRIu64 " requests "
+			         "rejected (%s) %s; retry budget %.1f of %.0f tokens left", u->name, n,
+			         n ? what : "none", m, m ? rej : "none", since, u->tokens, u->max_tokens);
 	}
-	uint64_t n = put_moved(&p, end, refused_names, refused_index, NELEM(refused_names), refused,
-	                       o->refused);
-	char rej[160], *q = rej;
-	rej[0] = 0;
-	uint64_t m = put_moved(&q, rej + sizeof(rej), rejected_names, rejected_index,
-	                       NELEM(rejected_names), rejected, o->rejected);
-	if (n || m)
-		log_warn("upstream %s: %" PRIu64 " retries refused (%s) and %" PRIu64 " requests rejected "
-		         "(%s) %s; retry budget %.1f of %.0f tokens left", u->name, n, n ? what : "none",
-		         m, m ? rej : "none", since, u->tokens, u->max_tokens);
+	/* the next line's winner reads the figures kept above after this store */
+	atomic_store_explicit(&o->last_us[k], now_us ? now_us : 1, memory_order_release);
 }
