@@ -518,6 +518,10 @@ enum tls_failure stream_tls_failure(struct stream *s, char *detail, size_t cap)
 	if (cap)
 		detail[0] = 0;
 	for (unsigned long e; (e = stream_tls_error(s)) != 0;) {
+		/* bufferevent_openssl puts SSL_get_error()'s verdict first: SSL_ERROR_SSL or
+		 * SSL_ERROR_SYSCALL (the socket failed: a reset says nothing about TLS), not a code */
+		if (e == SSL_ERROR_SSL || e == SSL_ERROR_SYSCALL)
+			continue;
 		enum tls_failure g = tls_failure_of(ssl, e);
 		if (f == TLSF_NONE || (f == TLSF_OTHER && g != TLSF_OTHER)) {
 			f = g;

@@ -69,7 +69,7 @@ int stream_fd(struct stream *s);
 unsigned long stream_tls_error(struct stream *s);
 /* Why the TLS stream S failed (tls.h), from the OpenSSL errors it holds (taken: a second call
  * finds none), with a short reason in DETAIL: the first error that says more than
- * TLSF_OTHER. TLSF_NONE: no TLS error (a plain stream, or a peer that only closed). */
+ * TLSF_OTHER. TLSF_NONE: no TLS error (a plain stream, or a peer that only closed or reset). */
 enum tls_failure stream_tls_failure(struct stream *s, char *detail, size_t cap);
 /* The SSL of a TLS stream (ALPN, peer certificate), or NULL. */
 SSL *stream_ssl(struct stream *s);

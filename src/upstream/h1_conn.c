@@ -367,15 +367,17 @@ static void write_cb(struct stream *strm, void *arg)
 		r->cbs.on_drain(r->arg);
 }
 
-/* A TLS 1.3 server checks our client certificate after we count as connected: its refusal
- * comes as an alert instead of a response, and the request was never processed. */
-static bool peer_refused_tls(struct h1_req *r, struct stream *strm)
+/* The TLS failure the stream of R holds (TLSF_NONE: none), counted for the endpoint when it is
+ * one of the handshake: any, or with REFUSAL only the peer's refusal. A TLS 1.3 server checks
+ * our client certificate after we count as connected: its refusal comes as an alert instead of
+ * a response (or before we wrote), and the request was never processed. */
+static enum tls_failure tls_failed(struct h1_req *r, struct stream *strm, bool refusal)
 {
 	char detail[160];
-	if (stream_tls_failure(strm, detail, sizeof(detail)) != TLSF_PEER_REFUSED)
-		return false;
-	pool_tls_failed(r->loop, r->ep, TLSF_PEER_REFUSED, detail);
-	return true;
+	enum tls_failure f = r->tls ? stream_tls_failure(strm, detail, sizeof(detail)) : TLSF_NONE;
+	if (f != TLSF_NONE && (!refusal || f == TLSF_PEER_REFUSED))
+		pool_tls_failed(r->loop, r->ep, f, detail);
+	return f;
 }
 
 static void event_cb(struct stream *strm, short what, void *arg)
@@ -392,10 +394,7 @@ static void event_cb(struct stream *strm, short what, void *arg)
 		return;
 	}
 	if (r->state == R_CONNECTING) {
-		char detail[160];
-		enum tls_failure f = r->tls ? stream_tls_failure(strm, detail, sizeof(detail)) : TLSF_NONE;
-		if (f != TLSF_NONE) {
-			pool_tls_failed(r->loop, r->ep, f, detail);
+		if (tls_failed(r, strm, false) != TLSF_NONE) {
 			req_end(r, false, OUT_CONNECT_FAILURE, false, "TLS handshake failed");
 			return;
 		}
@@ -410,10 +409,12 @@ static void event_cb(struct stream *strm, short what, void *arg)
 			conn_replace(r);
 			return;
 		}
+		tls_failed(r, strm, false);     /* a fresh connection: only its handshake can fail */
 		req_end(r, false, OUT_CONNECT_FAILURE, false, "closed before the request was written");
 		return;
 	}
-	if ((what & BEV_EVENT_ERROR) && r->state == R_WAITING && peer_refused_tls(r, strm)) {
+	if ((what & BEV_EVENT_ERROR) && r->state == R_WAITING &&
+	    tls_failed(r, strm, true) == TLSF_PEER_REFUSED) {
 		req_end(r, false, OUT_CONNECT_FAILURE, false, "TLS handshake refused by the upstream "
 		        "(client certificate)");
 		return;
