@@ -5,6 +5,7 @@ minute. The certificates and servers are test_mtls.py's."""
 
 import re
 
+from test_h2_upstream import api, certs  # noqa: F401
 from test_mtls import (_curl, _mtls_listener, _tls_upstream, mtls_upstream, pki,  # noqa: F401
                        pytestmark)
 
@@ -65,3 +66,16 @@ def test_upstream_refusing_our_certificate_is_counted(rg_factory, mtls_upstream,
                      reason="other") == 0
     rg.wait_stderr(r"WARN upstream secure: TLS handshake with 127\.0\.0\.1:\d+ failed: peer-refused "
                    r"\(tlsv13 alert certificate required\)")
+
+
+def test_h2_upstream_certificate_from_an_unknown_ca_is_counted(h2up, rg_factory, certs, pki):
+    # an HTTP/2 connection's handshake fails once for the streams waiting on it
+    up = h2up(tls=(certs["crt"], certs["key"]))
+    rg = rg_factory(upstreams=api(up, {"max_attempts": 2},
+                                  tls={"sni": "localhost", "ca": pki["ca"], "verify": True}))
+    r = rg.request("GET", "/x")
+    assert r.status == 502 and r.headers["X-Retrygate-Reason"] == "connect-failure", r
+    assert rg.metric("retrygate_upstream_tls_handshake_errors_total", upstream="api",
+                     reason="unknown-ca") == 2
+    rg.wait_stderr(r"WARN upstream api: TLS handshake with 127\.0\.0\.1:\d+ failed: unknown-ca")
+    assert up.requests == []
