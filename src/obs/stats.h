@@ -152,7 +152,7 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	X(requests_1m, NULL, "First attempts over the last minute.", SF_COUNT, s->win_req) \
 	X(attempts_1m, NULL, "Attempts over the last minute.", SF_COUNT, s->win_att) \
 	X(faults_active, "retrygate_upstream_faults_active", \
-	  "1 while fault injection (faults) is switched on.", SF_SWITCH, s->up->faults_active) \
+	  "1 while fault injection is switched on (POST /faults).", SF_SWITCH, s->up->faults_active) \
 	X(retry_budget_ratio, "retrygate_upstream_retry_budget_ratio", \
 	  "retry.budget.ratio: tokens each first attempt adds.", SF_RATIO, s->up->budget_ratio) \
 	X(retry_budget_min_per_second, "retrygate_upstream_retry_budget_min_per_second", \
