@@ -98,7 +98,10 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
 	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).") \
 	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
-	  "Unknown outcomes recorded in the reconciliation queue.")
+	  "Unknown outcomes recorded in the reconciliation queue.") \
+	X(budget_shared_errors, "retrygate_upstream_budget_shared_errors_total", \
+	  "Calls to the shared retry budget's Redis that failed or timed out (the local bucket " \
+	  "stood in).")
 
 /* per-upstream labelled counters: field (and JSON key), metric, help, label, its values */
 #define UPSTREAM_LABELLED(X) \
@@ -140,6 +143,10 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  s->up->retries_in_flight) \
 	X(retry_budget_tokens, "retrygate_upstream_retry_budget_tokens", \
 	  "Retry budget tokens available.", SF_TOKENS, s->up->budget_tokens) \
+	X(budget_shared, NULL, "The retry budget is configured shared (budget.shared).", \
+	  SF_SWITCH, s->up->budget_shared) \
+	X(budget_shared_in_use, NULL, "The shared bucket in Redis is in use (false: this " \
+	  "process's own: unshared, or Redis unreachable).", SF_SWITCH, s->up->budget_shared_in_use) \
 	X(retries_enabled, NULL, "The runtime switch of POST /retries.", SF_SWITCH, \
 	  s->up->retries_enabled) \
 	X(amplification_1m, NULL, "Attempts per first attempt over the last minute.", SF_RATIO, \
@@ -298,7 +305,8 @@ struct stats_upstream {
 	const char *name;
 	const struct ustats *per_worker;    /* [g_nworkers] */
 	int64_t in_flight, retries_in_flight;
-	double budget_tokens;
+	double budget_tokens;           /* shared and in use: the level Redis last answered */
+	bool budget_shared, budget_shared_in_use;
 	bool retries_enabled;
 	const struct stats_endpoint *endpoints;
 	int nendpoints;
