@@ -143,16 +143,16 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  s->up->retries_in_flight) \
 	X(retry_budget_tokens, "retrygate_upstream_retry_budget_tokens", \
 	  "Retry budget tokens available.", SF_TOKENS, s->up->budget_tokens) \
-	X(budget_shared, NULL, "The retry budget is configured shared (budget.shared).", \
-	  SF_SWITCH, s->up->budget_shared) \
-	X(budget_shared_in_use, NULL, "The shared bucket in Redis is in use (false: this " \
-	  "process's own: unshared, or Redis unreachable).", SF_SWITCH, s->up->budget_shared_in_use) \
 	X(retries_enabled, NULL, "The runtime switch of POST /retries.", SF_SWITCH, \
 	  s->up->retries_enabled) \
 	X(amplification_1m, NULL, "Attempts per first attempt over the last minute.", SF_RATIO, \
 	  s->win_req ? (double)s->win_att / (double)s->win_req : 0.0) \
 	X(requests_1m, NULL, "First attempts over the last minute.", SF_COUNT, s->win_req) \
-	X(attempts_1m, NULL, "Attempts over the last minute.", SF_COUNT, s->win_att)
+	X(attempts_1m, NULL, "Attempts over the last minute.", SF_COUNT, s->win_att) \
+	X(budget_shared, NULL, "The retry budget is configured shared (budget.shared).", \
+	  SF_SWITCH, s->up->budget_shared) \
+	X(budget_shared_in_use, NULL, "The shared bucket in Redis is in use (false: this " \
+	  "process's own: unshared, or Redis unreachable).", SF_SWITCH, s->up->budget_shared_in_use)
 
 /* process-wide downstream gauges (no upstream label), summed over workers: field, JSON key,
  * metric, help */
