@@ -177,3 +177,30 @@ def test_redis_down_falls_back_and_comes_back(rg_factory, upstream_factory, redi
     limit = bound(first, 6.0) + BUDGET["max_tokens"] + N * local + BUDGET["ratio"] * first
     print("outage: %d retries for %d first attempts (bound %.1f)" % (retries, first, limit))
     assert retries <= limit, (first, retries, limit)
+
+
+def test_check_prints_the_fleet_bound_and_warns_on_sidecar_figures(tmp_path):
+    from harness import check_config, make_config
+    def cfg(budget):
+        return make_config(upstreams={"api": upstream_block(
+            "127.0.0.1:1", {"budget": budget})})
+    # --check contacts no Redis: this one does not exist
+    url = "redis://:s3cret@127.0.0.1:1/2"
+    cp = check_config(cfg({"shared": url}), workdir=tmp_path / "a")
+    assert cp.returncode == 0, cp.stderr
+    out = cp.stdout + cp.stderr
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("fleet "))
+    assert "127.0.0.1:1/2" in line and "100 + 0.2 x" in line and "10/s" in line, line
+    assert "s3cret" not in out
+    assert "warning: upstreams.api.retry.budget.shared" in out, out
+    # sized for a fleet: no warning; unshared: the fleet line says N sidecars add N floors
+    cp = check_config(cfg({"shared": url, "max_tokens": 400, "min_per_second": 50}),
+                      workdir=tmp_path / "b")
+    assert "budget.shared" not in cp.stdout + cp.stderr
+    assert "400 + 0.2 x" in cp.stdout
+    cp = check_config(cfg({}), workdir=tmp_path / "c")
+    line = next(ln for ln in cp.stdout.splitlines() if ln.strip().startswith("fleet "))
+    assert "N x (100 + 10/s)" in line, line
+    # not a redis URL: refused
+    cp = check_config(cfg({"shared": "http://x"}), workdir=tmp_path / "d")
+    assert cp.returncode != 0 and "budget.shared" in cp.stderr, cp.stderr
