@@ -19,6 +19,10 @@ same budget, once without endpoint health and once with retrygate's default pass
 replica is stopped partway through, and a second table shows the success rate after its death,
 the attempts it still got, and retrygate's ejection log line.
 
+Then a fleet phase (SPEC §4 budget.shared, tests/tools/demo_fleet.py): several sidecars in
+front of one dependency answering 503, once with a budget each, once with one budget shared
+through a redis-server; a table shows the retries the dependency saw and each setup's bound.
+
 Then a gRPC round (SPEC §10, tests/tools/demo_grpc.py): a grpcio dependency
 (tests/tools/grpcserver.py) that goes UNAVAILABLE (some calls executed before failing) and then
 overloaded (pushback), a grpcio client sending reads, keyed and unkeyed writes, once through a
@@ -59,6 +63,7 @@ import threading
 import time
 from pathlib import Path
 
+from demo_fleet import fleet_acceptance, fleet_phase, fleet_table     # N sidecars, one budget
 from demo_grpc import grpc_acceptance, grpc_explain, grpc_round, grpc_table   # the gRPC round
 from demo_common import LOOPBACK, PYTHON, free_port, http_call, metric, pct, plan, read_metrics
 from demo_common import start_retrygate as start_retrygate_on
@@ -892,7 +897,7 @@ def main(argv=None):
     try:
         log("retrygate demo%s: a flaky dependency, a naive retry policy vs retrygate's "
             "(binary %s)" % (" (quick)" if a.quick else "", binary))
-        n = g = rn = rg_ = gn = gg = None
+        n = g = rn = rg_ = gn = gg = fl = None
         verdicts = []
         if a.round in ("all", "http"):
             results = []
@@ -905,6 +910,7 @@ def main(argv=None):
                                           conc, stop, log))
             n, g = results
             rn, rg_ = replica_phase(procs, binary, workdir, a.quick, stop, log)
+            fl = fleet_phase(procs, binary, workdir, a.quick, stop, log)
         if a.round in ("all", "grpc"):
             gn, gg = grpc_round(procs, binary, workdir, a.quick, stop, log)
         if n is not None:
@@ -921,6 +927,12 @@ def main(argv=None):
                 "success by the time a request was sent):")
             log(replica_table(rn, rg_))
             verdicts += acceptance(n, g) + replica_acceptance(rn, rg_)
+        if fl is not None:
+            log("")
+            log("A fleet: the same outage seen through several sidecars (the dependency's "
+                "retries, all sidecars together):")
+            log(fleet_table(*fl))
+            verdicts += fleet_acceptance(*fl)
         if gn is not None:
             log("")
             log("gRPC: reads, keyed and unkeyed writes, 1 s deadlines, the dependency "
@@ -940,6 +952,7 @@ def main(argv=None):
         if a.json:
             Path(a.json).write_text(json.dumps(
                 {"naive": n, "retrygate": g, "replica": {"naive": rn, "retrygate": rg_},
+                 "fleet": fl,
                  "grpc": {"naive": gn, "retrygate": gg},
                  "acceptance": verdicts, "ok": ok,
                  "quick": a.quick, "seconds": time.monotonic() - started}, indent=1,
