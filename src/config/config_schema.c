@@ -628,7 +628,8 @@ static const struct key budget_keys[] = {
 	/* a bucket that cannot hold one token never allows a retry: use enabled: false */
 	{ "max_tokens", K_I64, OFF(cfg_retry, budget_max_tokens), .def = "100", .min = 1,
 	  .max = 1000000000 },
-	{ "shared", K_STR, OFF(cfg_retry, budget_shared), .def = "", .check = check_reconcile_redis,
+	{ "shared", K_STR, OFF(cfg_retry, budget_shared), .def = "", .flags = KF_QUIET_EMPTY,
+	  .check = check_reconcile_redis,
 	  .emit = emit_store, .expect = "\"\" or redis://host:port/db" },
 	{ .name = NULL },
 };
