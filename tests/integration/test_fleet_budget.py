@@ -204,3 +204,25 @@ def test_check_prints_the_fleet_bound_and_warns_on_sidecar_figures(tmp_path):
     # not a redis URL: refused
     cp = check_config(cfg({"shared": "http://x"}), workdir=tmp_path / "d")
     assert cp.returncode != 0 and "budget.shared" in cp.stderr, cp.stderr
+
+
+def test_demo_fleet_phase(tmp_path):
+    """`make demo`'s fleet phase on its own (--round fleet --quick): the table and its verdicts."""
+    import os
+    import subprocess
+    import sys
+    from harness import default_binary
+    from pathlib import Path
+    demo = Path(__file__).resolve().parents[1] / "tools" / "demo.py"
+    if Redis().exe is None:
+        pytest.skip("redis-server not installed")
+    cp = subprocess.run([sys.executable, str(demo), "--quick", "--round", "fleet", "--workdir",
+                         str(tmp_path / "demo")],
+                        env=dict(os.environ, RETRYGATE_BIN=str(default_binary())),
+                        capture_output=True, text=True, timeout=60)
+    out = cp.stdout
+    assert cp.returncode == 0, out + cp.stderr
+    assert "budget per sidecar" in out and "one shared budget" in out, out
+    assert "PASS fleet phase: shared budget" in out, out
+    assert "PASS fleet phase: per-sidecar budgets let through more" in out, out
+    assert "FAIL" not in out, out

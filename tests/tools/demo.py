@@ -4,7 +4,7 @@ retrygate configured as a naive retry policy, once through retrygate's default p
 side-by-side table of what the dependency went through.
 
     /usr/bin/python3 tests/tools/demo.py [--quick] [--json FILE] [--workdir DIR]
-                                         [--round all|http|grpc]
+                                         [--round all|http|grpc|fleet]
 
 The dependency (tests/tools/flaky.py, its own process) follows one timeline per run:
 healthy -> outage (503s; some POSTs execute and then lose their response) -> overloaded (429/503
@@ -21,7 +21,8 @@ the attempts it still got, and retrygate's ejection log line.
 
 Then a fleet phase (SPEC §4 budget.shared, tests/tools/demo_fleet.py): several sidecars in
 front of one dependency answering 503, once with a budget each, once with one budget shared
-through a redis-server; a table shows the retries the dependency saw and each setup's bound.
+through a redis-server; a table shows the retries the dependency saw and each setup's bound
+(not in --quick unless asked for with --round fleet).
 
 Then a gRPC round (SPEC §10, tests/tools/demo_grpc.py): a grpcio dependency
 (tests/tools/grpcserver.py) that goes UNAVAILABLE (some calls executed before failing) and then
@@ -865,9 +866,9 @@ def main(argv=None):
     ap.add_argument("--workdir", default=str(REPO / "build" / "demo"),
                     help="configs, logs, pid file (default build/demo)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
-    ap.add_argument("--round", choices=("all", "http", "grpc"), default="all",
-                    help="run only the HTTP rounds (both runs and the replica phase) or only "
-                    "the gRPC round (default: all)")
+    ap.add_argument("--round", choices=("all", "http", "grpc", "fleet"), default="all",
+                    help="run only the HTTP rounds (both runs, the replica and fleet phases), "
+                    "only the gRPC round or only the fleet phase (default: all)")
     ap.add_argument("--binary", default=os.environ.get("RETRYGATE_BIN")
                     or str(REPO / "build" / "retrygate"))
     a = ap.parse_args(argv)
@@ -910,6 +911,8 @@ def main(argv=None):
                                           conc, stop, log))
             n, g = results
             rn, rg_ = replica_phase(procs, binary, workdir, a.quick, stop, log)
+        # the fleet phase is left out of --quick (the test suite's run; --round fleet has it)
+        if a.round == "fleet" or (a.round in ("all", "http") and not a.quick):
             fl = fleet_phase(procs, binary, workdir, a.quick, stop, log)
         if a.round in ("all", "grpc"):
             gn, gg = grpc_round(procs, binary, workdir, a.quick, stop, log)
