@@ -81,9 +81,11 @@ static void stream_refuse(struct h2_client_stream *st, int status, const char *r
 	accesslog_write_refusal(s->id, s->peer_ip, &s->loop->rng, status, reason);
 	STAT_INC(g_gstats[s->loop->id].requests[status / 100]);
 	struct made_response m;
-	if (st->grpc)
+	if (st->grpc) {
 		respond_grpc_error(&m, reason, "", 0, NULL);    /* SPEC §10 */
-	else
+		int pb;
+		STAT_INC(g_gstats[s->loop->id].grpc_status[grpc_status_for_reason(reason, &pb)]);
+	} else
 		respond_error(&m, status, reason, "", 0, NULL, NULL, true);
 	struct responder rsp = h2_responder;
 	rsp.arg = st;

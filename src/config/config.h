@@ -103,6 +103,8 @@ struct cfg_fault_rule {
 	char *path_prefix;          /* "/" */
 	int status;                 /* abort: 503 */
 	char *retry_after;          /* abort: "" = no Retry-After */
+	int grpc_status;            /* abort, gRPC calls: a Trailers-Only answer with it; -1: none */
+	int pushback_ms;            /* abort with grpc_status: grpc-retry-pushback-ms; -1: none */
 	int64_t delay_us;           /* delay: 1s */
 };
 

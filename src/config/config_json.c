@@ -152,6 +152,24 @@ void emit_release_on(struct json *j, const struct key *k, const void *base)
 	fputc(']', j->f);
 }
 
+void emit_grpc_status(struct json *j, const struct key *k, const void *base)
+{
+	int c = *CFIELD(base, k->off, int);
+	if (c < 0)
+		fputs("null", j->f);
+	else
+		json_string(j, grpc_status_name(c));
+}
+
+void emit_optional_int(struct json *j, const struct key *k, const void *base)
+{
+	int v = *CFIELD(base, k->off, int);
+	if (v < 0)
+		fputs("null", j->f);
+	else
+		fprintf(j->f, "%d", v);
+}
+
 static void json_block(struct json *j, const struct block *b, const void *base)
 {
 	char buf[64];

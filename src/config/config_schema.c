@@ -340,14 +340,53 @@ static void budget_check(struct load *ld, void *base, const struct node *map)
 		                 &r->budget_shared_password);
 }
 
-/* A rule's kind-specific keys belong to their kind: status and retry_after to abort, delay to
- * delay (a key that would do nothing is a mistake worth saying). */
+/* faults.rules[].grpc_status: a SPEC §10 code name; "" (the default): none */
+static void fault_grpc_status_parse(struct load *ld, const struct key *k, const struct node *v,
+                                    void *base)
+{
+	const char *words[GRPC_NCODES + 1];
+	const char *near;
+	char q[80];
+	int *code = FIELD(base, k->off, int);
+
+	*code = -1;
+	if (v->kind != N_SCALAR || node_is_null(v)) {
+		type_error(ld, v, "a gRPC code name such as unavailable");
+		return;
+	}
+	if (!v->str[0] && !v->plain)
+		return;
+	*code = grpc_status_by_name(v->str, strlen(v->str));
+	if (*code >= 0)
+		return;
+	for (int c = 0; c < GRPC_NCODES; c++)
+		words[c] = grpc_status_name(c);
+	words[GRPC_NCODES] = NULL;
+	if ((near = closest_word(v->str, words)))
+		value_error(ld, v, "unknown gRPC code %s (did you mean \"%s\"?)",
+		            cfg_quote(v->str, q, sizeof q), near);
+	else
+		value_error(ld, v, "unknown gRPC code %s (expected a name such as unavailable, "
+		            "resource-exhausted or internal)", cfg_quote(v->str, q, sizeof q));
+}
+
+/* A rule's kind-specific keys belong to their kind: status, retry_after, grpc_status and
+ * pushback_ms to abort, delay to delay (a key that would do nothing is a mistake worth
+ * saying); pushback_ms goes with grpc_status. */
 static void fault_rule_check(struct load *ld, void *base, const struct node *map)
 {
-	const struct cfg_fault_rule *r = base;
+	struct cfg_fault_rule *r = base;
 	static const struct { const char *key; int kind; } own[] = {
 		{ "status", FAULT_ABORT }, { "retry_after", FAULT_ABORT }, { "delay", FAULT_DELAY },
+		{ "grpc_status", FAULT_ABORT }, { "pushback_ms", FAULT_ABORT },
 	};
+
+	/* pushback_ms has a default for the tables' sake; not written, none is sent */
+	if (!node_find(map, "pushback_ms"))
+		r->pushback_ms = -1;
+	else if (key_ok(ld, "pushback_ms") && key_ok(ld, "grpc_status") && r->grpc_status < 0)
+		key_error(ld, map, "pushback_ms", "pushback_ms applies with grpc_status only "
+		          "(gRPC's Retry-After travels with a gRPC status)");
 
 	if (!key_ok(ld, "kind"))
 		return;
@@ -708,6 +747,10 @@ static const struct key fault_rule_keys[] = {
 	{ "retry_after", K_STR, OFF(cfg_fault_rule, retry_after), .def = "",
 	  .check = check_delta_seconds, .expect = "whole seconds such as \"2\"" },
 	{ "delay", K_DUR, OFF(cfg_fault_rule, delay_us), .def = "1s", TIMEOUT },
+	{ "grpc_status", K_CUSTOM, OFF(cfg_fault_rule, grpc_status), .def = "",
+	  .parse = fault_grpc_status_parse, .emit = emit_grpc_status },
+	{ "pushback_ms", K_INT, OFF(cfg_fault_rule, pushback_ms), .def = "0", .min = 0,
+	  .max = 86400000, .emit = emit_optional_int },
 	{ .name = NULL },
 };
 static const struct block fault_rule_block = { .keys = fault_rule_keys,

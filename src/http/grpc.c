@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "http/h1_parser.h"
 #include "http/h1_write.h"
 #include "base/util.h"
 
@@ -178,4 +179,31 @@ bool grpc_definite(int code)
 	default:
 		return false;
 	}
+}
+
+int grpc_client_code(int code, int http_status, bool complete)
+{
+	if (code >= 0)
+		return code < GRPC_NCODES ? code : GRPC_UNKNOWN;
+	if (!complete)
+		return GRPC_INTERNAL;   /* RST_STREAM INTERNAL_ERROR, as a client maps it */
+	switch (http_status) {
+	case 400: return GRPC_INTERNAL;
+	case 401: return GRPC_UNAUTHENTICATED;
+	case 403: return GRPC_PERMISSION_DENIED;
+	case 404: return GRPC_UNIMPLEMENTED;
+	case 429:
+	case 502:
+	case 503:
+	case 504: return GRPC_UNAVAILABLE;
+	default: return GRPC_UNKNOWN;
+	}
+}
+
+int grpc_status_field(const struct http_hdr *f, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (str_ieq(f[i].name, f[i].nlen, "grpc-status", 11))
+			return grpc_status_parse(f[i].value, f[i].vlen);
+	return -1;
 }

@@ -71,4 +71,16 @@ int grpc_status_for_reason(const char *reason, int *pushback_ms);
  * UNAUTHENTICATED. Any other code leaves the outcome unknown, as a 5xx does. */
 bool grpc_definite(int code);
 
+/* What a gRPC client reads as the call's status (SPEC §10's downstream count): CODE when a
+ * grpc-status reached it (>= 0). Without one: a stream that did not end normally (COMPLETE
+ * false: retrygate resets it with INTERNAL_ERROR) is INTERNAL, as gRPC maps that RST_STREAM;
+ * a response that ended without grpc-status is read from HTTP_STATUS by gRPC's HTTP mapping
+ * (400 INTERNAL, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 429 502 503
+ * 504 UNAVAILABLE, anything else, 200 included, UNKNOWN). */
+int grpc_client_code(int code, int http_status, bool complete);
+
+struct http_hdr;
+/* The grpc-status among fields F[N] (grpc_status_parse), or -1 when none is well-formed. */
+int grpc_status_field(const struct http_hdr *f, int n);
+
 #endif

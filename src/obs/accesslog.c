@@ -59,6 +59,7 @@ void access_begin(struct access_rec *r, uint64_t sid, const char *peer, const st
 	r->sid = sid;
 	r->peer = peer;
 	r->last_out = OUT_NONE;
+	r->grpc_status = -1;
 }
 
 void access_set_route(struct access_rec *r, const struct cfg_route *route, const char *upstream)
@@ -110,12 +111,32 @@ void access_set_grpc_status(struct access_rec *r, int code)
 		r->att[r->natt - 1].grpc_status = code;
 }
 
+void access_set_held(struct access_rec *r, const char *ep, int64_t ms)
+{
+	r->held_ep = ep;
+	r->held_ms = ms;
+}
+
+const char *access_unknown_cause(const struct access_rec *r)
+{
+	if (!r->non_idempotent || r->attempts == 0)
+		return NULL;
+	/* the last attempt may have executed, whatever an earlier attempt answered (SPEC §6) */
+	if (r->last_out == OUT_RESET || r->last_out == OUT_TIMEOUT)
+		return outcome_name(r->last_out);
+	/* a gRPC error the upstream answered (retrygate's own answers name a reason) that is not
+	 * definite: the call may have run, as after a 5xx (SPEC §10) */
+	if (r->grpc_answered && !r->not_executed && !grpc_definite(r->grpc_status))
+		return grpc_status_name(r->grpc_status);
+	return NULL;
+}
+
 const char *access_outcome(const struct access_rec *r)
 {
-	/* the last attempt may have executed, whatever an earlier attempt answered (SPEC §6) */
-	if (r->non_idempotent && r->attempts > 0 &&
-	    (r->last_out == OUT_RESET || r->last_out == OUT_TIMEOUT))
+	if (access_unknown_cause(r))
 		return "unknown";
+	if (r->grpc_status >= 0)
+		return r->grpc_status == GRPC_OK ? "ok" : "failed";
 	if (r->ok_response && r->status < 500)
 		return "ok";
 	return "failed";
@@ -276,6 +297,9 @@ void accesslog_write(const struct access_rec *r)
 		append(line, &n, sizeof(line), "\"%s\"", refusal_name(r->refused));
 	else
 		append(line, &n, sizeof(line), "null");
+	if (r->held_ep)
+		append(line, &n, sizeof(line), ",\"held\":{\"endpoint\":\"%s\",\"ms_left\":%" PRId64 "}",
+		       r->held_ep, r->held_ms);
 	if (r->reason)
 		append(line, &n, sizeof(line), ",\"reason\":\"%s\"", r->reason);
 	append(line, &n, sizeof(line), ",\"deadline_ms\":%" PRId64 ",\"deadline_left_ms\":%" PRId64

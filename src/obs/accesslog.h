@@ -41,8 +41,13 @@ struct access_rec {
 	const char *key; size_t keylen;
 	bool client_abort;
 	bool ok_response;               /* an upstream response was relayed */
-	bool non_idempotent;
+	bool non_idempotent;            /* not a safe method, path not in retry.idempotent_paths */
 	enum outcome last_out;
+	int grpc_status;                /* a gRPC call: the code its client read (grpc.h); -1: HTTP */
+	bool grpc_answered;             /* that code is an upstream's grpc-status, relayed */
+	bool not_executed;              /* ... which says the call did not run (release_on) */
+	const char *held_ep;            /* the retry was refused for this endpoint's hold ... */
+	int64_t held_ms;                /* ... which had this long left */
 };
 
 /* REQ may be NULL: a request refused before its head was understood (malformed, oversized,
@@ -56,13 +61,25 @@ void access_set_outcome(struct access_rec *r, const char *outcome);
 void access_set_status(struct access_rec *r, int status);
 /* The last attempt's SPEC §11 fault kind ("abort", ...): the line names it in that try. */
 void access_set_fault(struct access_rec *r, const char *kind);
+/* The retry was refused (retry_refused) because endpoint EP is held for MS more
+ * milliseconds by another answer's Retry-After or pushback: the line says "held":
+ * {"endpoint": EP, "ms_left": MS}. */
+void access_set_held(struct access_rec *r, const char *ep, int64_t ms);
 /* The grpc-status (0..16, grpc.h) of the attempt access_add_attempt began, from its
  * Trailers-Only head or its trailers (SPEC §10): that try gets "grpc_status": CODE and
  * "grpc_status_name": "unavailable" beside its "status". A code outside 0..16 is ignored. */
 void access_set_grpc_status(struct access_rec *r, int code);
 
-/* "ok", "failed" or "unknown" (a non-idempotent request whose last attempt ended in reset or
- * timeout: it may have been executed). */
+/* Why the request's outcome is unknown — it may have executed (SPEC §6, §10, §12) — or NULL.
+ * A non-idempotent request with attempts is unknown when its last attempt ended in a reset or
+ * a timeout ("reset", "timeout"), or, for a gRPC call, when the grpc-status relayed to its
+ * client is one §6 does not take as definite (its name: "unavailable", ...) and not one that
+ * says the call did not run (idempotency.release_on: not_executed). The one decision
+ * behind both the log's outcome and the reconciliation queue's record. */
+const char *access_unknown_cause(const struct access_rec *r);
+
+/* "unknown" (access_unknown_cause), else "ok" — for a gRPC call when its client read OK, for
+ * HTTP an upstream response below 500 — or "failed". */
 const char *access_outcome(const struct access_rec *r);
 
 int accesslog_open(const char *spec);    /* 0 or -1 (errno set) */

@@ -543,6 +543,9 @@ static void json_endpoints(struct evbuffer *o, const struct stats_upstream *up, 
 				char what[16];
 				if (e->last_failure < OUT_STATUS)
 					snprintf(what, sizeof(what), "%s", outcome_name((enum outcome)e->last_failure));
+				else if (e->last_failure >= STATS_FAILURE_GRPC)
+					snprintf(what, sizeof(what), "%s",
+					         grpc_status_name(e->last_failure - STATS_FAILURE_GRPC));
 				else
 					snprintf(what, sizeof(what), "%d", e->last_failure);
 				evbuffer_add_printf(o, ",\"last_failure\":{\"what\":\"%s\",\"at_unix_ms\":%" PRId64
@@ -565,15 +568,18 @@ static void json_upstream_cb(void *arg, const struct stats_upstream *up)
 	evbuffer_add_printf(jw->o, "%s\"%s\":{", jw->first ? "" : ",", up->name);
 	jw->first = false;
 	json_figures(jw->o, up_families, NUP_FAMILIES, &s);
-	/* the endpoints under a Retry-After hold, with the time it has left */
+	/* the endpoints under a Retry-After or pushback hold, with the time it has left and the
+	 * retries it refused so far (their responses show no reason to wait) */
 	evbuffer_add_printf(jw->o, ",\"held_endpoints\":{");
 	bool first = true;
 	for (int i = 0; i < up->nendpoints; i++) {
 		int64_t h = up->endpoints[i].hold_until_us;
 		if (h <= jw->now_us)
 			continue;
-		evbuffer_add_printf(jw->o, "%s\"%s\":{\"hold_ms_left\":%" PRId64 "}", first ? "" : ",",
-		                    up->endpoints[i].name, (h - jw->now_us) / 1000);
+		evbuffer_add_printf(jw->o, "%s\"%s\":{\"hold_ms_left\":%" PRId64
+		                    ",\"retries_refused\":%" PRIu64 "}", first ? "" : ",",
+		                    up->endpoints[i].name, (h - jw->now_us) / 1000,
+		                    up->endpoints[i].hold_refusals);
 		first = false;
 	}
 	evbuffer_add(jw->o, "}", 1);

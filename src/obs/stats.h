@@ -96,7 +96,8 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(client_aborts, "retrygate_upstream_client_aborts_total", \
 	  "Requests cancelled because the client disconnected while an attempt was in flight.") \
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \
-	  "Non-idempotent requests whose last attempt ended in reset or timeout (may have executed).") \
+	  "Non-idempotent requests whose outcome is unknown: the last attempt reset or timed out, " \
+	  "or a gRPC call got a code that is no definite answer (it may have executed).") \
 	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
 	  "Unknown outcomes recorded in the reconciliation queue.") \
 	X(budget_shared_errors, "retrygate_upstream_budget_shared_errors_total", \
@@ -176,7 +177,10 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  "Responses sent to clients, by status class.", "code", CODE_VALUES) \
 	X(h2_errors, "retrygate_downstream_h2_protocol_errors_total", \
 	  "HTTP/2 client protocol errors and connection defences, per event.", "error", \
-	  H2ERR_VALUES)
+	  H2ERR_VALUES) \
+	X(grpc_status, "retrygate_downstream_grpc_responses_total", \
+	  "gRPC calls by the grpc-status their client received, relayed or made by retrygate.", \
+	  "status", GRPC_VALUES)
 
 /* process-wide figures (no upstream label), rendered after the upstreams. */
 #define RELOAD_VALUES(V)    /* SIGHUP reload results */ \
@@ -298,9 +302,12 @@ struct stats_endpoint {
 	bool retired;                   /* its name no longer resolves to it: draining */
 	uint64_t attempts, ejections;
 	int64_t in_flight;
-	int last_failure;               /* enum outcome, or a 5xx status; 0: none */
+	int last_failure;               /* enum outcome, a 5xx status, or STATS_FAILURE_GRPC + a
+	                                 * grpc-status; 0: none */
 	int64_t last_failure_wall_us;
+	uint64_t hold_refusals;         /* retries refused because of its hold (/stats only) */
 };
+#define STATS_FAILURE_GRPC 1000
 struct stats_upstream {
 	const char *name;
 	const struct ustats *per_worker;    /* [g_nworkers] */

@@ -52,6 +52,7 @@
 #include "proxy/exchange_impl.h"
 #include "policy/faults.h"
 #include "proxy/forward.h"
+#include "http/grpc.h"
 #include "http/h1_parser.h"
 #include "proxy/idem_job.h"
 #include "base/log.h"
@@ -195,6 +196,10 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 			ex_relay_complete(ex);
 		} else {
 			slog(LOG_WARN, ex->ci.sid, "upstream %s: %s: response cut short", ex->up->name, detail);
+			/* a committed gRPC call cut before its status: it may not have finished, a
+			 * reset for its outcome (SPEC §10); an HTTP response's status already said */
+			if (ex->grpc && ex->client_grpc < 0)
+				ex->last_out = OUT_RESET;
 			ex_finish(ex, false, true);    /* never pad or complete a truncated body */
 		}
 		return;
@@ -359,6 +364,12 @@ static void idem_claimed_cb(void *arg, enum idem_result r, const struct idem_res
 		respond_request_id(&m.head, m.fields, (int)(sizeof(m.fields) / sizeof(m.fields[0])),
 		                   ex->reqid);
 		ex->resp_status = stored->status;
+		if (ex->grpc) {
+			/* the stored call's status, as its client reads it (SPEC §10's count) */
+			int c = grpc_status_field(m.trailers, m.ntrailers);
+			ex->client_grpc = c >= 0 ? c : grpc_status_field(m.head.hdrs, m.head.nhdrs);
+			ex->resp_complete = true;
+		}
 		ex->log.reason = "idempotency-replayed";
 		ex->head_sent = true;
 		idem_replay_send(&ex->rsp, &m, stored->body);

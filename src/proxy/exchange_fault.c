@@ -16,6 +16,7 @@
 #include "proxy/exchange_impl.h"
 #include "policy/faults.h"
 #include "base/loop.h"
+#include "http/h1_write.h"
 #include "http/respond.h"
 #include "obs/stats.h"
 #include "state/upstream.h"
@@ -56,26 +57,43 @@ void ex_fault_arm(struct exchange *ex, int64_t now)
 	evtimer_add(&ex->fault_ev, &tv);
 }
 
-/* abort: the response the upstream did not send (no body). */
+static void fault_hdr(struct exchange *ex, int *n, const char *name, const char *value)
+{
+	ex->fault_hdrs[(*n)++] = (struct http_hdr){ .name = name, .nlen = (uint32_t)strlen(name),
+	                                            .value = value,
+	                                            .vlen = (uint32_t)strlen(value) };
+}
+
+/* abort: the response the upstream did not send (no body). A gRPC call hit by a rule with
+ * grpc_status gets that code Trailers-Only, as a gRPC server reports an error (SPEC §11). */
 static const struct http_head *fault_response(struct exchange *ex)
 {
 	const struct cfg_fault_rule *r = ex->fault;
 	struct http_head *h = &ex->fault_head;
+	bool grpc = ex->grpc && r->grpc_status >= 0;
 	memset(h, 0, sizeof(*h));
 	int n = 0;
-	ex->fault_hdrs[n++] = (struct http_hdr){ .name = "X-Retrygate-Fault", .nlen = 17,
-	                                         .value = "abort", .vlen = 5 };
-	if (r->retry_after && *r->retry_after)
-		ex->fault_hdrs[n++] = (struct http_hdr){ .name = "Retry-After", .nlen = 11,
-		                                         .value = r->retry_after,
-		                                         .vlen = (uint32_t)strlen(r->retry_after) };
-	h->status = r->status;
-	h->reason = respond_status_text(r->status);
+	fault_hdr(ex, &n, "X-Retrygate-Fault", "abort");
+	if (grpc) {
+		ex->fault_nums[0][h1_fmt_int(ex->fault_nums[0], r->grpc_status)] = '\0';
+		fault_hdr(ex, &n, "content-type", "application/grpc");
+		fault_hdr(ex, &n, "grpc-status", ex->fault_nums[0]);
+		fault_hdr(ex, &n, "grpc-message", "fault injected (abort)");
+		if (r->pushback_ms >= 0) {
+			ex->fault_nums[1][h1_fmt_int(ex->fault_nums[1], r->pushback_ms)] = '\0';
+			fault_hdr(ex, &n, "grpc-retry-pushback-ms", ex->fault_nums[1]);
+		}
+	} else if (r->retry_after && *r->retry_after) {
+		fault_hdr(ex, &n, "Retry-After", r->retry_after);
+	}
+	h->status = grpc ? 200 : r->status;
+	h->reason = respond_status_text(h->status);
 	h->reason_len = strlen(h->reason);
 	h->version = 11;
 	h->hdrs = ex->fault_hdrs;
 	h->nhdrs = n;
-	h->content_length = 0;
+	h->content_length = grpc ? -1 : 0;
+	h->end_stream = grpc;
 	h->keep_alive = true;
 	return h;
 }
@@ -98,6 +116,14 @@ enum outcome ex_fault_outcome(struct exchange *ex, const struct http_head **h)
 		access_set_status(&ex->log, (*h)->status);
 		ex->last_out = OUT_STATUS;
 		ex->last_att_status = (*h)->status;
+		if ((*h)->end_stream) {
+			/* the attempt's grpc-status, as ex_grpc_outcome() takes a server's */
+			ex->att_grpc = ex->fault->grpc_status;
+			ex->pushback_us = ex->fault->pushback_ms >= 0
+			                  ? (int64_t)ex->fault->pushback_ms * 1000 : -1;
+			STAT_INC(ex->us->grpc_responses[ex->att_grpc]);
+			access_set_grpc_status(&ex->log, ex->att_grpc);
+		}
 		return OUT_STATUS;
 	default:
 		break;

@@ -35,8 +35,10 @@ static void report_health_grpc(struct exchange *ex, int code)
 {
 	bool failed = code == GRPC_UNAVAILABLE || code == GRPC_INTERNAL || code == GRPC_UNKNOWN ||
 	              code == GRPC_DATA_LOSS || code == GRPC_DEADLINE_EXCEEDED;
-	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200,
-	                 failed && ex->pushback_us >= 0 && ex->retry->retry_after_honor);
+	bool hinted = failed && ex->pushback_us >= 0 && ex->retry->retry_after_honor;
+	ex_report_health_as(ex, OUT_STATUS, failed ? 503 : 200, hinted);
+	if (failed && !hinted)
+		upstream_ep_failure_grpc(ex->att_ep, code);    /* /stats: its name, not "503" */
 }
 
 /* The grpc-status (and grpc-retry-pushback-ms) among an attempt's response fields F[N]:
@@ -69,18 +71,11 @@ int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
 static void grpc_decide(struct exchange *ex, struct attempt *a, const struct http_head *h,
                         const struct http_hdr *t, int n)
 {
-	if (cfg_retry_on_grpc(ex->retry, ex->att_grpc)) {
-		ex->dec_trailers = t;
-		ex->dec_ntrailers = n;
-		ex_decide(ex, OUT_STATUS, h, false);
-		ex->dec_trailers = NULL;
-		ex->dec_ntrailers = 0;
-		return;
-	}
-	ex_grpc_pushback_hold(ex, clock_now_us());     /* not retried, but it may set a hold */
-	ex_relay_from(ex, a, h, RR_NONE);
-	if (n > 0)
-		ex_relay_trailers(ex, t, n);
+	ex->dec_trailers = n > 0 ? t : NULL;
+	ex->dec_ntrailers = n;
+	ex_judge_status(ex, a, h);
+	ex->dec_trailers = NULL;
+	ex->dec_ntrailers = 0;
 }
 
 /* A gRPC call's 200 head without END_STREAM: held until DATA or trailers say what it is. The

@@ -141,7 +141,8 @@ struct exchange {
 	enum outcome fault_cut;         /* OUT_TIMEOUT: the delay outlasts the per-try timeout */
 	int64_t att_t0_us;              /* when the current attempt started (its delay included) */
 	struct http_head fault_head;    /* abort's response, as if the upstream had sent it */
-	struct http_hdr fault_hdrs[2];
+	struct http_hdr fault_hdrs[5];
+	char fault_nums[2][12];         /* its grpc-status and grpc-retry-pushback-ms, as text */
 
 	/* SPEC §10: a gRPC call. A 200 head without END_STREAM names no outcome yet: it is held
 	 * (X_HELD) until DATA commits the call or trailers with no DATA name its grpc-status. */

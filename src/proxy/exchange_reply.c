@@ -74,21 +74,39 @@ void ex_end(struct exchange *ex)
 		STAT_INC(ex->us->idem[IS_STORED]);
 }
 
-/* The access-log line: once per request, however it ended. */
-void ex_log_request(struct exchange *ex, int64_t now)
+/* The facts the outcome is decided on (access_unknown_cause()), for the count and the line. */
+static void log_facts(struct exchange *ex, int64_t now)
 {
 	ex->log.status = ex->resp_status;
 	ex->log.attempts = ex->attempts;
 	ex->log.refused = ex->refused;
-	ex->log.non_idempotent = ex->mclass == MC_OTHER;
+	/* rule 4's idempotent paths are idempotent whatever the method (SPEC §10) */
+	ex->log.non_idempotent = ex->mclass == MC_OTHER && !ex->idem_path;
 	ex->log.last_out = ex->last_out;
+	if (ex->grpc) {
+		ex->log.grpc_status = grpc_client_code(ex->client_grpc, ex->resp_status,
+		                                       ex->resp_complete);
+		/* retrygate's own answers and replays name a reason: not the upstream's word */
+		ex->log.grpc_answered = ex->client_grpc >= 0 && !ex->log.reason;
+		/* a code of release_on says the call did not run: failed, not unknown (SPEC §6) */
+		ex->log.not_executed = ex->log.grpc_answered &&
+		                       idem_not_executed(&ex->up->idem, OUT_STATUS, 200,
+		                                         ex->log.grpc_status);
+	}
 	ex->log.duration_us = now - ex->t0_us;
 	ex->log.deadline_left_us = ex->deadline_us ? ex->deadline_us - now : 0;
+}
+
+/* The access-log line: once per request, however it ended. */
+void ex_log_request(struct exchange *ex, int64_t now)
+{
+	log_facts(ex, now);
 	accesslog_write(&ex->log);
 }
 
-/* SPEC §12: the unknown outcome goes to the reconciliation queue, once (count_end runs once). */
-static void record_unknown(struct exchange *ex)
+/* SPEC §12: the unknown outcome goes to the reconciliation queue, once (count_end runs once),
+ * with CAUSE as its last_outcome. */
+static void record_unknown(struct exchange *ex, const char *cause)
 {
 	struct reconcile_rec r = {
 		.id = ex->reqid,
@@ -99,7 +117,7 @@ static void record_unknown(struct exchange *ex)
 		.key = ex->log.key,
 		.key_len = ex->log.keylen,
 		.attempts = ex->attempts,
-		.last_outcome = outcome_name(ex->last_out),
+		.last_outcome = cause,
 		.endpoint = ex->att_ep ? ex->att_ep->name : "",
 	};
 	reconcile_record(&r);
@@ -118,10 +136,13 @@ void ex_count_end(struct exchange *ex, int64_t now)
 	bool failed = ex->resp_status >= 500 || (ex->client_grpc >= 0 && !grpc_definite(ex->client_grpc));
 	if (ex->us && ex->resp_status > 0)
 		stats_window_response(ex->us, now, failed);
-	if (ex->us && ex->attempts > 0 && ex->mclass == MC_OTHER &&
-	    (ex->last_out == OUT_RESET || ex->last_out == OUT_TIMEOUT)) {
+	log_facts(ex, now);
+	if (ex->grpc)   /* what the client read, a 200 or not (SPEC §10) */
+		STAT_INC(g_gstats[ex->loop->id].grpc_status[ex->log.grpc_status]);
+	const char *cause = access_unknown_cause(&ex->log);
+	if (ex->us && cause) {
 		STAT_INC(ex->us->unknown_outcomes);
-		record_unknown(ex);
+		record_unknown(ex, cause);
 	}
 }
 

@@ -232,6 +232,15 @@ static void refuse_budget(struct exchange *ex)
 	ex_deliver_last(ex);
 }
 
+/* SPEC §4 rule 6: the retry was refused (retry-after) for EP's hold until HOLD, put there by
+ * another answer, not for this one's hint: the log line and /stats say which endpoint and for
+ * how long, since the response the client gets shows no reason to wait. */
+static void refused_by_hold(struct exchange *ex, struct ep_state *ep, int64_t hold, int64_t now)
+{
+	upstream_ep_hold_refused(ep);
+	access_set_held(&ex->log, ep->name, (hold - now) / 1000);
+}
+
 static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct exchange *ex = arg;
@@ -254,14 +263,17 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 		}
 		ex->next_serial = atomic_load(&ex->next_ep->serial);
 	}
+	int64_t hold = atomic_load(&ex->next_ep->hold_until_us);
 	enum refusal r = retry_recheck_hold(ex->retry, ex->deadline, now, ex->deadline_us,
-	                                    atomic_load(&ex->next_ep->hold_until_us), &start);
+	                                    hold, &start);
 	if (r == RR_NONE && start > now) {
 		struct timeval tv = clock_tv(start - now);
 		evtimer_add(&ex->backoff_ev, &tv);
 		return;
 	}
 	if (r != RR_NONE) {
+		if (r == RR_RETRY_AFTER)
+			refused_by_hold(ex, ex->next_ep, hold, now);
 		ex_release_slots(ex);
 		ex->refused = r;
 		STAT_INC(ex->us->refused[r]);
@@ -388,6 +400,9 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		STAT_INC(ex->us->refused[reason]);
 		ex->refused = reason;
 	}
+	if (reason == RR_RETRY_AFTER && f.hold_until_us > 0 && !f.pushback_refuse &&
+	    !(f.retry_after_us >= 0 && f.retry_after_us > rc->retry_after_max_us))
+		refused_by_hold(ex, next, f.hold_until_us, now);
 	if (h) {
 		saved_clear(&ex->saved);
 		ex_relay_from(ex, a, h, reason);
@@ -407,16 +422,26 @@ void ex_start_first(struct exchange *ex)
 	start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
 }
 
-/* An attempt's (A's; NULL: a fault's abort) response head H whose status is the outcome:
- * retried when retry.on lists it, else relayed (its Retry-After may still set a hold). */
+/* An attempt's (A's; NULL: a fault's abort) response head H whose status is the outcome — for
+ * a gRPC call with a grpc-status (ex->att_grpc), that status (SPEC §10), named by H or by the
+ * trailers ex->dec_trailers: retried when retry.on lists it, else relayed (its Retry-After or
+ * pushback may still set a hold). */
 void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_head *h)
 {
-	if (cfg_retry_on_status(ex->retry, h->status)) {
+	bool grpc = ex->grpc && ex->att_grpc >= 0;
+	if (grpc ? cfg_retry_on_grpc(ex->retry, ex->att_grpc)
+	         : cfg_retry_on_status(ex->retry, h->status)) {
 		ex_decide(ex, OUT_STATUS, h, false);
 		return;
 	}
-	ex_retry_after_hint(ex, h, clock_now_us());    /* not retried, but it may set a hold */
+	/* not retried, but it may set a hold */
+	if (grpc)
+		ex_grpc_pushback_hold(ex, clock_now_us());
+	else
+		ex_retry_after_hint(ex, h, clock_now_us());
 	ex_relay_from(ex, a, h, RR_NONE);
+	if (ex->dec_trailers)
+		ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);
 	if (!a)
 		ex_relay_complete(ex);     /* a fault's abort: the whole response was its head */
 }

@@ -259,6 +259,7 @@ int ep_table_stats(struct ep_table *t, struct stats_endpoint *eps)
 			.in_flight = atomic_load(&ep->in_flight),
 			.last_failure = atomic_load(&ep->last_failure),
 			.last_failure_wall_us = atomic_load(&ep->last_failure_wall_us),
+			.hold_refusals = atomic_load(&ep->hold_refusals),
 		};
 	}
 	return n;
@@ -286,6 +287,16 @@ void upstream_hold(struct ep_state *ep, int64_t until_us)
 	int64_t cur = atomic_load(&ep->hold_until_us);
 	while (cur < until_us && !atomic_compare_exchange_weak(&ep->hold_until_us, &cur, until_us))
 		;
+}
+
+void upstream_ep_failure_grpc(struct ep_state *ep, int code)
+{
+	atomic_store(&ep->last_failure, STATS_FAILURE_GRPC + code);
+}
+
+void upstream_ep_hold_refused(struct ep_state *ep)
+{
+	atomic_fetch_add_explicit(&ep->hold_refusals, 1, memory_order_relaxed);
 }
 
 bool upstream_ep_usable(struct ep_state *ep, uint64_t serial)

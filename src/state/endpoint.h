@@ -66,8 +66,9 @@ struct ep_state {
 	_Atomic int nejections;     /* passive ejections so far: the n of base_ejection x n */
 	_Atomic int64_t eject_until_us;   /* passive ejection (monotonic), 0: none */
 	_Atomic bool probe_down;    /* active health: down until healthy_after successes */
-	_Atomic int last_failure;   /* enum outcome, or a 5xx status; 0: none */
+	_Atomic int last_failure;   /* enum outcome, a 5xx status, STATS_FAILURE_GRPC + code; 0: none */
 	_Atomic int64_t last_failure_wall_us;
+	_Atomic uint64_t hold_refusals;     /* retries refused because of its hold */
 	int probe_fails, probe_oks; /* the prober's own (main thread) */
 	int64_t probe_next_us;
 	bool probing;
@@ -127,6 +128,11 @@ int ep_table_slots(struct ep_table *t, uint64_t mask, struct ep_state **eps);
 void upstream_ep_keep(struct ep_state **slot, struct ep_state *ep);
 /* Retry-After hold: extend (never shorten) to UNTIL. */
 void upstream_hold(struct ep_state *ep, int64_t until_us);
+/* The failure upstream_ep_report() just counted was gRPC status CODE: /stats names it so
+ * ("unavailable"), not as the 5xx it counts as. */
+void upstream_ep_failure_grpc(struct ep_state *ep, int code);
+/* A retry was refused because of EP's hold (not its own response's hint): for /stats. */
+void upstream_ep_hold_refused(struct ep_state *ep);
 /* Whether EP is still the LIVE address with SERIAL (an exchange waiting to retry there). */
 bool upstream_ep_usable(struct ep_state *ep, uint64_t serial);
 /* An attempt to EP begins or ends (the in-flight count least-request and the metrics read). */

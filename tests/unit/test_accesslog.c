@@ -1,7 +1,9 @@
 /*
  * test_accesslog: the JSON line of a request as written to a real file: each try with its
  * endpoint and status or outcome, SPEC §10's grpc-status per try (only where one was seen, so
- * HTTP lines are as before), and the whole line valid JSON-shaped. And a log whose reader
+ * HTTP lines are as before), and the whole line valid JSON-shaped; the outcome (ok, failed,
+ * unknown and why) of HTTP and gRPC requests as a table, and a hold-caused refusal's "held".
+ * And a log whose reader
  * reads nothing: writing never waits for it, the lines past the backlog are counted dropped.
  */
 #include <fcntl.h>
@@ -123,6 +125,100 @@ static double now_s(void)
 }
 
 /* Last: the writer stays blocked on the pipe until its reader closes. */
+/* SPEC §6, §10, §12: one decision for the log's outcome and the reconciliation record */
+static const struct outcome_row {
+	const char *why;
+	bool non_idempotent;
+	int attempts;
+	enum outcome last_out;
+	int status;
+	bool ok_response;
+	int grpc_status;                /* -1: HTTP */
+	bool answered;
+	bool not_executed;
+	const char *reason;
+	const char *cause, *outcome;
+} outcome_rows[] = {
+	/* why: non_idempotent, attempts, last_out, status, ok_response, grpc_status, answered,
+	 * not_executed, reason -> cause, outcome */
+	{ "HTTP POST answered 200", true, 1, OUT_STATUS, 200, true, -1, false, false, NULL,
+	  NULL, "ok" },
+	{ "HTTP POST answered 503", true, 3, OUT_STATUS, 503, true, -1, false, false, NULL,
+	  NULL, "failed" },
+	{ "HTTP POST reset", true, 1, OUT_RESET, 502, false, -1, false, false, "reset",
+	  "reset", "unknown" },
+	{ "HTTP POST timed out", true, 2, OUT_TIMEOUT, 504, false, -1, false, false, "timeout",
+	  "timeout", "unknown" },
+	{ "HTTP GET reset", false, 3, OUT_RESET, 502, false, -1, false, false, "reset",
+	  NULL, "failed" },
+	{ "no attempt", true, 0, OUT_NONE, 503, false, -1, false, false, "overloaded",
+	  NULL, "failed" },
+	{ "gRPC OK", true, 1, OUT_STATUS, 200, true, 0, true, false, NULL,
+	  NULL, "ok" },
+	{ "gRPC UNAVAILABLE relayed", true, 1, OUT_STATUS, 200, true, 14, true, false, NULL,
+	  "unavailable", "unknown" },
+	{ "gRPC INTERNAL relayed", true, 3, OUT_STATUS, 200, true, 13, true, false, NULL,
+	  "internal", "unknown" },
+	{ "gRPC NOT_FOUND relayed: definite", true, 1, OUT_STATUS, 200, true, 5, true, false, NULL,
+	  NULL, "failed" },
+	{ "gRPC UNAVAILABLE on an idempotent path", false, 3, OUT_STATUS, 200, true, 14, true,
+	  false, NULL, NULL, "failed" },
+	{ "gRPC reset, retrygate's UNAVAILABLE", true, 1, OUT_RESET, 200, false, 14, false, false,
+	  "reset", "reset", "unknown" },
+	{ "gRPC connect-failure, retrygate's UNAVAILABLE", true, 1, OUT_CONNECT_FAILURE, 200, false,
+	  14, false, false, "connect-failure", NULL, "failed" },
+	{ "gRPC HTTP 503 relayed (an HTTP outcome)", true, 1, OUT_STATUS, 503, true, 14, false,
+	  false, NULL, NULL, "failed" },
+	{ "gRPC replayed OK", true, 0, OUT_NONE, 200, false, 0, false, false,
+	  "idempotency-replayed", NULL, "ok" },
+	{ "gRPC RESOURCE_EXHAUSTED relayed, in release_on", true, 1, OUT_STATUS, 200, true, 8, true,
+	  true, NULL, NULL, "failed" },
+	{ "gRPC RESOURCE_EXHAUSTED relayed, release_on without it", true, 1, OUT_STATUS, 200, true,
+	  8, true, false, NULL, "resource-exhausted", "unknown" },
+};
+
+static void test_outcome_table(void **state)
+{
+	(void)state;
+	struct http_head h;
+	for (size_t i = 0; i < sizeof(outcome_rows) / sizeof(outcome_rows[0]); i++) {
+		const struct outcome_row *o = &outcome_rows[i];
+		struct access_rec r = base(&h);
+		r.non_idempotent = o->non_idempotent;
+		r.attempts = o->attempts;
+		r.last_out = o->last_out;
+		r.status = o->status;
+		r.ok_response = o->ok_response;
+		r.grpc_status = o->grpc_status;
+		r.grpc_answered = o->answered;
+		r.not_executed = o->not_executed;
+		r.reason = o->reason;
+		const char *cause = access_unknown_cause(&r);
+		if ((cause == NULL) != (o->cause == NULL) || (cause && strcmp(cause, o->cause) != 0))
+			fail_msg("%s: cause %s, want %s", o->why, cause ? cause : "none",
+			         o->cause ? o->cause : "none");
+		if (strcmp(access_outcome(&r), o->outcome) != 0)
+			fail_msg("%s: outcome %s, want %s", o->why, access_outcome(&r), o->outcome);
+	}
+}
+
+static void test_held_named_on_the_line(void **state)
+{
+	(void)state;
+	struct http_head h;
+	struct access_rec r = base(&h);
+	r.refused = RR_RETRY_AFTER;
+	access_set_held(&r, "10.0.0.7:50051", 4210);
+	char *line = line_of(&r);
+	assert_contains(line, "\"retry_refused\":\"retry-after\",\"held\":{\"endpoint\":"
+	                      "\"10.0.0.7:50051\",\"ms_left\":4210}");
+	free(line);
+	r = base(&h);
+	line = line_of(&r);
+	assert_null(strstr(line, "\"held\""));
+	free(line);
+}
+
 static void test_full_pipe_never_blocks_the_writer_of_a_line(void **state)
 {
 	int p[2];
@@ -156,6 +252,8 @@ int main(void)
 		cmocka_unit_test(test_grpc_status_per_try),
 		cmocka_unit_test(test_http_try_unchanged),
 		cmocka_unit_test(test_grpc_status_before_any_attempt_is_ignored),
+		cmocka_unit_test(test_outcome_table),
+		cmocka_unit_test(test_held_named_on_the_line),
 		cmocka_unit_test(test_full_pipe_never_blocks_the_writer_of_a_line),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

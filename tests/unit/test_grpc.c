@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "http/grpc.h"
+#include "http/h1_parser.h"
 
 #define MS 1000LL
 #define S  1000000LL
@@ -287,6 +288,60 @@ static void test_definite(void **state)
 	assert_false(grpc_definite(17));
 }
 
+/* what a gRPC client reads: its grpc-status, else gRPC's mapping of the RST_STREAM or the
+ * HTTP status it got */
+static const struct cc_row {
+	int code, http, complete, want;
+} cc_rows[] = {
+	{ 0, 200, 1, GRPC_OK },
+	{ 14, 200, 1, GRPC_UNAVAILABLE },
+	{ 13, 200, 0, GRPC_INTERNAL },          /* a status then a cut: the status arrived */
+	{ 16, 200, 1, GRPC_UNAUTHENTICATED },
+	{ 17, 200, 1, GRPC_UNKNOWN },           /* outside 0..16 */
+	{ -1, 200, 0, GRPC_INTERNAL },          /* cut (RST_STREAM INTERNAL_ERROR) */
+	{ -1, 0, 0, GRPC_INTERNAL },            /* cut before any head */
+	{ -1, 503, 0, GRPC_INTERNAL },
+	{ -1, 200, 1, GRPC_UNKNOWN },           /* ended, no status */
+	{ -1, 400, 1, GRPC_INTERNAL },
+	{ -1, 401, 1, GRPC_UNAUTHENTICATED },
+	{ -1, 403, 1, GRPC_PERMISSION_DENIED },
+	{ -1, 404, 1, GRPC_UNIMPLEMENTED },
+	{ -1, 429, 1, GRPC_UNAVAILABLE },
+	{ -1, 502, 1, GRPC_UNAVAILABLE },
+	{ -1, 503, 1, GRPC_UNAVAILABLE },
+	{ -1, 504, 1, GRPC_UNAVAILABLE },
+	{ -1, 500, 1, GRPC_UNKNOWN },
+	{ -1, 409, 1, GRPC_UNKNOWN },
+	{ -1, 302, 1, GRPC_UNKNOWN },
+};
+
+static void test_client_code(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof(cc_rows) / sizeof(cc_rows[0]); i++) {
+		const struct cc_row *r = &cc_rows[i];
+		int got = grpc_client_code(r->code, r->http, r->complete);
+		if (got != r->want)
+			fail_msg("row %zu (%d, %d, %d): got %d, want %d", i, r->code, r->http,
+			         r->complete, got, r->want);
+	}
+}
+
+static void test_status_field(void **state)
+{
+	(void)state;
+	struct http_hdr f[] = {
+		{ .name = "content-type", .nlen = 12, .value = "application/grpc", .vlen = 16 },
+		{ .name = "Grpc-Status", .nlen = 11, .value = "14", .vlen = 2 },
+	};
+	assert_int_equal(grpc_status_field(f, 2), GRPC_UNAVAILABLE);
+	assert_int_equal(grpc_status_field(f, 1), -1);
+	assert_int_equal(grpc_status_field(NULL, 0), -1);
+	f[1].value = "x";
+	f[1].vlen = 1;
+	assert_int_equal(grpc_status_field(f, 2), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -298,6 +353,8 @@ int main(void)
 		cmocka_unit_test(test_pushback_parse),
 		cmocka_unit_test(test_status_for_reason),
 		cmocka_unit_test(test_definite),
+		cmocka_unit_test(test_client_code),
+		cmocka_unit_test(test_status_field),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

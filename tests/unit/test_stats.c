@@ -110,6 +110,7 @@ static void setup_figures(void)
 		stats_observe_duration(&per_worker[0][w], 3000);
 		STAT_INC(g_gstats[w].requests[2]);
 		STAT_INC(g_gstats[w].conns_active);
+		STAT_ADD(g_gstats[w].grpc_status[GRPC_UNAVAILABLE], 3);
 	}
 }
 
@@ -156,6 +157,10 @@ static void test_prometheus_every_family_once(void **state)
 	assert_non_null(strstr(t, "retrygate_upstream_request_duration_seconds_sum{upstream=\"api\"} 0.006000\n"));
 	assert_non_null(strstr(t, "retrygate_downstream_requests_total{code=\"2xx\"} 2\n"));
 	assert_non_null(strstr(t, "retrygate_downstream_connections_active 2\n"));
+	/* SPEC §10: what gRPC clients received, no upstream label, every code by name */
+	assert_int_equal(count(t, "retrygate_downstream_grpc_responses_total{status="), GRPC_NCODES);
+	assert_non_null(strstr(t, "retrygate_downstream_grpc_responses_total{status=\"unavailable\"} 6\n"));
+	assert_non_null(strstr(t, "retrygate_downstream_grpc_responses_total{status=\"ok\"} 0\n"));
 	/* /stats-only figures have no series */
 	assert_null(strstr(t, "amplification"));
 	assert_null(strstr(t, "retries_enabled"));
@@ -175,7 +180,13 @@ static void test_json_same_figures(void **state)
 	                          "\"reconcile_pending\":0,\"reconcile_publish_errors\":0,"
 	                          "\"requests\":{\"1xx\":0,\"2xx\":2,\"3xx\":0,\"4xx\":0,\"5xx\":0},"
 	                          "\"h2_errors\":{\"malformed\":0,\"refused-stream\":0,\"rapid-reset\":0,"
-	                          "\"header-block\":0,\"flood\":0,\"stalled\":0,\"idle\":0}},"
+	                          "\"header-block\":0,\"flood\":0,\"stalled\":0,\"idle\":0},"
+	                          "\"grpc_status\":{\"ok\":0,\"cancelled\":0,\"unknown\":0,"
+	                          "\"invalid-argument\":0,\"deadline-exceeded\":0,\"not-found\":0,"
+	                          "\"already-exists\":0,\"permission-denied\":0,"
+	                          "\"resource-exhausted\":0,\"failed-precondition\":0,\"aborted\":0,"
+	                          "\"out-of-range\":0,\"unimplemented\":0,\"internal\":0,"
+	                          "\"unavailable\":6,\"data-loss\":0,\"unauthenticated\":0}},"
 	                          "\"upstreams\":{\"api\":{\"requests\":20,"));
 	assert_non_null(strstr(j, "\"refused\":{\"disabled\":0,\"nested\":0,"));
 	assert_non_null(strstr(j, "\"budget\":4,\"retries-in-flight\":0}"));
