@@ -7,7 +7,9 @@ max_tokens + ratio x (the first attempts of all processes) + min_per_second x t 
 100 ms batch of credits per process); with per-process buckets it sees about N floors.
 Then Redis is killed and restarted in the middle: each process falls back to its own bucket
 (counted in retrygate_upstream_budget_shared_errors_total, logged), no request waits past its
-deadline, and the shared bucket is used again once Redis answers."""
+deadline, and the shared bucket is used again once Redis answers. A stalled Redis (SIGSTOP)
+delays a retry by connect_timeout at most. `--check` prints the fleet bound, and the demo's
+fleet phase runs on its own."""
 
 import threading
 import time
@@ -226,3 +228,33 @@ def test_demo_fleet_phase(tmp_path):
     assert "PASS fleet phase: shared budget" in out, out
     assert "PASS fleet phase: per-sidecar budgets let through more" in out, out
     assert "FAIL" not in out, out
+
+
+def test_a_stalled_redis_delays_a_retry_by_connect_timeout_at_most(rg_factory, upstream_factory,
+                                                                   redis):
+    """Redis stopped (SIGSTOP: connections open, no answer): a retry waits for its token no
+    longer than connect_timeout, then the local bucket answers; back to shared after SIGCONT."""
+    import signal
+    up = upstream_factory(default=respond(503))
+    budget = dict(BUDGET, shared="redis://127.0.0.1:%d/0" % redis.port)
+    ups = {"api": upstream_block(up.endpoint, {"max_attempts": 3, "budget": budget},
+                                 connect_timeout="100ms", deadline={"default": "10s"})}
+    rgs = [rg_factory(upstreams=ups) for _ in range(2)]
+
+    def stall():
+        time.sleep(0.8)
+        redis.p.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)
+        redis.p.send_signal(signal.SIGCONT)
+
+    sent, slowest, statuses = drive(rgs, seconds=3.5, rate=20, during=stall)
+    assert set(statuses) == {503}, statuses
+    # two retries, each waiting 100 ms at most for Redis (the link's own watchdog would take
+    # 1 s, the deadline 10 s), with slack for a busy machine
+    print("stalled redis: slowest answer %.3fs" % slowest)
+    assert slowest < 0.8, slowest
+    for rg in rgs:
+        assert rg.metric("retrygate_upstream_budget_shared_errors_total", upstream="api") >= 1
+        wait_for(lambda: rg.get("/again").status == 503 and
+                 rg.stats()["upstreams"]["api"]["budget_shared_in_use"] is True, 10,
+                 what="shared bucket in use again")
