@@ -23,6 +23,7 @@
 #include "client/h1_session.h"
 #include "client/h2_session.h"
 #include "obs/stats.h"
+#include "state/budget_shared.h"
 #include "state/runtime.h"
 #include "base/util.h"
 #include "app/worker.h"
@@ -382,6 +383,7 @@ static void *worker_main(void *arg)
 	pthread_mutex_unlock(&w->pending_lock);
 	loop_run_deferred(&w->loop);
 	idem_store_release_base(w->loop.base);  /* before the DNS base it may use */
+	budget_shared_release_base(w->loop.base);   /* likewise */
 	loop_free_dns(&w->loop);
 	pool_free_all(&w->loop);
 	h2_free_all(&w->loop);

@@ -50,6 +50,11 @@ struct cfg_retry {
 	double budget_ratio;        /* 0.2 */
 	double budget_min_per_second; /* 10 */
 	int64_t budget_max_tokens;  /* 100 */
+	char *budget_shared;        /* "": this process's bucket; else the redis URL of the
+	                             * fleet's (SPEC §4), decoded into: */
+	char *budget_shared_host;   /* NULL: not shared */
+	int budget_shared_port, budget_shared_db;
+	char *budget_shared_user, *budget_shared_password;  /* NULL: none */
 	enum non_idempotent non_idempotent; /* require-key */
 	int64_t max_body;           /* 64KiB */
 	uint32_t on_grpc;           /* bit CODE set: retry on that grpc-status (SPEC §10); the

@@ -104,6 +104,9 @@ enum key_type {
  * that, key by key; keys not written keep the inherited values. The block's checks run on the
  * result. */
 #define KF_OVER     0x8u
+/* K_STR: left out of the JSON dump while "" (an optional feature, off: the dump of a config
+ * that does not use it stays what it was) */
+#define KF_QUIET_EMPTY 0x10u
 
 /* A string check: NULL when S is acceptable (it may rewrite S in place, e.g. lower-case it),
  * else "what is wrong (what was expected)", written into BUF or static. */

@@ -176,6 +176,11 @@ static void json_block(struct json *j, const struct block *b, const void *base)
 
 	json_open(j, '{');
 	for (const struct key *k = b->keys; k->name; k++) {
+		if ((k->flags & KF_QUIET_EMPTY) && k->type == K_STR) {
+			const char *s = *CFIELD(base, k->off, char *);
+			if (!s || !*s)
+				continue;
+		}
 		json_item(j, k->name);
 		if (k->type == K_STR && is_secret(j, CFIELD(base, k->off, char *))) {
 			json_string(j, "<redacted>");

@@ -107,6 +107,25 @@ static void report_sustained(FILE *out, const struct cfg_retry *r, int n)
 	fputc('\n', out);
 }
 
+/* SPEC §4: the bound per process, and what a fleet of N sidecars makes of it: with
+ * budget.shared one bucket for all (its figures are the fleet's), else N floors. */
+static void report_fleet(FILE *out, const struct cfg_retry *b)
+{
+	if (b->budget_shared_host)
+		fprintf(out, "  fleet          one bucket in redis %s%s%s:%d/%d for every retrygate naming "
+		        "it: retries <= %lld + %g x (the fleet's requests) + %g/s for the whole fleet "
+		        "(+ one 100ms batch of credits per process); unshared each process would add "
+		        "its own %lld + %g/s\n", strchr(b->budget_shared_host, ':') ? "[" : "",
+		        b->budget_shared_host, strchr(b->budget_shared_host, ':') ? "]" : "",
+		        b->budget_shared_port, b->budget_shared_db, (long long)b->budget_max_tokens,
+		        b->budget_ratio, b->budget_min_per_second, (long long)b->budget_max_tokens,
+		        b->budget_min_per_second);
+	else
+		fprintf(out, "  fleet          per process: N sidecars allow N x (%lld + %g/s) retries "
+		        "on top of %g x requests (budget.shared makes it one bucket)\n",
+		        (long long)b->budget_max_tokens, b->budget_min_per_second, b->budget_ratio);
+}
+
 /* The attempts and amplification lines of retry policy R; the budget is always the upstream's
  * (U's), shared by its routes. Returns the attempts per request. */
 static int report_attempts(FILE *out, const struct cfg_upstream *u, const struct cfg_retry *r)
@@ -148,6 +167,7 @@ static int report_attempts(FILE *out, const struct cfg_upstream *u, const struct
 		        (long long)b->budget_max_tokens, n, r == b ? "" :
 		        "; the budget is the upstream's, shared with its other routes");
 		report_sustained(out, b, n);
+		report_fleet(out, b);
 	}
 	if (r->nidempotent_paths > 0) {
 		fputs("  idempotent     any method under", out);
@@ -344,6 +364,12 @@ static void report_warnings(FILE *out, const struct config *c)
 			fprintf(out, "warning: upstreams.%s.retry.budget.max_tokens: %lld allows a burst of "
 			        "that many retries before the ratio applies\n", n,
 			        (long long)r->budget_max_tokens);
+		/* shared, max_tokens and min_per_second are the fleet's: the defaults are a sidecar's */
+		if (r->budget_shared_host && r->budget_max_tokens == 100 &&
+		    r->budget_min_per_second == 10)
+			fprintf(out, "warning: upstreams.%s.retry.budget.shared: max_tokens and "
+			        "min_per_second are left at their defaults (100, 10/s), which are sized "
+			        "for one sidecar; shared, they are the whole fleet's burst and floor\n", n);
 		if (u->max_retries_in_flight == 0)
 			fprintf(out, "warning: upstreams.%s.concurrency.max_retries_in_flight: 0 refuses "
 			        "every retry\n", n);

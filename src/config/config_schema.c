@@ -320,6 +320,26 @@ static void reconcile_release(void *base)
 	free(r->redis_password);
 }
 
+static void budget_release(void *base)
+{
+	struct cfg_retry *r = base;
+	free(r->budget_shared_host);
+	free(r->budget_shared_user);
+	free(r->budget_shared_password);
+	r->budget_shared_host = r->budget_shared_user = r->budget_shared_password = NULL;
+}
+
+static void budget_check(struct load *ld, void *base, const struct node *map)
+{
+	struct cfg_retry *r = base;
+
+	budget_release(r);      /* a route's copy may come through here again */
+	if (key_ok(ld, "shared") && r->budget_shared && *r->budget_shared)
+		redis_url_decode(r->budget_shared, &r->budget_shared_host, &r->budget_shared_port,
+		                 &r->budget_shared_db, &r->budget_shared_user,
+		                 &r->budget_shared_password);
+}
+
 /* faults.rules[].grpc_status: a SPEC §10 code name; "" (the default): none */
 static void fault_grpc_status_parse(struct load *ld, const struct key *k, const struct node *v,
                                     void *base)
@@ -464,6 +484,10 @@ static bool route_retry_inherit(struct load *ld, const struct key *k, void *pare
 	r->own_retry.idempotent_paths = xcalloc((size_t)from->nidempotent_paths, sizeof(char *));
 	for (int i = 0; i < from->nidempotent_paths; i++)
 		r->own_retry.idempotent_paths[i] = xstrdup(from->idempotent_paths[i]);
+	/* the budget is the upstream's: the route keeps a copy only for the dump */
+	r->own_retry.budget_shared = from->budget_shared ? xstrdup(from->budget_shared) : NULL;
+	r->own_retry.budget_shared_host = NULL;
+	r->own_retry.budget_shared_user = r->own_retry.budget_shared_password = NULL;
 	r->retry = &r->own_retry;
 	return true;
 }
@@ -643,9 +667,13 @@ static const struct key budget_keys[] = {
 	/* a bucket that cannot hold one token never allows a retry: use enabled: false */
 	{ "max_tokens", K_I64, OFF(cfg_retry, budget_max_tokens), .def = "100", .min = 1,
 	  .max = 1000000000 },
+	{ "shared", K_STR, OFF(cfg_retry, budget_shared), .def = "", .flags = KF_QUIET_EMPTY,
+	  .check = check_reconcile_redis,
+	  .emit = emit_store, .expect = "\"\" or redis://host:port/db" },
 	{ .name = NULL },
 };
-static const struct block budget_block = { .keys = budget_keys };
+static const struct block budget_block = { .keys = budget_keys, .check = budget_check,
+                                           .release = budget_release };
 
 static const struct key retry_keys[] = {
 	{ "enabled", K_BOOL, OFF(cfg_retry, enabled), .def = "true" },

@@ -100,7 +100,10 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	  "Non-idempotent requests whose outcome is unknown: the last attempt reset or timed out, " \
 	  "or a gRPC call got a code that is no definite answer (it may have executed).") \
 	X(reconcile_recorded, "retrygate_reconcile_recorded_total", \
-	  "Unknown outcomes recorded in the reconciliation queue.")
+	  "Unknown outcomes recorded in the reconciliation queue.") \
+	X(budget_shared_errors, "retrygate_upstream_budget_shared_errors_total", \
+	  "Calls to the shared retry budget's Redis that failed or timed out (the local bucket " \
+	  "stood in).")
 
 /* per-upstream labelled counters: field (and JSON key), metric, help, label, its values */
 #define UPSTREAM_LABELLED(X) \
@@ -159,7 +162,11 @@ enum stats_fmt { SF_COUNT, SF_TOKENS, SF_RATIO, SF_SWITCH, SF_SECONDS };
 	  "retry.budget.min_per_second: tokens time adds per second.", SF_RATIO, \
 	  s->up->budget_min_per_second) \
 	X(retry_budget_max_tokens, "retrygate_upstream_retry_budget_max_tokens", \
-	  "retry.budget.max_tokens: the most the bucket holds.", SF_COUNT, s->up->budget_max_tokens)
+	  "retry.budget.max_tokens: the most the bucket holds.", SF_COUNT, s->up->budget_max_tokens) \
+	X(budget_shared, NULL, "The retry budget is configured shared (budget.shared).", \
+	  SF_SWITCH, s->up->budget_shared) \
+	X(budget_shared_in_use, NULL, "The shared bucket in Redis is in use (false: this " \
+	  "process's own: unshared, or Redis unreachable).", SF_SWITCH, s->up->budget_shared_in_use)
 
 /* process-wide downstream gauges (no upstream label), summed over workers: field, JSON key,
  * metric, help */
@@ -321,7 +328,8 @@ struct stats_upstream {
 	const char *name;
 	const struct ustats *per_worker;    /* [g_nworkers] */
 	int64_t in_flight, retries_in_flight;
-	double budget_tokens;
+	double budget_tokens;           /* shared and in use: the level Redis last answered */
+	bool budget_shared, budget_shared_in_use;
 	bool retries_enabled;           /* retry.enabled and the runtime switch */
 	bool faults_active;
 	double budget_ratio, budget_min_per_second, budget_max_tokens;

@@ -143,3 +143,51 @@ double budget_peek(const struct budget *b, const struct cfg_retry *r, int64_t no
 	}
 	return (double)level / (double)BUDGET_ONE;
 }
+
+/* ------------------------------------------------------------------ the fleet's bucket */
+
+void budget_fleet_init(struct budget_fleet *f)
+{
+	atomic_init(&f->pending, 0);
+	atomic_init(&f->batch_us, INT64_MIN / 2);
+	atomic_init(&f->level, -1);
+	atomic_init(&f->down_us, 0);
+}
+
+bool budget_fleet_credit(struct budget_fleet *f, int64_t now_us)
+{
+	atomic_fetch_add_explicit(&f->pending, 1, memory_order_relaxed);
+	int64_t last = atomic_load_explicit(&f->batch_us, memory_order_relaxed);
+	if (now_us - last < BUDGET_BATCH_US)
+		return false;   /* the common case: one load, one add */
+	/* one caller per interval wins the CAS; the others' counts ride with its batch */
+	return atomic_compare_exchange_strong(&f->batch_us, &last, now_us);
+}
+
+int64_t budget_fleet_take_pending(struct budget_fleet *f)
+{
+	return atomic_exchange(&f->pending, 0);
+}
+
+void budget_fleet_return_pending(struct budget_fleet *f, int64_t n)
+{
+	if (n > 0)
+		atomic_fetch_add(&f->pending, n);
+}
+
+bool budget_fleet_use_shared(const struct budget_fleet *f)
+{
+	return atomic_load_explicit(&f->down_us, memory_order_relaxed) == 0;
+}
+
+bool budget_fleet_answered(struct budget_fleet *f, int64_t level)
+{
+	atomic_store(&f->level, level < 0 ? 0 : level);
+	return atomic_exchange(&f->down_us, 0) != 0;
+}
+
+bool budget_fleet_failed(struct budget_fleet *f, int64_t now_us)
+{
+	int64_t none = 0;
+	return atomic_compare_exchange_strong(&f->down_us, &none, now_us ? now_us : 1);
+}

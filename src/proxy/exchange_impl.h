@@ -113,6 +113,10 @@ struct exchange {
 	bool last_bad;
 	struct saved_response saved;  /* the last retried response, in case no later one comes */
 	enum refusal refused;
+	/* budget.shared: the retry's token asked of Redis during X_BACKOFF; the attempt waits for
+	 * the answer (bs_due: the backoff ended first) */
+	struct budget_shared_op *bs_op;
+	bool bs_due;
 
 	/* Embedded: no allocation per request. Each is assigned the first time it is armed (most
 	 * requests never back off nor draw a fault) and, in ex_end(), deleted only if it was: an

@@ -21,6 +21,7 @@
 #include "obs/reconcile.h"
 #include "http/respond.h"
 #include "obs/stats.h"
+#include "state/budget_shared.h"
 #include "state/upstream.h"
 #include "base/util.h"
 
@@ -52,6 +53,10 @@ void ex_end(struct exchange *ex)
 	ex_set_state(ex, X_DONE);
 	ex_release_slots(ex);
 	ex_timers_stop(ex);
+	if (ex->bs_op) {
+		budget_shared_cancel(ex->bs_op);
+		ex->bs_op = NULL;
+	}
 	attempt_free(ex->att);
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;

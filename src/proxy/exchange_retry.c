@@ -34,9 +34,14 @@
 #include "proxy/exchange_impl.h"
 #include "proxy/reqbody.h"
 #include "proxy/saved_response.h"
+#include "state/budget_shared.h"
 #include "state/runtime.h"
 #include "state/upstream.h"
 #include "upstream/attempt.h"
+
+/* budget.shared: what the shared bucket's calls name (budget_shared.h) */
+#define SHARED_CTX(ex) { (ex)->loop, (ex)->rt, (ex)->st, &(ex)->up->retry, (ex)->up->name, \
+                         (ex)->us }
 
 static void send_attempt(struct exchange *ex, struct ep_state *ep);
 static void fault_cb(evutil_socket_t fd, short what, void *arg);
@@ -117,7 +122,10 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	ex->slot_in_flight = true;
 	if (!retry) {
 		STAT_INC(ex->us->requests);
+		/* shared or not, the local bucket is credited: the fallback is ready at once */
 		budget_deposit(&ex->st->budget, &ex->up->retry, now);
+		if (ex->up->retry.budget_shared_host)
+			budget_shared_credit(&(struct budget_shared_ctx)SHARED_CTX(ex), now);
 	} else {
 		STAT_INC(ex->us->retries);
 	}
@@ -217,6 +225,16 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 
 /* ------------------------------------------------------------------ the retry loop */
 
+/* A retry's token from the shared bucket: none, the retry ends refused `budget` (SPEC §4). */
+static void refuse_budget(struct exchange *ex)
+{
+	evtimer_del(&ex->backoff_ev);
+	ex_release_slots(ex);
+	ex->refused = RR_BUDGET;
+	STAT_INC(ex->us->refused[RR_BUDGET]);
+	ex_deliver_last(ex);
+}
+
 /* SPEC §4 rule 6: the retry was refused (retry-after) for EP's hold until HOLD, put there by
  * another answer, not for this one's hint: the log line and /stats say which endpoint and for
  * how long, since the response the client gets shows no reason to wait. */
@@ -232,6 +250,10 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
 	if (ex->state != X_BACKOFF)
 		return;
+	if (ex->bs_op) {
+		ex->bs_due = true;      /* the shared bucket's answer goes on from here */
+		return;
+	}
 	/* another request may have put a hold on the endpoint during our wait: rule 6 again */
 	int64_t now = clock_now_us(), start;
 	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
@@ -265,6 +287,20 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	start_attempt(ex, ex->next_ep, true);
 }
 
+/* The shared bucket answered the retry's question (or the local one stood in). */
+static void shared_answer_cb(void *arg, bool granted)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	ex->bs_op = NULL;
+	if (ex->state != X_BACKOFF)
+		return;
+	if (!granted)
+		refuse_budget(ex);
+	else if (ex->bs_due)
+		backoff_cb(-1, 0, ex);
+}
+
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
@@ -287,7 +323,11 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		.rand = rand_next(&ex->loop->rng),
 		.have_gates = true,
 		.gates = {
-			.tokens = budget_peek(&ex->st->budget, &ex->up->retry, now),
+			/* shared and in use, the token is Redis's to give: asked below */
+			.tokens = ex->up->retry.budget_shared_host &&
+			          budget_fleet_use_shared(&ex->st->fleet)
+			          ? (double)ex->up->retry.budget_max_tokens
+			          : budget_peek(&ex->st->budget, &ex->up->retry, now),
 			.retries_in_flight = atomic_load_explicit(&ex->st->retries_in_flight,
 			                                          memory_order_relaxed),
 			.max_retries_in_flight = ex->up->max_retries_in_flight,
@@ -322,7 +362,19 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 		/* rule 7 passed over the snapshot: now take the slot, then the token (a token cannot
 		 * be given back); another worker may have won the race meanwhile */
 		bool slot = upstream_take_retry_slot(ex->st, ex->up->max_retries_in_flight);
-		bool token = slot && budget_take(&ex->st->budget, &ex->up->retry, now);
+		bool token = false;
+		ex->bs_due = false;
+		if (slot && ex->up->retry.budget_shared_host) {
+			/* asked of Redis: the wait below goes on until the answer (bounded by
+			 * connect_timeout), a refusal ends it as `budget`; in an outage the local
+			 * bucket answers now */
+			ex->bs_op = budget_shared_take(&(struct budget_shared_ctx)SHARED_CTX(ex),
+			                               ex->up->connect_timeout_us, shared_answer_cb, ex,
+			                               &token);
+			token = token || ex->bs_op;
+		} else {
+			token = slot && budget_take(&ex->st->budget, &ex->up->retry, now);
+		}
 		if (slot && !token)
 			upstream_release_retry_slot(ex->st);
 		reason = retry_gate_taken(slot, token);

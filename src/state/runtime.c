@@ -163,13 +163,19 @@ static void stats_state_cb(void *arg, struct upstream_state *st)
 	struct stats_walk *w = arg;
 	struct stats_endpoint eps[MAX_ENDPOINTS];
 	const struct cfg_upstream *u = w->rt ? config_upstream(w->rt->cfg, st->name) : NULL;
+	bool shared = u && u->retry.budget_shared_host;
+	bool in_use = shared && budget_fleet_use_shared(&st->fleet);
+	int64_t level = atomic_load(&st->fleet.level);
 	struct stats_upstream v = {
 		.name = st->name,
 		.per_worker = st->stats,
 		.in_flight = atomic_load(&st->in_flight),
 		.retries_in_flight = atomic_load(&st->retries_in_flight),
-		.budget_tokens = u ? budget_tokens(&st->budget, &u->retry, w->now)
-		                   : (double)atomic_load(&st->budget.tokens) / BUDGET_ONE,
+		.budget_tokens = in_use && level >= 0 ? (double)level / BUDGET_ONE
+		                 : u ? budget_tokens(&st->budget, &u->retry, w->now)
+		                 : (double)atomic_load(&st->budget.tokens) / BUDGET_ONE,
+		.budget_shared = shared,
+		.budget_shared_in_use = in_use,
 		.retries_enabled = atomic_load(&st->runtime_enabled) && (!u || u->retry.enabled),
 		.faults_active = atomic_load(&st->faults_on),
 		.budget_ratio = u ? u->retry.budget_ratio : 0,

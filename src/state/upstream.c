@@ -63,6 +63,7 @@ struct upstream_state *upstream_state_bind(const struct cfg_upstream *u)
 	st->refs = 1;
 	ep_table_init(&st->slots, st);
 	budget_init(&st->budget, &u->retry, clock_now_us());
+	budget_fleet_init(&st->fleet);
 	atomic_store(&st->runtime_enabled, true);
 	/* faults.enabled applies when the name first appears; a reload keeps the switch */
 	upstream_faults_switch(st, u->faults.enabled && u->faults.nrules > 0, 0);

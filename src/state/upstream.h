@@ -32,6 +32,7 @@
 struct upstream_state {
 	char *name;
 	struct budget budget;
+	struct budget_fleet fleet;      /* budget.shared: what is known of the fleet's bucket */
 	_Atomic int in_flight;          /* gate.h */
 	_Atomic int retries_in_flight;  /* gate.h */
 	_Atomic bool runtime_enabled;

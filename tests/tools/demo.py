@@ -4,7 +4,7 @@ retrygate configured as a naive retry policy, once through retrygate's default p
 side-by-side table of what the dependency went through.
 
     /usr/bin/python3 tests/tools/demo.py [--quick] [--json FILE] [--workdir DIR]
-                                         [--round all|http|grpc]
+                                         [--round all|http|grpc|fleet]
 
 The dependency (tests/tools/flaky.py, its own process) follows one timeline per run:
 healthy -> outage (503s; some POSTs execute and then lose their response) -> overloaded (429/503
@@ -18,6 +18,11 @@ Then a replica phase (SPEC §13): one upstream with two replicas (tests/tools/up
 same budget, once without endpoint health and once with retrygate's default passive health; one
 replica is stopped partway through, and a second table shows the success rate after its death,
 the attempts it still got, and retrygate's ejection log line.
+
+Then a fleet phase (SPEC §4 budget.shared, tests/tools/demo_fleet.py): several sidecars in
+front of one dependency answering 503, once with a budget each, once with one budget shared
+through a redis-server; a table shows the retries the dependency saw and each setup's bound
+(not in --quick unless asked for with --round fleet).
 
 Then a gRPC round (SPEC §10, tests/tools/demo_grpc.py): a grpcio dependency
 (tests/tools/grpcserver.py) that goes UNAVAILABLE (some calls executed before failing) and then
@@ -59,6 +64,7 @@ import threading
 import time
 from pathlib import Path
 
+from demo_fleet import fleet_acceptance, fleet_phase, fleet_table     # N sidecars, one budget
 from demo_grpc import grpc_acceptance, grpc_explain, grpc_round, grpc_table   # the gRPC round
 from demo_common import LOOPBACK, PYTHON, free_port, http_call, metric, pct, plan, read_metrics
 from demo_common import start_retrygate as start_retrygate_on
@@ -860,9 +866,9 @@ def main(argv=None):
     ap.add_argument("--workdir", default=str(REPO / "build" / "demo"),
                     help="configs, logs, pid file (default build/demo)")
     ap.add_argument("--json", help="also write the results as JSON to this file")
-    ap.add_argument("--round", choices=("all", "http", "grpc"), default="all",
-                    help="run only the HTTP rounds (both runs and the replica phase) or only "
-                    "the gRPC round (default: all)")
+    ap.add_argument("--round", choices=("all", "http", "grpc", "fleet"), default="all",
+                    help="run only the HTTP rounds (both runs, the replica and fleet phases), "
+                    "only the gRPC round or only the fleet phase (default: all)")
     ap.add_argument("--binary", default=os.environ.get("RETRYGATE_BIN")
                     or str(REPO / "build" / "retrygate"))
     a = ap.parse_args(argv)
@@ -892,7 +898,7 @@ def main(argv=None):
     try:
         log("retrygate demo%s: a flaky dependency, a naive retry policy vs retrygate's "
             "(binary %s)" % (" (quick)" if a.quick else "", binary))
-        n = g = rn = rg_ = gn = gg = None
+        n = g = rn = rg_ = gn = gg = fl = None
         verdicts = []
         if a.round in ("all", "http"):
             results = []
@@ -905,6 +911,9 @@ def main(argv=None):
                                           conc, stop, log))
             n, g = results
             rn, rg_ = replica_phase(procs, binary, workdir, a.quick, stop, log)
+        # the fleet phase is left out of --quick (the test suite's run; --round fleet has it)
+        if a.round == "fleet" or (a.round in ("all", "http") and not a.quick):
+            fl = fleet_phase(procs, binary, workdir, a.quick, stop, log)
         if a.round in ("all", "grpc"):
             gn, gg = grpc_round(procs, binary, workdir, a.quick, stop, log)
         if n is not None:
@@ -921,6 +930,12 @@ def main(argv=None):
                 "success by the time a request was sent):")
             log(replica_table(rn, rg_))
             verdicts += acceptance(n, g) + replica_acceptance(rn, rg_)
+        if fl is not None:
+            log("")
+            log("A fleet: the same outage seen through several sidecars (the dependency's "
+                "retries, all sidecars together):")
+            log(fleet_table(*fl))
+            verdicts += fleet_acceptance(*fl)
         if gn is not None:
             log("")
             log("gRPC: reads, keyed and unkeyed writes, 1 s deadlines, the dependency "
@@ -940,6 +955,7 @@ def main(argv=None):
         if a.json:
             Path(a.json).write_text(json.dumps(
                 {"naive": n, "retrygate": g, "replica": {"naive": rn, "retrygate": rg_},
+                 "fleet": fl,
                  "grpc": {"naive": gn, "retrygate": gg},
                  "acceptance": verdicts, "ok": ok,
                  "quick": a.quick, "seconds": time.monotonic() - started}, indent=1,

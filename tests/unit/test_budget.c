@@ -405,6 +405,106 @@ static void test_threads_stale_refill_burst(void **state)
 	}
 }
 
+/* budget.shared (SPEC §4): first attempts go to Redis in batches, at most one per
+ * BUDGET_BATCH_US per process, carrying every count since the last one. A table of first
+ * attempts at given times: whether each one sends the batch, and the count it carries. */
+static void test_fleet_batches(void **state)
+{
+	static const struct { int64_t at; bool sends; int64_t carries; } rows[] = {
+		{ 0 * MS, true, 1 },        /* the first one ever sends at once */
+		{ 10 * MS, false, 0 },
+		{ 50 * MS, false, 0 },
+		{ 99 * MS, false, 0 },
+		{ 100 * MS, true, 4 },      /* the three held back ride with it */
+		{ 150 * MS, false, 0 },
+		{ 199 * MS, false, 0 },
+		{ 700 * MS, true, 3 },      /* after a quiet spell, at once */
+		{ 701 * MS, false, 0 },
+	};
+	struct budget_fleet f;
+	budget_fleet_init(&f);
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+		bool sends = budget_fleet_credit(&f, rows[i].at);
+		int64_t n = sends ? budget_fleet_take_pending(&f) : 0;
+		if (sends != rows[i].sends || n != rows[i].carries)
+			fail_msg("row %zu: sends %d carries %lld", i, sends, (long long)n);
+	}
+	/* a batch that failed is owed again, with the next one */
+	budget_fleet_return_pending(&f, 5);
+	assert_true(budget_fleet_credit(&f, 800 * MS));
+	assert_int_equal(budget_fleet_take_pending(&f), 1 + 5 + 1);
+}
+
+/* Concurrent first attempts: every count reaches a batch exactly once, and no two batches are
+ * claimed in one interval. */
+struct fleet_run {
+	struct budget_fleet *f;
+	_Atomic int64_t *clock, *sent, *batches;
+	int n;
+};
+
+static void *fleet_worker(void *arg)
+{
+	struct fleet_run *r = arg;
+	for (int i = 0; i < r->n; i++) {
+		int64_t now = atomic_fetch_add(r->clock, 37);      /* µs: ~1.5 batches per 4000 */
+		if (budget_fleet_credit(r->f, now)) {
+			atomic_fetch_add(r->batches, 1);
+			atomic_fetch_add(r->sent, budget_fleet_take_pending(r->f));
+		}
+	}
+	return NULL;
+}
+
+static void test_fleet_batches_threads(void **state)
+{
+	struct budget_fleet f;
+	_Atomic int64_t clock = 0, sent = 0, batches = 0;
+	struct fleet_run run = { &f, &clock, &sent, &batches, 20000 };
+	pthread_t t[4];
+	budget_fleet_init(&f);
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, fleet_worker, &run);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	int64_t total = atomic_load(&sent) + budget_fleet_take_pending(&f);
+	assert_int_equal(total, 4 * 20000);
+	/* 80000 calls * 37 µs = 2.96 s of fake time: at most one batch per 100 ms, plus the first */
+	assert_true(atomic_load(&batches) <= 2960 / 100 + 1);
+	assert_true(atomic_load(&batches) >= 2);
+}
+
+/* The outage: the first failure switches to the local bucket and is the one to log; more
+ * failures log nothing; the first answer switches back (logged once) and keeps the level. */
+static void test_fleet_fallback(void **state)
+{
+	static const struct { char ev; int64_t level; bool news; bool shared; } rows[] = {
+		{ 'a', 7 * BUDGET_ONE, false, true },  /* answers while up: nothing to say */
+		{ 'f', 0, true, false },    /* the outage begins: log */
+		{ 'f', 0, false, false },   /* and goes on: counted, not logged */
+		{ 'f', 0, false, false },
+		{ 'a', 3 * BUDGET_ONE, true, true },   /* first answer: shared again, log */
+		{ 'a', 2 * BUDGET_ONE, false, true },
+		{ 'f', 0, true, false },    /* a second outage is logged again */
+		{ 'a', -5, true, true },    /* a level below 0 reads as empty */
+	};
+	struct budget_fleet f;
+	budget_fleet_init(&f);
+	assert_true(budget_fleet_use_shared(&f));
+	assert_int_equal(atomic_load(&f.level), -1);
+	int64_t level = -1;
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+		bool news = rows[i].ev == 'a' ? budget_fleet_answered(&f, rows[i].level)
+		                              : budget_fleet_failed(&f, 0);
+		if (rows[i].ev == 'a')
+			level = rows[i].level < 0 ? 0 : rows[i].level;
+		if (news != rows[i].news || budget_fleet_use_shared(&f) != rows[i].shared ||
+		    atomic_load(&f.level) != level)
+			fail_msg("row %zu: news %d shared %d level %lld", i, news,
+			         budget_fleet_use_shared(&f), (long long)atomic_load(&f.level));
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -422,6 +522,9 @@ int main(void)
 		cmocka_unit_test(test_peek_sees_refill),
 		cmocka_unit_test(test_threads_respect_bound),
 		cmocka_unit_test(test_threads_stale_refill_burst),
+		cmocka_unit_test(test_fleet_batches),
+		cmocka_unit_test(test_fleet_batches_threads),
+		cmocka_unit_test(test_fleet_fallback),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
