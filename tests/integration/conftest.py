@@ -134,6 +134,22 @@ def h2up():
 
 
 @pytest.fixture
+def grpcsrv():
+    """grpcsrv(**kw) starts a grpcio test server (tests/tools/grpcserver.py); all are stopped
+    at the end of the test."""
+    from grpcserver import GrpcServer
+    made = []
+
+    def make(**kw):
+        s = GrpcServer(**kw)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.stop(0)
+
+
+@pytest.fixture
 def upstream(upstream_factory):
     """One Upstream (default action: 200 JSON echo)."""
     return upstream_factory()

@@ -20,7 +20,6 @@ import grpc
 import pytest
 
 from harness import FAST_RETRY, REPO_ROOT, InThread, Refusing, wait_for
-from grpcserver import GrpcServer
 from h2raw import H2Raw
 from h2upstream import INTERNAL_ERROR, REFUSED_STREAM, respond, rst, stall
 
@@ -35,19 +34,6 @@ GRPC_CT = ("content-type", "application/grpc")
 
 
 # ------------------------------------------------------------------------------- helpers
-
-@pytest.fixture
-def grpcsrv():
-    made = []
-
-    def make(**kw):
-        s = GrpcServer(**kw)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.stop(0)
-
 
 @pytest.fixture
 def channel():

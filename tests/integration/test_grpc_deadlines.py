@@ -24,7 +24,6 @@ import grpc
 import pytest
 
 from harness import FAST_RETRY, REPO_ROOT, wait_for
-from grpcserver import GrpcServer
 from h2upstream import stall
 
 pytestmark = pytest.mark.timeout(90)
@@ -53,19 +52,6 @@ def client(request):
     if request.param == "node" and node_missing():
         pytest.skip(node_missing())
     return request.param
-
-
-@pytest.fixture
-def grpcsrv():
-    made = []
-
-    def make(**kw):
-        s = GrpcServer(**kw)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.stop(0)
 
 
 class Res:

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from harness import wait_for
-from test_grpc import CATALOG, UNARY, api, call, channel, grpcsrv  # noqa: F401 (fixtures)
+from test_grpc import CATALOG, UNARY, api, call, channel  # noqa: F401 (fixture)
 from test_grpc_deadlines import call as either_call, client  # noqa: F401 (grpcio and Node)
 
 pytestmark = pytest.mark.timeout(60)

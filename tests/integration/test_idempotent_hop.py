@@ -112,19 +112,6 @@ def test_keyed_posts_through_an_idempotent_hop_run_once_and_are_answered(upstrea
 
 # ------------------------------------------------------------------ gRPC: egress -> ingress
 
-@pytest.fixture
-def grpcsrv():
-    made = []
-
-    def make(**kw):
-        s = GrpcServer(**kw)
-        made.append(s)
-        return s
-    yield make
-    for s in made:
-        s.stop(0)
-
-
 def grpc_call(ch, key, script, timeout=10.0):
     """One unary call; never raises: (code, details, response or None, metadata dict)."""
     md = [("idempotency-key", key), ("x-script", script)]
