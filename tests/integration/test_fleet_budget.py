@@ -17,7 +17,7 @@ import time
 import pytest
 
 from harness import Client, respond, upstream_block, wait_for
-from test_reconcile import Redis
+from test_reconcile import Redis, redis  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -26,14 +26,6 @@ RATE = 25               # first attempts a second, per sidecar
 SECONDS = 3.0
 BUDGET = {"ratio": 0.05, "min_per_second": 5, "max_tokens": 20}
 DEADLINE = "2s"
-
-
-@pytest.fixture
-def redis():
-    r = Redis()
-    r.start()
-    yield r
-    r.kill()
 
 
 def fleet(rg_factory, upstream, shared):
