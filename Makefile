@@ -148,7 +148,9 @@ integration: $(BUILD)/retrygate
 # (The whole suite under TSan takes over an hour on two cores; these cover every shared
 # structure.) The harness fails a test on any "WARNING: ThreadSanitizer" line.
 TSAN_TESTS := test_operations.py test_operator.py test_access_log.py test_reload_registry.py \
-              test_reconcile.py test_budget_amplification.py test_idempotency.py
+              test_reconcile.py test_budget_amplification.py test_idempotency.py \
+              test_reload_applies.py test_watch.py test_outage_logs.py test_fleet_budget.py \
+              test_tls_errors.py
 tsan:
 	@$(MAKE) --no-print-directory SANITIZE=thread build/tsan/retrygate
 	cd tests/integration && RETRYGATE_BIN=$(abspath build/tsan/retrygate) RETRYGATE_READY_TIMEOUT=30 \
