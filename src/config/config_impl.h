@@ -268,6 +268,7 @@ void emit_secret(struct json *j, const struct key *k, const void *base);
 void emit_store(struct json *j, const struct key *k, const void *base);
 void emit_workers(struct json *j, const struct key *k, const void *base);
 void emit_retry_on(struct json *j, const struct key *k, const void *base);
+void emit_hedge_after(struct json *j, const struct key *k, const void *base);
 void emit_release_on(struct json *j, const struct key *k, const void *base);
 /* faults.rules[].grpc_status: the code's name, or null; an int key whose -1 means "not set":
  * null */

@@ -137,6 +137,32 @@ static void retry_on_parse(struct load *ld, const struct key *k, const struct no
 	}
 }
 
+/* retry.hedge.after (SPEC §14): a duration (0ms: off) or p95 / p99 */
+static void hedge_after_parse(struct load *ld, const struct key *k, const struct node *v,
+                              void *base)
+{
+	struct cfg_retry *r = base;
+	char q[64];
+	int64_t us;
+
+	if (v->kind != N_SCALAR || node_is_null(v)) {
+		type_error(ld, v, "a duration such as 20ms, or p95 or p99");
+		return;
+	}
+	if (!strcmp(v->str, "p95") || !strcmp(v->str, "p99")) {
+		r->hedge_pct = v->str[2] == '5' ? 95 : 99;
+		r->hedge_after_us = 0;
+		return;
+	}
+	if (parse_duration(v->str, &us) < 0 || us > 3600 * INT64_C(1000000)) {
+		value_error(ld, v, "bad hedge delay %s (expected a duration such as 20ms, 0ms for "
+		            "off, or p95 or p99)", cfg_quote(v->str, q, sizeof q));
+		return;
+	}
+	r->hedge_pct = 0;
+	r->hedge_after_us = us;
+}
+
 /* idempotency.release_on: the answers by which the service says it did not take the request
  * (SPEC §6); a connect-failure always releases and is no answer to list */
 static void release_on_parse(struct load *ld, const struct key *k, const struct node *v,
@@ -675,6 +701,14 @@ static const struct key budget_keys[] = {
 static const struct block budget_block = { .keys = budget_keys, .check = budget_check,
                                            .release = budget_release };
 
+static const struct key hedge_keys[] = {
+	{ "after", K_CUSTOM, 0, .def = "0ms", .parse = hedge_after_parse, .emit = emit_hedge_after },
+	{ "max_extra", K_INT, OFF(cfg_retry, hedge_max_extra), .def = "1", .min = 1,
+	  .max = HEDGE_MAX_EXTRA },
+	{ .name = NULL },
+};
+static const struct block hedge_block = { .keys = hedge_keys };
+
 static const struct key retry_keys[] = {
 	{ "enabled", K_BOOL, OFF(cfg_retry, enabled), .def = "true" },
 	{ "max_attempts", K_INT, OFF(cfg_retry, max_attempts), .def = "3", .min = 1, .max = 100 },
@@ -684,6 +718,7 @@ static const struct key retry_keys[] = {
 	{ "backoff", K_BLOCK, 0, .sub = &backoff_block },
 	{ "retry_after", K_BLOCK, 0, .sub = &retry_after_block },
 	{ "budget", K_BLOCK, 0, .sub = &budget_block },
+	{ "hedge", K_BLOCK, 0, .sub = &hedge_block },
 	{ "non_idempotent", K_ENUM, OFF(cfg_retry, non_idempotent), .def = "require-key",
 	  .names = non_idempotent_words },
 	{ "idempotent_paths", K_STRS, OFF(cfg_retry, idempotent_paths),
