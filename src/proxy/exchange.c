@@ -77,7 +77,7 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state == X_DONE || a != ex->att)
+	if (ex->state == X_DONE || (a != ex->att && !ex_hedge_head(ex, a, h)))
 		return;
 	if (h->status >= 100 && h->status < 200 && h->status != 101) {
 		ex_relay_informational(ex, h);
@@ -104,6 +104,8 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
+	if (ex->retry->hedge_pct && ex->log.cur == 0)
+		latency_hist_add(&ex->st->head_lat, clock_now_us(), clock_now_us() - ex->att_t0_us);
 	if (!ex->grpc || h->status != 200)
 		ex_report_health(ex, OUT_STATUS, h);  /* a gRPC 200 reports once its outcome is known */
 	access_set_status(&ex->log, h->status);
@@ -204,7 +206,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 		}
 		return;
 	}
-	if (a != ex->att)
+	if (a != ex->att && !ex_hedge_end(ex, a, bad ? OUT_RESET : out))
 		return;
 	if (ex->state == X_HELD && ex_grpc_end(ex, a, out))
 		return;
@@ -273,6 +275,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->magic = EXCHANGE_MAGIC;
 	ex->loop = loop;
 	ex->att_cbs = &attempt_callbacks;
+	ex->hedge_cb = ex_hedge_timer_cb;
 	ex->rt = runtime_ref(rt);
 	ex->l = l;
 	ex->ci = *ci;
@@ -522,6 +525,7 @@ void exchange_free(struct exchange *ex)
 	loop_buf_put(ex->loop, ex->rb.buf);
 	free(ex->req_trailers);
 	free(ex->req_tmem);
+	free(ex->hedging);
 	idem_job_free(ex->idem);
 	upstream_ep_keep(&ex->att_ep, NULL);
 	upstream_ep_keep(&ex->next_ep, NULL);
