@@ -242,20 +242,26 @@ static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int6
 /* ------------------------------------------------------------------ hedges (SPEC §14) */
 
 /* Rules 1-5 for a hedge: retries on, the request repeatable after an outcome that may have
- * executed (it may: the first attempt is still running), its body all here, not marked as a
- * retry, attempts and hedges left. */
-bool ex_may_hedge(struct exchange *ex)
+ * executed (it may: the first attempt is still running), its body all here (a gRPC call's may
+ * still be coming when its first attempt starts: asked again when the timer fires), not
+ * marked as a retry, attempts and hedges left. */
+static bool may_hedge(struct exchange *ex, bool body_now)
 {
 	const struct cfg_retry *rc = ex->retry;
 	if (!rc->enabled || ex->req_nested || ex->req->upgrade ||
 	    !atomic_load_explicit(&ex->st->runtime_enabled, memory_order_relaxed))
 		return false;
 	if ((ex->hedging && ex->hedging->sent >= rc->hedge_max_extra) ||
-	    ex->attempts >= rc->max_attempts || (ex->rb.present && !ex->rb.done))
+	    ex->attempts >= rc->max_attempts || (body_now && ex->rb.present && !ex->rb.done))
 		return false;
 	struct retry_facts f = { 0 };
 	request_facts(ex, &f);
 	return retry_may_replay(rc, &f);
+}
+
+bool ex_may_hedge(struct exchange *ex)
+{
+	return may_hedge(ex, true);
 }
 
 /* retry.hedge.after now: -1 none (a percentile over too few samples) */
@@ -276,7 +282,7 @@ static void hedge_arm(struct exchange *ex, int64_t now)
 		hg->att_log = ex->log.cur;
 		hg->att_hedge = false;
 	}
-	if (!ex_may_hedge(ex))
+	if (!may_hedge(ex, false))
 		return;
 	int64_t d = ex_hedge_delay(ex, now);
 	if (d <= 0 || now + d + ex->deadline->min_us > ex->deadline_us)
@@ -308,8 +314,9 @@ void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, st
 	t->log_idx = ex->log.cur;
 	access_select(&ex->log, ex->hedging->att_log);
 	t->a = attempt_go(ex, ep, now, true, other_conn);
+	reqbody_stream_to(&ex->rb, t->a);      /* a gRPC call's messages, all here (BODY_TEE) */
 	/* the next hedge, `after` this one */
-	int64_t d = ex_may_hedge(ex) ? ex_hedge_delay(ex, now) : -1;
+	int64_t d = may_hedge(ex, false) ? ex_hedge_delay(ex, now) : -1;
 	if (d > 0 && now + d + ex->deadline->min_us <= ex->deadline_us) {
 		struct timeval tv = clock_tv(d);
 		evtimer_add(&ex->hedging->ev, &tv);

@@ -226,13 +226,6 @@ def test_p95_sends_no_hedge_before_100_samples(upstream, rg_factory):
 
 def test_h2_upstream_loser_gets_rst_stream_cancel(h2up, rg_factory):
     up = h2up()
-    n = [0]
-    lock = threading.Lock()
-
-    def first_slow_h2():
-        with lock:
-            n[0] += 1
-            return n[0] == 1
     up.set_default(h2respond(200, body=b"fast"))
     up.push(h2respond(200, body=b"slow", delay=SLOW))
     spec = api(up.endpoint, {"after": "50ms"})
@@ -251,18 +244,29 @@ def test_h2_upstream_loser_gets_rst_stream_cancel(h2up, rg_factory):
 
 
 def test_grpc_unary_hedge_wins_and_the_loser_is_cancelled(rg_factory):
+    """A unary call on an idempotent path: the first call sleeps, its hedge answers at once and
+    commits the call; the server sees the first call cancelled by the client."""
     srv = GrpcServer()
+    ch = None
     try:
-        # the first call sleeps long; its hedge answers at once
-        srv.script("demo.Echo/Unary", "sleep:%d ok" % int(SLOW * 1000)) \
-            if hasattr(srv, "script") else None
-        spec = api(srv.endpoint, {"after": "50ms"}, idempotent_paths=["/"])
+        spec = api(srv.endpoint, {"after": "50ms"}, idempotent_paths=["/test.Catalog/"])
         spec["protocol"] = "h2"
         rg = rg_factory(upstreams={"api": spec})
-        _grpc_hedge_case(rg, srv)
+        ch = grpc.insecure_channel("127.0.0.1:%d" % rg.port, options=[("grpc.enable_retries", 0)])
+        call = ch.unary_unary("/test.Catalog/Get")
+        t0 = time.monotonic()
+        out, info = call.with_call(b"hi", timeout=10, metadata=[
+            ("x-script", "sleep-first:%d" % int(SLOW * 1000)), ("x-key", "k")])
+        assert out == b"echo:hi"
+        assert time.monotonic() - t0 < SLOW - 0.5
+        assert dict(info.initial_metadata()).get("x-retrygate-attempts") == "2" or \
+            dict(info.trailing_metadata()).get("x-retrygate-attempts") == "2"
+        calls = srv.wait_calls(2)
+        assert calls[1].metadata.get("x-retrygate-hedge") == "1"
+        wait_for(lambda: calls[0].cut_left is not None, 5, what="the first call cancelled")
+        assert calls[0].cut_left > 1.0      # cancelled by the client, not by its deadline
+        assert hedge_metrics(rg) == (1, 1)
     finally:
-        srv.stop()
-
-
-def _grpc_hedge_case(rg, srv):
-    pytest.skip("scripted gRPC server hook not wired yet")
+        if ch:
+            ch.close()
+        srv.stop(0)
