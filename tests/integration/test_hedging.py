@@ -270,3 +270,45 @@ def test_grpc_unary_hedge_wins_and_the_loser_is_cancelled(rg_factory):
         if ch:
             ch.close()
         srv.stop(0)
+
+
+CONFIG = """\
+listeners:
+  - listen: 127.0.0.1:{port}
+    routes:
+      - path_prefix: /r/
+        upstream: api
+        retry: {{ hedge: {{ max_extra: 2 }} }}
+      - upstream: api
+upstreams:
+  api:
+    endpoints: ["127.0.0.1:9"]
+    retry:
+      hedge: {{ after: {after} }}
+"""
+
+
+def test_config_check_and_errors(tmp_path, rg_factory):
+    from harness import check_config, free_port
+    cp = check_config(CONFIG.format(port=free_port(), after="p95"), workdir=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    lines = [ln for ln in cp.stdout.splitlines() if ln.strip().startswith("hedging")]
+    assert len(lines) == 2, cp.stdout
+    assert "up to 1 hedge per request after p95" in lines[0]
+    assert "up to 2 hedges per request after p95" in lines[1]
+    assert "budget token" in lines[0] and "max_attempts" in lines[0]
+    cp = check_config(CONFIG.format(port=free_port(), after="p90"), workdir=tmp_path)
+    assert cp.returncode != 0
+    assert "retrygate.yaml:12:23: upstreams.api.retry.hedge.after" in cp.stderr, cp.stderr
+    cp = check_config(CONFIG.format(port=free_port(), after="20ms").replace(
+        "max_extra: 2", "max_extra: 0"), workdir=tmp_path)
+    assert cp.returncode != 0
+    assert "retrygate.yaml:6:38: listeners[0].routes[0].retry.hedge.max_extra" in cp.stderr, \
+        cp.stderr
+    # /config shows the merged policy: the route's max_extra over the upstream's after
+    rg = rg_factory(upstreams={"api": api("127.0.0.1:9", {"after": "20ms"})}, routes=[
+        {"path_prefix": "/r/", "upstream": "api", "retry": {"hedge": {"max_extra": 3}}},
+        {"upstream": "api"}])
+    cfg = json.loads(rg.admin("GET", "/config").body)
+    assert cfg["upstreams"]["api"]["retry"]["hedge"] == {"after": "20ms", "max_extra": 1}
+    assert cfg["listeners"][0]["routes"][0]["retry"]["hedge"] == {"after": "20ms", "max_extra": 3}
