@@ -142,7 +142,7 @@ bool ex_hedge_takeover(struct exchange *ex)
 	struct hedging *hg = ex->hedging;
 	if (!hg || hg->n == 0)
 		return false;
-	attempt_free(ex->att);
+	attempt_free(ex->att);      /* NULL when the exchange kept it (its response) */
 	ex->att = NULL;
 	ex_release_slots(ex);
 	upstream_ep_keep(&ex->att_ep, NULL);

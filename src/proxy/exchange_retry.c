@@ -412,18 +412,37 @@ static void shared_answer_cb(void *arg, bool granted)
 		backoff_cb(-1, 0, ex);
 }
 
+/* A's response (head H; NULL: none) is not relayed now: kept, in case no later attempt
+ * produces one (SPEC §4); A goes on collecting its body. */
+static void keep_response(struct exchange *ex, struct attempt *a, const struct http_head *h)
+{
+	if (h) {
+		saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
+		ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
+		if (ex->dec_trailers)
+			saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
+		ex->saved.grpc_status = ex->att_grpc;
+	} else {
+		attempt_free(a);
+	}
+}
+
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
 	const struct cfg_retry *rc = ex->retry;
 	int64_t now = clock_now_us();
-	/* SPEC §14: one attempt's retryable end does not end the others; the last decides */
-	if (ex_hedge_takeover(ex))
-		return;
 	struct attempt *a = ex->att;
 	ex->att = NULL;
 	ex->last_out = out;
 	ex->last_bad = bad;
+	/* SPEC §14: one attempt's retryable end does not end the others; the last to end
+	 * decides. Its response is kept meanwhile, as a retried one is. */
+	if (ex->hedging && ex->hedging->n > 0) {
+		keep_response(ex, a, h);
+		ex_hedge_takeover(ex);
+		return;
+	}
 	ex_release_slots(ex);              /* the failed attempt's slots go before the decision */
 
 	struct retry_facts f = {
@@ -500,15 +519,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	if (reason == RR_NONE) {
 		/* the claim (SPEC §6) is released only if no attempt, this one included, may have run */
 		ex->executed = ex->executed || !f.not_executed;
-		if (h) {
-			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
-			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
-			if (ex->dec_trailers)
-				saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
-			ex->saved.grpc_status = ex->att_grpc;
-		} else {
-			attempt_free(a);
-		}
+		keep_response(ex, a, h);
 		upstream_ep_keep(&ex->next_ep, next);
 		ex->next_serial = atomic_load(&next->serial);
 		ex_set_state(ex, X_BACKOFF);

@@ -198,6 +198,35 @@ def test_a_retryable_answer_does_not_end_the_other_attempt(upstream_factory, rg_
     assert hedge_metrics(rg) == (1, 0)
 
 
+def test_when_every_attempt_ends_retryable_the_last_decides(upstream_factory, rg_factory):
+    """The hedge's 503 comes first, the first attempt's 502 later: no attempts left, so the
+    client gets the last response any attempt produced, refused max-attempts."""
+    a, b = upstream_factory(), upstream_factory()
+    n = [0]
+    lock = threading.Lock()
+
+    def pick(req):
+        with lock:
+            n[0] += 1
+            first = n[0] == 1
+        return respond(502, body=b"first", delay=0.4) if first else respond(503, body=b"hedge")
+    a.set_default(dynamic(pick))
+    b.set_default(dynamic(pick))
+    rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"}, max_attempts=2)})
+    r = rg.get("/x")
+    assert (r.status, r.body) == (502, b"first")
+    assert r.headers["X-Retrygate-Attempts"] == "2"
+    assert r.headers["X-Retrygate-Retry-Refused"] == "max-attempts"
+    # the other way round: the hedge's 503 is the last, and is the one relayed
+    late = dynamic(lambda req: respond(502, body=b"first", delay=0.1)
+                   if req.header("X-Retrygate-Hedge") is None
+                   else respond(503, body=b"hedge", delay=0.5))
+    a.set_default(late)
+    b.set_default(late)
+    r = rg.get("/x")
+    assert (r.status, r.body, r.headers["X-Retrygate-Attempts"]) == (503, b"hedge", "2")
+
+
 def test_p95_sends_no_hedge_before_100_samples(upstream, rg_factory):
     """p95 of the first attempts' head latency: nothing until 100 samples; then a request far
     slower than the rest is hedged."""
