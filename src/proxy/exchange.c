@@ -24,6 +24,10 @@
  *   and from anywhere: X_DONE, only by ex_end() (ex_finish(): the responder's end() reported
  *   once; ex_start_tunnel(); exchange_abort(); exchange_expire()). The deadline ends every state but X_RELAY.
  *
+ * SPEC §14 hedges run beside ex->att in X_ATTEMPT (exchange_hedge.c): the first head of any
+ * of them makes its attempt ex->att, so the diagram reads the same; entering X_RELAY or X_DONE
+ * cancels the others, and a retryable end hands ex->att to one still running.
+ *
  * X_FAULT_WAIT and X_HELD are waits inside one attempt (a drawn fault's delay; a gRPC head
  * whose outcome the next frame decides). Leaving either, to whatever state, undoes it in
  * ex_set_state(): so the deadline, the client going away or a too-large body never look at
@@ -104,8 +108,12 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
-	if (ex->retry->hedge_pct && ex->log.cur == 0)
-		latency_hist_add(&ex->st->head_lat, clock_now_us(), clock_now_us() - ex->att_t0_us);
+	/* SPEC §14: a first attempt's head latency, for a p95/p99 hedge delay (kept only where
+	 * one is configured: it costs an atomic add on a line all workers share) */
+	if ((ex->retry->hedge_pct || ex->up->retry.hedge_pct) && ex->log.cur == 0) {
+		int64_t now = clock_now_us();
+		latency_hist_add(&ex->st->head_lat, now, now - ex->att_t0_us);
+	}
 	if (!ex->grpc || h->status != 200)
 		ex_report_health(ex, OUT_STATUS, h);  /* a gRPC 200 reports once its outcome is known */
 	access_set_status(&ex->log, h->status);
