@@ -161,6 +161,38 @@ def test_hedges_are_counted_by_max_attempts_and_max_extra(upstream_factory, rg_f
     assert rg.metric("retrygate_upstream_hedges_total", upstream="api") == 2
 
 
+def test_no_hedge_goes_to_a_held_endpoint(upstream_factory, rg_factory):
+    """A 503 with Retry-After puts a hold on its endpoint; the next request goes to the other
+    one (round-robin) and is slow: its hedge goes over another connection to that endpoint,
+    not to the held one, although the held one was not tried."""
+    a, b = upstream_factory(), upstream_factory()
+    state = {"n": 0}
+    lock = threading.Lock()
+
+    def pick(req):
+        with lock:
+            state["n"] += 1
+            n = state["n"]
+        if n == 1:
+            return respond(503, headers={"Retry-After": "30"}, body=b"busy")
+        if n == 2:
+            return respond(200, body=b"slow", delay=SLOW)
+        return respond(200, body=b"fast")
+    a.set_default(dynamic(pick))
+    b.set_default(dynamic(pick))
+    rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"},
+                                          retry_after={"max": "1s"})})
+    r = rg.get("/x")
+    assert (r.status, r.headers.get("X-Retrygate-Retry-Refused")) == (503, "retry-after")
+    held, other = (a, b) if a.request_count == 1 else (b, a)
+    r = rg.get("/y")
+    assert (r.status, r.body, r.headers["X-Retrygate-Attempts"]) == (200, b"fast", "2")
+    assert held.request_count == 1
+    reqs = other.wait_requests(2)
+    assert reqs[0].conn_id != reqs[1].conn_id
+    assert reqs[1].header("X-Retrygate-Hedge") == "1"
+
+
 def test_the_deadline_is_never_exceeded(upstream, rg_factory):
     """Every attempt is slower than the deadline: the hedges go out within it and the client
     gets 504 at the deadline, not later."""
