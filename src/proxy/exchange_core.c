@@ -25,6 +25,7 @@
 #include "policy/retry.h"
 #include "proxy/exchange_impl.h"
 #include "proxy/saved_response.h"
+#include "state/budget_shared.h"
 #include "state/runtime.h"
 #include "state/upstream.h"
 #include "upstream/attempt.h"
@@ -155,6 +156,12 @@ bool ex_hedge_takeover(struct exchange *ex)
 
 void ex_hedge_cancel_all(struct exchange *ex)
 {
+	struct hedging *hg = ex->hedging;
+	if (hg->bs_op) {
+		budget_shared_cancel(hg->bs_op);
+		hg->bs_op = NULL;
+		upstream_release_retry_slot(ex->st);
+	}
 	while (ex->hedging->n > 0)
 		ex_hedge_drop(ex, ex->hedging->n - 1);
 }

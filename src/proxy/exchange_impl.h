@@ -44,6 +44,10 @@ struct upstream_binding;
 struct upstream_state;
 struct ustats;
 
+/* budget.shared: what the shared bucket's calls name (state/budget_shared.h) */
+#define SHARED_CTX(ex) { (ex)->loop, (ex)->rt, (ex)->st, &(ex)->up->retry, (ex)->up->name, \
+                         (ex)->us }
+
 #define EXCHANGE_MAGIC 0xe8c4a46eu
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
 
@@ -93,6 +97,8 @@ struct hedging {
 	int sent;                       /* hedges sent */
 	int n;                          /* o[] in use */
 	int att_log;                    /* ex->att's try in the access log */
+	struct budget_shared_op *bs_op; /* budget.shared: the next hedge's token asked of Redis,
+	                                 * its retries-in-flight slot held meanwhile */
 	bool att_hedge;                 /* ex->att was sent as a hedge */
 	struct hedge_try o[HEDGE_MAX_EXTRA];
 };
@@ -201,7 +207,6 @@ bool ex_hedge_end(struct exchange *ex, struct attempt *a, enum outcome out);
 /* exchange_retry.c: the attempts and the retry loop */
 void ex_start_first(struct exchange *ex);
 struct ep_state *ex_choose_endpoint(struct exchange *ex, int64_t now, bool retry);
-enum refusal ex_take_retry_gates(struct exchange *ex, int64_t now);
 bool ex_may_hedge(struct exchange *ex);
 int64_t ex_hedge_delay(struct exchange *ex, int64_t now);
 void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, struct hedge_try *t);

@@ -39,10 +39,6 @@
 #include "state/upstream.h"
 #include "upstream/attempt.h"
 
-/* budget.shared: what the shared bucket's calls name (budget_shared.h) */
-#define SHARED_CTX(ex) { (ex)->loop, (ex)->rt, (ex)->st, &(ex)->up->retry, (ex)->up->name, \
-                         (ex)->us }
-
 static void send_attempt(struct exchange *ex, struct ep_state *ep);
 static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0,
                                   bool hedge, bool other_conn);
@@ -321,17 +317,6 @@ void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, st
 		struct timeval tv = clock_tv(d);
 		evtimer_add(&ex->hedging->ev, &tv);
 	}
-}
-
-/* SPEC §4 rule 7's taking, for a retry and a hedge alike: the slot first (it can be given
- * back), then the token (it cannot). */
-enum refusal ex_take_retry_gates(struct exchange *ex, int64_t now)
-{
-	bool slot = upstream_take_retry_slot(ex->st, ex->up->max_retries_in_flight);
-	bool token = slot && budget_take(&ex->st->budget, &ex->up->retry, now);
-	if (slot && !token)
-		upstream_release_retry_slot(ex->st);
-	return retry_gate_taken(slot, token);
 }
 
 /* ------------------------------------------------------------------ the retry loop */

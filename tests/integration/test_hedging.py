@@ -16,6 +16,7 @@ from grpcserver import GrpcServer
 from h2upstream import CANCEL
 from h2upstream import respond as h2respond
 from harness import wait_for
+from test_reconcile import Redis, redis  # noqa: F401 (fixture)
 from upstream import dynamic, respond
 
 pytestmark = pytest.mark.timeout(60)
@@ -145,6 +146,29 @@ def test_hedging_stops_when_the_budget_is_empty(upstream, rg_factory):
     assert rg.metric("retrygate_upstream_retries_refused_total", upstream="api",
                      reason="budget") == 2
     assert rg.metric("retrygate_upstream_retry_budget_tokens", upstream="api") == 0
+
+
+def test_hedges_take_their_tokens_from_the_shared_budget(upstream, rg_factory, redis):
+    """budget.shared: two sidecars, one fleet bucket of 2 tokens: 2 hedges in all, not 2 each;
+    the tokens come from Redis (no fallback to the local buckets)."""
+    upstream.set_default(respond(200, body=b"ok", delay=0.3))
+    spec = api(upstream, {"after": "30ms"}, budget={
+        "ratio": 0, "min_per_second": 0, "max_tokens": 2,
+        "shared": "redis://127.0.0.1:%d/0" % redis.port})
+    rgs = [rg_factory(upstreams={"api": spec}) for _ in range(2)]
+    got = []
+    for rg in rgs:
+        for _ in range(2):
+            r = rg.get("/x")
+            assert r.status == 200 and "X-Retrygate-Retry-Refused" not in r.headers
+            got.append(r.headers["X-Retrygate-Attempts"])
+    assert got == ["2", "2", "1", "1"]
+    for rg in rgs:
+        assert rg.metric("retrygate_upstream_budget_shared_errors_total", upstream="api") == 0
+        assert rg.stats()["upstreams"]["api"]["budget_shared_in_use"] is True
+    assert sum(rg.metric("retrygate_upstream_hedges_total", upstream="api") for rg in rgs) == 2
+    assert sum(rg.metric("retrygate_upstream_retries_refused_total", upstream="api",
+                         reason="budget") for rg in rgs) == 2
 
 
 def test_hedges_are_counted_by_max_attempts_and_max_extra(upstream_factory, rg_factory):
