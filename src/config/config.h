@@ -64,7 +64,19 @@ struct cfg_retry {
 	int nidempotent_paths;
 	int non_idempotent_line;    /* where non_idempotent was written (0: the default), so that
 	                             * --check can point at it */
+	/* hedge (SPEC §14): after hedge_after_us, or the hedge_pct percentile (95, 99) of the
+	 * upstream's first-attempt head latency when hedge_pct is set; off when both are 0 */
+	int64_t hedge_after_us;     /* 0ms */
+	int hedge_pct;              /* 0 */
+	int hedge_max_extra;        /* 1, 1..HEDGE_MAX_EXTRA */
 };
+
+#define HEDGE_MAX_EXTRA 4
+
+static inline bool cfg_hedge_on(const struct cfg_retry *r)
+{
+	return r->hedge_after_us > 0 || r->hedge_pct > 0;
+}
 
 struct cfg_idempotency {
 	bool enabled;               /* false */

@@ -227,6 +227,8 @@ struct store_url {
 /* config_values.c: checks of single values, named by the schema tables */
 /* retry.on words, in the order of their RETRY_ON_* bits */
 extern const char *const cfg_retry_on_words[];
+/* retry.hedge.after: a duration (0ms: off) or p95 / p99 */
+void hedge_after_parse(struct load *ld, const struct key *k, const struct node *v, void *base);
 const char *check_nonempty(char *s, char *buf, size_t cap);
 const char *check_visible(char *s, char *buf, size_t cap);
 const char *check_name(char *s, char *buf, size_t cap);
@@ -268,6 +270,7 @@ void emit_secret(struct json *j, const struct key *k, const void *base);
 void emit_store(struct json *j, const struct key *k, const void *base);
 void emit_workers(struct json *j, const struct key *k, const void *base);
 void emit_retry_on(struct json *j, const struct key *k, const void *base);
+void emit_hedge_after(struct json *j, const struct key *k, const void *base);
 void emit_release_on(struct json *j, const struct key *k, const void *base);
 /* faults.rules[].grpc_status: the code's name, or null; an int key whose -1 means "not set":
  * null */

@@ -143,6 +143,18 @@ void emit_retry_on(struct json *j, const struct key *k, const void *base)
 	fputc(']', j->f);
 }
 
+void emit_hedge_after(struct json *j, const struct key *k, const void *base)
+{
+	const struct cfg_retry *r = base;
+	char b[32];
+
+	if (r->hedge_pct)
+		snprintf(b, sizeof b, "p%d", r->hedge_pct);
+	else
+		format_duration(r->hedge_after_us, b, sizeof b);
+	json_string(j, b);
+}
+
 void emit_release_on(struct json *j, const struct key *k, const void *base)
 {
 	const struct cfg_idempotency *id = base;

@@ -169,6 +169,19 @@ static int report_attempts(FILE *out, const struct cfg_upstream *u, const struct
 		report_sustained(out, b, n);
 		report_fleet(out, b);
 	}
+	if (cfg_hedge_on(r)) {
+		char a[96];
+		if (r->hedge_pct)
+			snprintf(a, sizeof a, "p%d of the first attempts' head latency (none below 100 "
+			         "samples a minute)", r->hedge_pct);
+		else
+			dur(r->hedge_after_us, a);
+		fprintf(out, "  hedging        up to %d hedge%s per request after %s; %s\n",
+		        r->hedge_max_extra, r->hedge_max_extra == 1 ? "" : "s", a, retries ?
+		        "each takes a budget token and a retries-in-flight slot and counts toward "
+		        "max_attempts, so the worst case above is unchanged" :
+		        "none are sent (retries are off)");
+	}
 	if (r->nidempotent_paths > 0) {
 		fputs("  idempotent     any method under", out);
 		for (int i = 0; i < r->nidempotent_paths; i++)

@@ -675,6 +675,14 @@ static const struct key budget_keys[] = {
 static const struct block budget_block = { .keys = budget_keys, .check = budget_check,
                                            .release = budget_release };
 
+static const struct key hedge_keys[] = {
+	{ "after", K_CUSTOM, 0, .def = "0ms", .parse = hedge_after_parse, .emit = emit_hedge_after },
+	{ "max_extra", K_INT, OFF(cfg_retry, hedge_max_extra), .def = "1", .min = 1,
+	  .max = HEDGE_MAX_EXTRA },
+	{ .name = NULL },
+};
+static const struct block hedge_block = { .keys = hedge_keys };
+
 static const struct key retry_keys[] = {
 	{ "enabled", K_BOOL, OFF(cfg_retry, enabled), .def = "true" },
 	{ "max_attempts", K_INT, OFF(cfg_retry, max_attempts), .def = "3", .min = 1, .max = 100 },
@@ -684,6 +692,7 @@ static const struct key retry_keys[] = {
 	{ "backoff", K_BLOCK, 0, .sub = &backoff_block },
 	{ "retry_after", K_BLOCK, 0, .sub = &retry_after_block },
 	{ "budget", K_BLOCK, 0, .sub = &budget_block },
+	{ "hedge", K_BLOCK, 0, .sub = &hedge_block },
 	{ "non_idempotent", K_ENUM, OFF(cfg_retry, non_idempotent), .def = "require-key",
 	  .names = non_idempotent_words },
 	{ "idempotent_paths", K_STRS, OFF(cfg_retry, idempotent_paths),

@@ -358,3 +358,29 @@ bool redis_url_decode(const char *url, char **host, int *port, int *db, char **u
 	}
 	return true;
 }
+
+/* retry.hedge.after (SPEC §14): a duration (0ms: off) or p95 / p99 */
+void hedge_after_parse(struct load *ld, const struct key *k, const struct node *v,
+                              void *base)
+{
+	struct cfg_retry *r = base;
+	char q[64];
+	int64_t us;
+
+	if (v->kind != N_SCALAR || node_is_null(v)) {
+		type_error(ld, v, "a duration such as 20ms, or p95 or p99");
+		return;
+	}
+	if (!strcmp(v->str, "p95") || !strcmp(v->str, "p99")) {
+		r->hedge_pct = v->str[2] == '5' ? 95 : 99;
+		r->hedge_after_us = 0;
+		return;
+	}
+	if (parse_duration(v->str, &us) < 0 || us > 3600 * INT64_C(1000000)) {
+		value_error(ld, v, "bad hedge delay %s (expected a duration such as 20ms, 0ms for "
+		            "off, or p95 or p99)", cfg_quote(v->str, q, sizeof q));
+		return;
+	}
+	r->hedge_pct = 0;
+	r->hedge_after_us = us;
+}

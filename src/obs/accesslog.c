@@ -83,32 +83,52 @@ void access_add_attempt(struct access_rec *r, const char *ep)
 		r->att[r->natt].status = 0;
 		r->att[r->natt].fault = NULL;
 		r->att[r->natt].grpc_status = -1;
+		r->att[r->natt].hedge = r->att[r->natt].won = false;
 	}
-	r->natt++;
+	r->cur = r->natt++;
+}
+
+void access_add_hedge(struct access_rec *r, const char *ep)
+{
+	access_add_attempt(r, ep);
+	if (r->cur < ACCESS_MAX_ATTEMPTS)
+		r->att[r->cur].hedge = true;
+}
+
+void access_select(struct access_rec *r, int idx)
+{
+	if (idx >= 0 && idx < r->natt)
+		r->cur = idx;
+}
+
+void access_set_won(struct access_rec *r, int idx)
+{
+	if (idx >= 0 && idx < r->natt && idx < ACCESS_MAX_ATTEMPTS)
+		r->att[idx].won = true;
 }
 
 void access_set_outcome(struct access_rec *r, const char *outcome)
 {
-	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS)
-		r->att[r->natt - 1].outcome = outcome;
+	if (r->natt > 0 && r->cur < ACCESS_MAX_ATTEMPTS)
+		r->att[r->cur].outcome = outcome;
 }
 
 void access_set_status(struct access_rec *r, int status)
 {
-	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS)
-		r->att[r->natt - 1].status = status;
+	if (r->natt > 0 && r->cur < ACCESS_MAX_ATTEMPTS)
+		r->att[r->cur].status = status;
 }
 
 void access_set_fault(struct access_rec *r, const char *kind)
 {
-	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS)
-		r->att[r->natt - 1].fault = kind;
+	if (r->natt > 0 && r->cur < ACCESS_MAX_ATTEMPTS)
+		r->att[r->cur].fault = kind;
 }
 
 void access_set_grpc_status(struct access_rec *r, int code)
 {
-	if (r->natt > 0 && r->natt <= ACCESS_MAX_ATTEMPTS && code >= 0 && code < GRPC_NCODES)
-		r->att[r->natt - 1].grpc_status = code;
+	if (r->natt > 0 && r->cur < ACCESS_MAX_ATTEMPTS && code >= 0 && code < GRPC_NCODES)
+		r->att[r->cur].grpc_status = code;
 }
 
 void access_set_held(struct access_rec *r, const char *ep, int64_t ms)
@@ -290,6 +310,10 @@ void accesslog_write(const struct access_rec *r)
 		if (r->att[i].grpc_status >= 0)
 			append(line, &n, sizeof(line), ",\"grpc_status\":%d,\"grpc_status_name\":\"%s\"",
 			       r->att[i].grpc_status, grpc_status_name(r->att[i].grpc_status));
+		if (r->att[i].hedge)
+			append(line, &n, sizeof(line), ",\"hedge\":true");
+		if (r->att[i].won)
+			append(line, &n, sizeof(line), ",\"won\":true");
 		append(line, &n, sizeof(line), "}");
 	}
 	append(line, &n, sizeof(line), "],\"retry_refused\":");

@@ -35,8 +35,11 @@ struct access_rec {
 		int status;
 		const char *fault;
 		int grpc_status;            /* -1: none (not gRPC, or no grpc-status seen) */
+		bool hedge, won;            /* SPEC §14: sent as a hedge; its response was relayed */
 	} att[ACCESS_MAX_ATTEMPTS];
 	int natt;
+	int cur;                        /* the try the setters below address: the last one added,
+	                                 * or the one access_select() named (hedges run together) */
 	int64_t deadline_given_us, deadline_left_us, duration_us, body_bytes;
 	const char *key; size_t keylen;
 	bool client_abort;
@@ -57,6 +60,10 @@ void access_begin(struct access_rec *r, uint64_t sid, const char *peer, const st
 void access_set_route(struct access_rec *r, const struct cfg_route *route, const char *upstream);
 void access_set_key(struct access_rec *r, const char *key, size_t len);
 void access_add_attempt(struct access_rec *r, const char *ep);
+/* SPEC §14: the next setters address try IDX (0-based, as added); a hedge; the winner */
+void access_select(struct access_rec *r, int idx);
+void access_add_hedge(struct access_rec *r, const char *ep);
+void access_set_won(struct access_rec *r, int idx);
 void access_set_outcome(struct access_rec *r, const char *outcome);
 void access_set_status(struct access_rec *r, int status);
 /* The last attempt's SPEC §11 fault kind ("abort", ...): the line names it in that try. */

@@ -94,6 +94,9 @@ _Static_assert(LABELS_LEN(OUTCOME_VALUES) == OUT_STATUS &&
 	X(requests, "retrygate_upstream_requests_total", "Requests that made a first attempt.") \
 	X(attempts, "retrygate_upstream_attempts_total", "Attempts sent, first and retries.") \
 	X(retries,  "retrygate_upstream_retries_total",  "Retries sent.") \
+	X(hedges, "retrygate_upstream_hedges_total", "Hedged attempts sent (retry.hedge).") \
+	X(hedges_won, "retrygate_upstream_hedges_won_total", \
+	  "Hedged attempts whose response was relayed to the client.") \
 	X(client_aborts, "retrygate_upstream_client_aborts_total", \
 	  "Requests cancelled because the client disconnected while an attempt was in flight.") \
 	X(unknown_outcomes, "retrygate_upstream_unknown_outcomes_total", \

@@ -24,6 +24,10 @@
  *   and from anywhere: X_DONE, only by ex_end() (ex_finish(): the responder's end() reported
  *   once; ex_start_tunnel(); exchange_abort(); exchange_expire()). The deadline ends every state but X_RELAY.
  *
+ * SPEC §14 hedges run beside ex->att in X_ATTEMPT (exchange_hedge.c): the first head of any
+ * of them makes its attempt ex->att, so the diagram reads the same; entering X_RELAY or X_DONE
+ * cancels the others, and a retryable end hands ex->att to one still running.
+ *
  * X_FAULT_WAIT and X_HELD are waits inside one attempt (a drawn fault's delay; a gRPC head
  * whose outcome the next frame decides). Leaving either, to whatever state, undoes it in
  * ex_set_state(): so the deadline, the client going away or a too-large body never look at
@@ -77,7 +81,7 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
-	if (ex->state == X_DONE || a != ex->att)
+	if (ex->state == X_DONE || (a != ex->att && !ex_hedge_head(ex, a, h)))
 		return;
 	if (h->status >= 100 && h->status < 200 && h->status != 101) {
 		ex_relay_informational(ex, h);
@@ -104,6 +108,12 @@ static void att_head(void *arg, struct attempt *a, const struct http_head *h)
 		return;
 	}
 	STAT_INC(ex->us->responses[h->status / 100]);
+	/* SPEC §14: a first attempt's head latency, for a p95/p99 hedge delay (kept only where
+	 * one is configured: it costs an atomic add on a line all workers share) */
+	if ((ex->retry->hedge_pct || ex->up->retry.hedge_pct) && ex->log.cur == 0) {
+		int64_t now = clock_now_us();
+		latency_hist_add(&ex->st->head_lat, now, now - ex->att_t0_us);
+	}
 	if (!ex->grpc || h->status != 200)
 		ex_report_health(ex, OUT_STATUS, h);  /* a gRPC 200 reports once its outcome is known */
 	access_set_status(&ex->log, h->status);
@@ -204,7 +214,7 @@ static void att_end(void *arg, struct attempt *a, enum outcome out, bool bad, co
 		}
 		return;
 	}
-	if (a != ex->att)
+	if (a != ex->att && !ex_hedge_end(ex, a, bad ? OUT_RESET : out))
 		return;
 	if (ex->state == X_HELD && ex_grpc_end(ex, a, out))
 		return;
@@ -273,6 +283,7 @@ struct exchange *exchange_new(struct loop *loop, struct runtime *rt, struct cfg_
 	ex->magic = EXCHANGE_MAGIC;
 	ex->loop = loop;
 	ex->att_cbs = &attempt_callbacks;
+	ex->hedge_cb = ex_hedge_timer_cb;
 	ex->rt = runtime_ref(rt);
 	ex->l = l;
 	ex->ci = *ci;
@@ -522,6 +533,7 @@ void exchange_free(struct exchange *ex)
 	loop_buf_put(ex->loop, ex->rb.buf);
 	free(ex->req_trailers);
 	free(ex->req_tmem);
+	free(ex->hedging);
 	idem_job_free(ex->idem);
 	upstream_ep_keep(&ex->att_ep, NULL);
 	upstream_ep_keep(&ex->next_ep, NULL);

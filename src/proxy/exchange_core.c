@@ -19,13 +19,16 @@
 #include "base/util.h"
 #include "http/grpc.h"
 #include "http/h1_parser.h"
+#include "obs/stats.h"
 #include "policy/budget.h"
 #include "policy/outlier.h"
 #include "policy/retry.h"
 #include "proxy/exchange_impl.h"
 #include "proxy/saved_response.h"
+#include "state/budget_shared.h"
 #include "state/runtime.h"
 #include "state/upstream.h"
+#include "upstream/attempt.h"
 
 DEFINE_STATE_SETTER(set_state, exchange, xstate, X_DONE)
 
@@ -45,6 +48,14 @@ void ex_set_state(struct exchange *ex, enum xstate st)
 	} else if (ex->state == X_HELD && st != X_HELD) {
 		ex_held_free(ex->held);
 		ex->held = NULL;
+	}
+	/* SPEC §14: a response relayed (ex->att its winner) or the end: the others are cancelled */
+	if (ex->hedging && (st == X_RELAY || st == X_DONE)) {
+		if (st == X_RELAY && ex->att && ex->hedging->att_hedge) {
+			STAT_INC(ex->us->hedges_won);
+			access_set_won(&ex->log, ex->hedging->att_log);
+		}
+		ex_hedge_cancel_all(ex);
 	}
 	set_state(ex, st);
 }
@@ -69,6 +80,8 @@ void ex_timers_stop(struct exchange *ex)
 		evtimer_del(&ex->backoff_ev);
 	if (ex->timers & EX_T_FAULT)
 		evtimer_del(&ex->fault_ev);
+	if (ex->timers & EX_T_HEDGE)
+		evtimer_del(&ex->hedging->ev);
 }
 
 /* ------------------------------------------------------------------ slots */
@@ -83,6 +96,74 @@ void ex_release_slots(struct exchange *ex)
 		upstream_release_retry_slot(ex->st);
 		ex->slot_retry = false;
 	}
+}
+
+/* ------------------------------------------------------------------ hedges (SPEC §14) */
+
+void ex_hedge_swap(struct exchange *ex, struct hedge_try *t)
+{
+	struct hedging *hg = ex->hedging;
+	struct hedge_try mine = {
+		.a = ex->att, .ep = ex->att_ep, .t0_us = ex->att_t0_us, .log_idx = hg->att_log,
+		.hedge = hg->att_hedge, .slot_in_flight = ex->slot_in_flight,
+		.slot_retry = ex->slot_retry,
+	};
+	ex->att = t->a;
+	ex->att_ep = t->ep;
+	ex->att_t0_us = t->t0_us;
+	ex->slot_in_flight = t->slot_in_flight;
+	ex->slot_retry = t->slot_retry;
+	hg->att_log = t->log_idx;
+	hg->att_hedge = t->hedge;
+	*t = mine;
+	/* the per-attempt facts belong to the one now in ex->att: no fault was drawn for a hedge */
+	ex->fault = NULL;
+	ex->att_grpc = -1;
+	ex->pushback_us = -1;
+	access_select(&ex->log, hg->att_log);
+}
+
+/* Cancel O[I] (HTTP/1.1: its connection closed; HTTP/2: RST_STREAM CANCEL) and free its
+ * slots. */
+void ex_hedge_drop(struct exchange *ex, int i)
+{
+	struct hedging *hg = ex->hedging;
+	struct hedge_try *t = &hg->o[i];
+	attempt_free(t->a);
+	if (t->slot_in_flight)
+		upstream_release_in_flight(ex->st);
+	if (t->slot_retry)
+		upstream_release_retry_slot(ex->st);
+	upstream_ep_keep(&t->ep, NULL);
+	hg->o[i] = hg->o[--hg->n];
+}
+
+bool ex_hedge_takeover(struct exchange *ex)
+{
+	struct hedging *hg = ex->hedging;
+	if (!hg || hg->n == 0)
+		return false;
+	attempt_free(ex->att);      /* NULL when the exchange kept it (its response) */
+	ex->att = NULL;
+	ex_release_slots(ex);
+	upstream_ep_keep(&ex->att_ep, NULL);
+	ex_hedge_swap(ex, &hg->o[hg->n - 1]);
+	hg->n--;            /* the swap left the ended attempt's nothing there */
+	if (ex->state != X_ATTEMPT)
+		ex_set_state(ex, X_ATTEMPT);
+	return true;
+}
+
+void ex_hedge_cancel_all(struct exchange *ex)
+{
+	struct hedging *hg = ex->hedging;
+	if (hg->bs_op) {
+		budget_shared_cancel(hg->bs_op);
+		hg->bs_op = NULL;
+		upstream_release_retry_slot(ex->st);
+	}
+	while (ex->hedging->n > 0)
+		ex_hedge_drop(ex, ex->hedging->n - 1);
 }
 
 /* ------------------------------------------------------------------ the endpoint's health */

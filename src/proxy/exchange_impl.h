@@ -5,6 +5,8 @@
  *
  *   exchange.c        the codec's side (exchange.h), the attempt's news, the deadline
  *   exchange_grpc.c   SPEC §10 on a gRPC call's attempts: the held head (X_HELD)
+ *   exchange_hedge.c  SPEC §14: the hedge timer's firing, and the news of attempts that run
+ *                     beside ex->att
  *   exchange_retry.c  the attempts and the loop between them: start (or fault wait), send,
  *                     ex_decide(), backoff
  *   exchange_fault.c  SPEC §11: the draw, the wait's length, what a fault amounts to
@@ -42,6 +44,10 @@ struct upstream_binding;
 struct upstream_state;
 struct ustats;
 
+/* budget.shared: what the shared bucket's calls name (state/budget_shared.h) */
+#define SHARED_CTX(ex) { (ex)->loop, (ex)->rt, (ex)->st, &(ex)->up->retry, (ex)->up->name, \
+                         (ex)->us }
+
 #define EXCHANGE_MAGIC 0xe8c4a46eu
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
 
@@ -49,6 +55,7 @@ struct ustats;
 #define EX_T_DEADLINE 1u
 #define EX_T_BACKOFF  2u
 #define EX_T_FAULT    4u
+#define EX_T_HEDGE    8u
 
 /* The diagram is at the top of exchange.c. X_FAULT_WAIT and X_HELD are waits inside an
  * attempt: leaving either (to whatever state, X_DONE included) undoes what entering it armed,
@@ -71,6 +78,29 @@ struct attempt_cbs;
  * requests never need it. */
 struct grpc_held {
 	struct saved_response head;     /* deep copy: the transport's goes away */
+};
+
+/* SPEC §14: an attempt running beside ex->att, its head awaited; ex->att's own facts take
+ * this shape when the two swap places (the one whose head came first becomes ex->att). */
+struct hedge_try {
+	struct attempt *a;
+	struct ep_state *ep;            /* kept (upstream_ep_keep) */
+	int64_t t0_us;
+	int log_idx;                    /* its try in the access log */
+	bool hedge;                     /* sent as a hedge */
+	bool slot_in_flight, slot_retry;
+};
+
+/* Allocated the first time a request's hedge timer is armed (never with hedging off). */
+struct hedging {
+	struct event ev;                /* the hedge timer (EX_T_HEDGE) */
+	int sent;                       /* hedges sent */
+	int n;                          /* o[] in use */
+	int att_log;                    /* ex->att's try in the access log */
+	struct budget_shared_op *bs_op; /* budget.shared: the next hedge's token asked of Redis,
+	                                 * its retries-in-flight slot held meanwhile */
+	bool att_hedge;                 /* ex->att was sent as a hedge */
+	struct hedge_try o[HEDGE_MAX_EXTRA];
 };
 
 struct exchange {
@@ -102,6 +132,8 @@ struct exchange {
 	struct reqbody rb;              /* the request body: buffered for replay, or streamed */
 
 	struct attempt *att;            /* the attempt waiting for its head */
+	struct hedging *hedging;        /* SPEC §14: attempts beside it, or NULL */
+	event_callback_fn hedge_cb;     /* exchange_hedge.c's timer, for exchange_retry.c to arm */
 	struct attempt *relay;          /* the attempt whose response goes to the client */
 	struct ep_state *att_ep;        /* kept (upstream_ep_keep), as is next_ep */
 	bool slot_in_flight, slot_retry;
@@ -167,8 +199,17 @@ void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_
 bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out);
 int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n);
 
+/* exchange_hedge.c: SPEC §14 (called by exchange.c) */
+void ex_hedge_timer_cb(evutil_socket_t fd, short what, void *arg);
+bool ex_hedge_head(struct exchange *ex, struct attempt *a, const struct http_head *h);
+bool ex_hedge_end(struct exchange *ex, struct attempt *a, enum outcome out);
+
 /* exchange_retry.c: the attempts and the retry loop */
 void ex_start_first(struct exchange *ex);
+struct ep_state *ex_choose_endpoint(struct exchange *ex, int64_t now, bool retry);
+bool ex_may_hedge(struct exchange *ex);
+int64_t ex_hedge_delay(struct exchange *ex, int64_t now);
+void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, struct hedge_try *t);
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad);
 void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_head *h);
 
@@ -202,6 +243,12 @@ void ex_held_free(struct grpc_held *held);
 void ex_timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb);
 void ex_timers_stop(struct exchange *ex);
 void ex_release_slots(struct exchange *ex);
+/* SPEC §14: ex->att and the try T trade places; ex->att ended and hedges run on: the last
+ * of them takes its place (true), or none runs (false); the end of every hedge. */
+void ex_hedge_swap(struct exchange *ex, struct hedge_try *t);
+bool ex_hedge_takeover(struct exchange *ex);
+void ex_hedge_drop(struct exchange *ex, int i);
+void ex_hedge_cancel_all(struct exchange *ex);
 void ex_report_health_as(struct exchange *ex, enum outcome out, int status, bool hinted);
 void ex_report_health(struct exchange *ex, enum outcome out, const struct http_head *h);
 int64_t ex_retry_after_hint(struct exchange *ex, const struct http_head *h, int64_t now);

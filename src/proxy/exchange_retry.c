@@ -39,11 +39,10 @@
 #include "state/upstream.h"
 #include "upstream/attempt.h"
 
-/* budget.shared: what the shared bucket's calls name (budget_shared.h) */
-#define SHARED_CTX(ex) { (ex)->loop, (ex)->rt, (ex)->st, &(ex)->up->retry, (ex)->up->name, \
-                         (ex)->us }
-
 static void send_attempt(struct exchange *ex, struct ep_state *ep);
+static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0,
+                                  bool hedge, bool other_conn);
+static void hedge_arm(struct exchange *ex, int64_t now);
 static void fault_cb(evutil_socket_t fd, short what, void *arg);
 
 /* ------------------------------------------------------------------ attempts */
@@ -51,7 +50,7 @@ static void fault_cb(evutil_socket_t fd, short what, void *arg);
 /* The address for an attempt, or NULL while no name of the upstream has one (SPEC §13). Only
  * a first attempt advances round-robin: a retry's choice never shifts where the next request
  * goes (otherwise every failure would steer the next first attempt to the failing endpoint). */
-static struct ep_state *choose_endpoint(struct exchange *ex, int64_t now, bool retry)
+struct ep_state *ex_choose_endpoint(struct exchange *ex, int64_t now, bool retry)
 {
 	struct ep_state *eps[MAX_ENDPOINTS];
 	int n = runtime_endpoints(ex->ub, eps);
@@ -154,6 +153,8 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	}
 	ex_set_state(ex, X_ATTEMPT);
 	send_attempt(ex, ep);
+	if (cfg_hedge_on(ex->retry))
+		hedge_arm(ex, now);
 }
 
 /* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
@@ -162,11 +163,20 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
  * the per-try time bounds only the wait for its head. */
 static void send_attempt(struct exchange *ex, struct ep_state *ep)
 {
+	ex->att = attempt_go(ex, ep, ex->att_t0_us, false, false);
+	reqbody_stream_to(&ex->rb, ex->att);
+}
+
+/* An attempt to EP started at T0 goes out (HEDGE: as a hedge; OTHER_CONN: not over a
+ * connection this request already uses, SPEC §14). */
+static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0,
+                                  bool hedge, bool other_conn)
+{
 	int64_t now = clock_now_us();
 	int64_t remaining = ex->deadline_us - now;
 	/* what a delay spent, in whole milliseconds: the microseconds between the attempt's start
 	 * and here would make the header 2999 or 3000 by chance (and never the same twice) */
-	int64_t spent = (now - ex->att_t0_us) / 1000 * 1000;
+	int64_t spent = (now - t0) / 1000 * 1000;
 	int64_t per_try = ex->retry->per_try_timeout_us - spent;
 	if (per_try < 1000)
 		per_try = 1000;
@@ -182,6 +192,7 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 		.wait_us = ex->grpc ? remaining : wait,
 		.attempt = ex->attempts,
 		.nested = ex->req_nested,
+		.hedge = hedge,
 		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
 		.body_len = ex->rb.len,
 		.grpc = ex->grpc,
@@ -217,10 +228,95 @@ static void send_attempt(struct exchange *ex, struct ep_state *ep)
 		.nv_bytes_len = nv.used,
 		.trailers = ex->req_trailers,
 		.ntrailers = ex->nreq_trailers,
+		.other_conn = other_conn,
 	};
-	ex->att = attempt_start(ex->loop, ep, &rq, ex->att_cbs, ex);
+	struct attempt *a = attempt_start(ex->loop, ep, &rq, ex->att_cbs, ex);
 	forward_nv_free(&nv);       /* nghttp2 copied the fields */
-	reqbody_stream_to(&ex->rb, ex->att);
+	return a;
+}
+
+/* ------------------------------------------------------------------ hedges (SPEC §14) */
+
+/* Rules 1-5 for a hedge: retries on, the request repeatable after an outcome that may have
+ * executed (it may: the first attempt is still running), its body all here (a gRPC call's may
+ * still be coming when its first attempt starts: asked again when the timer fires), not
+ * marked as a retry, attempts and hedges left. */
+static bool may_hedge(struct exchange *ex, bool body_now)
+{
+	const struct cfg_retry *rc = ex->retry;
+	if (!rc->enabled || ex->req_nested || ex->req->upgrade ||
+	    !atomic_load_explicit(&ex->st->runtime_enabled, memory_order_relaxed))
+		return false;
+	if ((ex->hedging && ex->hedging->sent >= rc->hedge_max_extra) ||
+	    ex->attempts >= rc->max_attempts || (body_now && ex->rb.present && !ex->rb.done))
+		return false;
+	struct retry_facts f = { 0 };
+	request_facts(ex, &f);
+	return retry_may_replay(rc, &f);
+}
+
+bool ex_may_hedge(struct exchange *ex)
+{
+	return may_hedge(ex, true);
+}
+
+/* retry.hedge.after now: -1 none (a percentile over too few samples) */
+int64_t ex_hedge_delay(struct exchange *ex, int64_t now)
+{
+	const struct cfg_retry *rc = ex->retry;
+	if (!rc->hedge_pct)
+		return rc->hedge_after_us;
+	return latency_hist_pct(&ex->st->head_lat, now, rc->hedge_pct);
+}
+
+/* An attempt started at NOW: its hedge timer, when the request may be hedged and a hedge
+ * `after` from now still fits the deadline. */
+static void hedge_arm(struct exchange *ex, int64_t now)
+{
+	struct hedging *hg = ex->hedging;
+	if (hg) {
+		hg->att_log = ex->log.cur;
+		hg->att_hedge = false;
+	}
+	if (!may_hedge(ex, false))
+		return;
+	int64_t d = ex_hedge_delay(ex, now);
+	if (d <= 0 || now + d + ex->deadline->min_us > ex->deadline_us)
+		return;
+	if (!hg) {
+		hg = ex->hedging = xcalloc(1, sizeof(*hg));
+		hg->att_log = ex->log.cur;
+		evtimer_assign(&hg->ev, ex->loop->base, ex->hedge_cb, ex);
+		ex->timers |= EX_T_HEDGE;
+	}
+	struct timeval tv = clock_tv(d);
+	evtimer_add(&hg->ev, &tv);
+}
+
+/* A hedge goes to EP as T (its slots taken): counted as an attempt, marked in the log. */
+void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, struct hedge_try *t)
+{
+	int64_t now = clock_now_us();
+	ex->attempts++;
+	ex->hedging->sent++;
+	STAT_INC(ex->us->attempts);
+	STAT_INC(ex->us->hedges);
+	stats_window_add(ex->us, now, 0, 1);
+	ex->tried |= 1ull << ep->index;
+	upstream_ep_keep(&t->ep, ep);
+	t->t0_us = now;
+	t->hedge = true;
+	access_add_hedge(&ex->log, ep->name);
+	t->log_idx = ex->log.cur;
+	access_select(&ex->log, ex->hedging->att_log);
+	t->a = attempt_go(ex, ep, now, true, other_conn);
+	reqbody_stream_to(&ex->rb, t->a);      /* a gRPC call's messages, all here (BODY_TEE) */
+	/* the next hedge, `after` this one */
+	int64_t d = may_hedge(ex, false) ? ex_hedge_delay(ex, now) : -1;
+	if (d > 0 && now + d + ex->deadline->min_us <= ex->deadline_us) {
+		struct timeval tv = clock_tv(d);
+		evtimer_add(&ex->hedging->ev, &tv);
+	}
 }
 
 /* ------------------------------------------------------------------ the retry loop */
@@ -258,7 +354,7 @@ static void backoff_cb(evutil_socket_t fd, short what, void *arg)
 	int64_t now = clock_now_us(), start;
 	if (!upstream_ep_usable(ex->next_ep, ex->next_serial)) {
 		/* its name no longer resolves to it: no new attempt there (SPEC §13) */
-		upstream_ep_keep(&ex->next_ep, choose_endpoint(ex, now, true));
+		upstream_ep_keep(&ex->next_ep, ex_choose_endpoint(ex, now, true));
 		if (!ex->next_ep) {
 			ex_release_slots(ex);
 			ex_deliver_last(ex);
@@ -301,6 +397,21 @@ static void shared_answer_cb(void *arg, bool granted)
 		backoff_cb(-1, 0, ex);
 }
 
+/* A's response (head H; NULL: none) is not relayed now: kept, in case no later attempt
+ * produces one (SPEC §4); A goes on collecting its body. */
+static void keep_response(struct exchange *ex, struct attempt *a, const struct http_head *h)
+{
+	if (h) {
+		saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
+		ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
+		if (ex->dec_trailers)
+			saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
+		ex->saved.grpc_status = ex->att_grpc;
+	} else {
+		attempt_free(a);
+	}
+}
+
 /* An attempt ended (OUT_STATUS: with head H) and its outcome is known: retry or deliver. */
 void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h, bool bad)
 {
@@ -310,6 +421,13 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	ex->att = NULL;
 	ex->last_out = out;
 	ex->last_bad = bad;
+	/* SPEC §14: one attempt's retryable end does not end the others; the last to end
+	 * decides. Its response is kept meanwhile, as a retried one is. */
+	if (ex->hedging && ex->hedging->n > 0) {
+		keep_response(ex, a, h);
+		ex_hedge_takeover(ex);
+		return;
+	}
 	ex_release_slots(ex);              /* the failed attempt's slots go before the decision */
 
 	struct retry_facts f = {
@@ -350,7 +468,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	}
 	/* SPEC §6, §4 rule 4: did the service say it did not take the request? */
 	f.not_executed = idem_not_executed(&ex->up->idem, out, f.status, f.grpc ? f.grpc_status : -1);
-	struct ep_state *next = choose_endpoint(ex, now, true);
+	struct ep_state *next = ex_choose_endpoint(ex, now, true);
 	int64_t hold = next ? atomic_load(&next->hold_until_us) : 0;
 	f.hold_until_us = hold > now ? hold : 0;
 
@@ -386,15 +504,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 	if (reason == RR_NONE) {
 		/* the claim (SPEC §6) is released only if no attempt, this one included, may have run */
 		ex->executed = ex->executed || !f.not_executed;
-		if (h) {
-			saved_keep(&ex->saved, h, a);   /* it goes on collecting the body */
-			ex->saved.complete = a == NULL;     /* a fault's abort has no body to collect */
-			if (ex->dec_trailers)
-				saved_keep_trailers(&ex->saved, ex->dec_trailers, ex->dec_ntrailers);
-			ex->saved.grpc_status = ex->att_grpc;
-		} else {
-			attempt_free(a);
-		}
+		keep_response(ex, a, h);
 		upstream_ep_keep(&ex->next_ep, next);
 		ex->next_serial = atomic_load(&next->serial);
 		ex_set_state(ex, X_BACKOFF);
@@ -427,7 +537,7 @@ void ex_decide(struct exchange *ex, enum outcome out, const struct http_head *h,
 /* The request's first attempt (the body, or enough of it, is here; any claim was won). */
 void ex_start_first(struct exchange *ex)
 {
-	start_attempt(ex, choose_endpoint(ex, clock_now_us(), false), false);
+	start_attempt(ex, ex_choose_endpoint(ex, clock_now_us(), false), false);
 }
 
 /* An attempt's (A's; NULL: a fault's abort) response head H whose status is the outcome — for

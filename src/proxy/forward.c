@@ -43,6 +43,7 @@ FNAME(F_XFP, "X-Forwarded-Proto", "x-forwarded-proto");
 FNAME(F_XRID, "X-Request-Id", "x-request-id");
 FNAME(F_XTMS, "X-Timeout-Ms", "x-timeout-ms");
 FNAME(F_XRA, "X-Retrygate-Attempt", "x-retrygate-attempt");
+FNAME(F_XRH, "X-Retrygate-Hedge", "x-retrygate-hedge");
 FNAME(F_GPRA, "grpc-previous-rpc-attempts", "grpc-previous-rpc-attempts");
 FNAME(F_EXPECT, "Expect", "expect");
 FNAME(F_CL, "Content-Length", "content-length");
@@ -273,6 +274,8 @@ static void fields(const struct forward_req *f, struct sink *k)
 	deadline_fields(f, k);
 	if (!f->nested)
 		put_int(k, &F_XRA, f->attempt);
+	if (f->hedge)
+		put(k, &F_XRH, 0, "1", 1);     /* SPEC §14 */
 	/* gRFC A6's own marker, so the server (and its metrics) see a retry as gRPC names it */
 	if (f->grpc && !f->nested && f->attempt > 1)
 		put_int(k, &F_GPRA, f->attempt - 1);

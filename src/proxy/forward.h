@@ -33,6 +33,7 @@ struct forward_req {
 	                                 * will be waited for (gRPC: the call's remaining time) */
 	int attempt;                    /* 1-based */
 	bool nested;                    /* arrived marked as a retry: markers unchanged */
+	bool hedge;                     /* a hedge (SPEC §14): X-Retrygate-Hedge: 1 */
 	bool streamed;                  /* body streamed: the client's framing (length or chunked),
 	                                 * and its Expect: 100-continue goes along */
 	int64_t body_len;               /* buffered body: Content-Length (if any body or framing) */

@@ -64,6 +64,7 @@ struct upstream_state *upstream_state_bind(const struct cfg_upstream *u)
 	ep_table_init(&st->slots, st);
 	budget_init(&st->budget, &u->retry, clock_now_us());
 	budget_fleet_init(&st->fleet);
+	latency_hist_init(&st->head_lat);
 	atomic_store(&st->runtime_enabled, true);
 	/* faults.enabled applies when the name first appears; a reload keeps the switch */
 	upstream_faults_switch(st, u->faults.enabled && u->faults.nrules > 0, 0);

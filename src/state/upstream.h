@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "policy/budget.h"
+#include "policy/latency_hist.h"
 #include "config/config.h"
 #include "obs/outage_log.h"
 #include "obs/stats.h"
@@ -33,6 +34,7 @@ struct upstream_state {
 	char *name;
 	struct budget budget;
 	struct budget_fleet fleet;      /* budget.shared: what is known of the fleet's bucket */
+	struct latency_hist head_lat;   /* first-attempt head latency, for a p95/p99 hedge */
 	_Atomic int in_flight;          /* gate.h */
 	_Atomic int retries_in_flight;  /* gate.h */
 	_Atomic bool runtime_enabled;

@@ -316,6 +316,7 @@ struct attempt *attempt_start(struct loop *loop, struct ep_state *ep, struct att
 		.chunked = req->chunked,
 		.is_head = req->is_head,
 		.fresh_conn = req->fresh_conn,
+		.other_conn = req->other_conn,
 		.nv = req->nv,
 		.nvlen = req->nvlen,
 		.nv_bytes = req->nv_bytes,

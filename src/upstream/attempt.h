@@ -54,6 +54,8 @@ struct attempt_req {
 	bool chunked;                   /* encode the streamed body as chunked */
 	bool is_head;                   /* HEAD request: the response has no body */
 	bool fresh_conn;                /* do not reuse a pooled connection */
+	bool other_conn;                /* HTTP/2: not over a connection with streams in flight
+	                                 * (a hedge to an endpoint its request already uses) */
 	int64_t connect_timeout_us;
 	int64_t head_timeout_us;        /* 0: none (the exchange's deadline timer governs) */
 	struct ssl_ctx_st *tls;         /* TLS to the upstream, or NULL */

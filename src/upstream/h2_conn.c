@@ -449,6 +449,8 @@ struct h2_conn *h2conn_pick(struct loop *l, struct ep_state *ep, const struct tr
 			known = c->peer_max;
 		if (c->state == UC_GOAWAY)
 			continue;
+		if (o->other_conn && c->nstreams > 0)
+			continue;       /* SPEC §14: a hedge goes over another connection */
 		if ((uint32_t)c->nstreams < c->peer_max)
 			return c;
 		n++;

@@ -63,6 +63,7 @@ struct transport_req {
 	bool chunked;                   /* encode the streamed body as chunked */
 	bool is_head;                   /* HEAD request: the response has no body */
 	bool fresh_conn;                /* do not reuse a pooled connection */
+	bool other_conn;                /* HTTP/2: a connection with no stream in flight */
 	/* HTTP/2 */
 	const nghttp2_nv *nv;           /* lowercase names; copied */
 	size_t nvlen;

@@ -25,6 +25,7 @@ since retrygate re-sends the same metadata) without touching the server:
                             trailers, no DATA (the linkerd2#7701 shape)
         executed            a failure happens after the side effect (the "did it happen?" case)
         sleep:MS            wait MS before answering (stops early when the call is cancelled)
+        sleep-first:MS      as sleep, for the first call of the key only (a hedge's race)
         messages:N          Stream sends N messages
         gap:MS              Stream waits MS before each message after the first
         after-message:CODE  Stream sends one message, then fails with CODE (committed call)
@@ -113,6 +114,7 @@ class Script:
         self.fail_n, self.fail_code, self.always = 0, None, None
         self.pushback, self.headers_first, self.executed = None, False, False
         self.sleep_ms, self.messages, self.after_message = 0, 3, None
+        self.sleep_first_ms = 0
         self.gap_ms = 0
         self.trailers, self.initial = [], []
         for step in filter(None, (s.strip() for s in (text or "").split(","))):
@@ -130,6 +132,8 @@ class Script:
                 self.executed = True
             elif kind == "sleep":
                 self.sleep_ms = int(arg)
+            elif kind == "sleep-first":
+                self.sleep_first_ms = int(arg)
             elif kind == "messages":
                 self.messages = int(arg)
             elif kind == "gap":
@@ -244,6 +248,7 @@ class GrpcServer:
             call = Call(method, key, md, left if left is not None and left < 1e9 else None,
                         len(self.calls) + 1)
             call.phase = self.timeline.phase_at(call.t) if self.timeline else None
+            call.nth = n
             self.calls.append(call)
             fail, executed, pushback = None, script.executed, script.pushback
             if script.always is not None:
@@ -317,6 +322,9 @@ class GrpcServer:
         call, script, fail, executed, pushback = self._begin(method, context)
         call.messages = list(messages)
         self._wait(call, script.sleep_ms, context)
+        if call.nth == 1 and script.sleep_first_ms and \
+                not self._wait(call, script.sleep_first_ms, context):
+            return call, script, b""     # cancelled: nobody reads the answer
         if fail is not None:
             if executed:
                 self._effect(call)
