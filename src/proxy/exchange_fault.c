@@ -57,11 +57,10 @@ void ex_fault_arm(struct exchange *ex, int64_t now)
 	evtimer_add(&ex->fault_ev, &tv);
 }
 
-static void fault_hdr(struct exchange *ex, int *n, const char *name, const char *value)
+static void fault_hdr(struct fault_answer *fa, int *n, const char *name, const char *value)
 {
-	ex->fault_hdrs[(*n)++] = (struct http_hdr){ .name = name, .nlen = (uint32_t)strlen(name),
-	                                            .value = value,
-	                                            .vlen = (uint32_t)strlen(value) };
+	fa->hdrs[(*n)++] = (struct http_hdr){ .name = name, .nlen = (uint32_t)strlen(name),
+	                                      .value = value, .vlen = (uint32_t)strlen(value) };
 }
 
 /* abort: the response the upstream did not send (no body). A gRPC call hit by a rule with
@@ -69,28 +68,31 @@ static void fault_hdr(struct exchange *ex, int *n, const char *name, const char 
 static const struct http_head *fault_response(struct exchange *ex)
 {
 	const struct cfg_fault_rule *r = ex->fault;
-	struct http_head *h = &ex->fault_head;
+	if (!ex->fault_ans)
+		ex->fault_ans = xmalloc(sizeof(*ex->fault_ans));
+	struct fault_answer *fa = ex->fault_ans;
+	struct http_head *h = &fa->head;
 	bool grpc = ex->grpc && r->grpc_status >= 0;
 	memset(h, 0, sizeof(*h));
 	int n = 0;
-	fault_hdr(ex, &n, "X-Retrygate-Fault", "abort");
+	fault_hdr(fa, &n, "X-Retrygate-Fault", "abort");
 	if (grpc) {
-		ex->fault_nums[0][h1_fmt_int(ex->fault_nums[0], r->grpc_status)] = '\0';
-		fault_hdr(ex, &n, "content-type", "application/grpc");
-		fault_hdr(ex, &n, "grpc-status", ex->fault_nums[0]);
-		fault_hdr(ex, &n, "grpc-message", "fault injected (abort)");
+		fa->nums[0][h1_fmt_int(fa->nums[0], r->grpc_status)] = '\0';
+		fault_hdr(fa, &n, "content-type", "application/grpc");
+		fault_hdr(fa, &n, "grpc-status", fa->nums[0]);
+		fault_hdr(fa, &n, "grpc-message", "fault injected (abort)");
 		if (r->pushback_ms >= 0) {
-			ex->fault_nums[1][h1_fmt_int(ex->fault_nums[1], r->pushback_ms)] = '\0';
-			fault_hdr(ex, &n, "grpc-retry-pushback-ms", ex->fault_nums[1]);
+			fa->nums[1][h1_fmt_int(fa->nums[1], r->pushback_ms)] = '\0';
+			fault_hdr(fa, &n, "grpc-retry-pushback-ms", fa->nums[1]);
 		}
 	} else if (r->retry_after && *r->retry_after) {
-		fault_hdr(ex, &n, "Retry-After", r->retry_after);
+		fault_hdr(fa, &n, "Retry-After", r->retry_after);
 	}
 	h->status = grpc ? 200 : r->status;
 	h->reason = respond_status_text(h->status);
 	h->reason_len = strlen(h->reason);
 	h->version = 11;
-	h->hdrs = ex->fault_hdrs;
+	h->hdrs = fa->hdrs;
 	h->nhdrs = n;
 	h->content_length = grpc ? -1 : 0;
 	h->end_stream = grpc;

@@ -103,6 +103,13 @@ struct hedging {
 	struct hedge_try o[HEDGE_MAX_EXTRA];
 };
 
+/* SPEC §11: abort's response, as if the upstream had sent it. */
+struct fault_answer {
+	struct http_head head;
+	struct http_hdr hdrs[5];
+	char nums[2][12];               /* its grpc-status and grpc-retry-pushback-ms, as text */
+};
+
 struct exchange {
 	uint32_t magic;
 	enum xstate state;
@@ -173,9 +180,8 @@ struct exchange {
 	struct event fault_ev;
 	enum outcome fault_cut;         /* OUT_TIMEOUT: the delay outlasts the per-try timeout */
 	int64_t att_t0_us;              /* when the current attempt started (its delay included) */
-	struct http_head fault_head;    /* abort's response, as if the upstream had sent it */
-	struct http_hdr fault_hdrs[5];
-	char fault_nums[2][12];         /* its grpc-status and grpc-retry-pushback-ms, as text */
+	struct fault_answer *fault_ans; /* abort's response, made at the first abort (gray tests
+	                                 * only: kept out of every request's zeroed memory) */
 
 	/* SPEC §10: a gRPC call. A 200 head without END_STREAM names no outcome yet: it is held
 	 * (X_HELD) until DATA commits the call or trailers with no DATA name its grpc-status. */
