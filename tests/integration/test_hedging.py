@@ -30,17 +30,22 @@ def api(endpoints, hedge, **retry):
     return {"endpoints": endpoints if isinstance(endpoints, list) else [endpoints], "retry": rt}
 
 
-def first_slow(body_slow=b"slow", body_fast=b"fast"):
-    """An action for every endpoint: the first request of the test is slow, the rest fast."""
+def first_then(first, rest):
+    """An action for every endpoint: the test's first request gets FIRST, every other REST."""
     n = [0]
     lock = threading.Lock()
 
     def pick(req):
         with lock:
             n[0] += 1
-            first = n[0] == 1
-        return respond(200, body=body_slow, delay=SLOW) if first else respond(200, body=body_fast)
+            is_first = n[0] == 1
+        return first if is_first else rest
     return dynamic(pick)
+
+
+def first_slow(body_slow=b"slow", body_fast=b"fast"):
+    """An action for every endpoint: the first request of the test is slow, the rest fast."""
+    return first_then(respond(200, body=body_slow, delay=SLOW), respond(200, body=body_fast))
 
 
 def hedge_metrics(rg):
@@ -237,16 +242,9 @@ def test_the_deadline_is_never_exceeded(upstream, rg_factory):
 def test_a_retryable_answer_does_not_end_the_other_attempt(upstream_factory, rg_factory):
     """The hedge gets a 503 at once; the first attempt's 200 comes later and is relayed."""
     a, b = upstream_factory(), upstream_factory()
-    n = [0]
-    lock = threading.Lock()
-
-    def pick(req):
-        with lock:
-            n[0] += 1
-            first = n[0] == 1
-        return respond(200, body=b"first", delay=0.5) if first else respond(503, body=b"no")
-    a.set_default(dynamic(pick))
-    b.set_default(dynamic(pick))
+    pick = first_then(respond(200, body=b"first", delay=0.5), respond(503, body=b"no"))
+    a.set_default(pick)
+    b.set_default(pick)
     rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"}, max_attempts=2)})
     r = rg.get("/x")
     assert (r.status, r.body) == (200, b"first")
@@ -258,16 +256,9 @@ def test_when_every_attempt_ends_retryable_the_last_decides(upstream_factory, rg
     """The hedge's 503 comes first, the first attempt's 502 later: no attempts left, so the
     client gets the last response any attempt produced, refused max-attempts."""
     a, b = upstream_factory(), upstream_factory()
-    n = [0]
-    lock = threading.Lock()
-
-    def pick(req):
-        with lock:
-            n[0] += 1
-            first = n[0] == 1
-        return respond(502, body=b"first", delay=0.4) if first else respond(503, body=b"hedge")
-    a.set_default(dynamic(pick))
-    b.set_default(dynamic(pick))
+    pick = first_then(respond(502, body=b"first", delay=0.4), respond(503, body=b"hedge"))
+    a.set_default(pick)
+    b.set_default(pick)
     rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"}, max_attempts=2)})
     r = rg.get("/x")
     assert (r.status, r.body) == (502, b"first")
