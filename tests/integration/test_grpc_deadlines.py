@@ -25,6 +25,7 @@ import pytest
 
 from harness import FAST_RETRY, REPO_ROOT, wait_for
 from h2upstream import stall
+from test_grpc import metadata
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -105,13 +106,7 @@ def node_call(port, path, kind, req, md, timeout):
 
 def call(client, rg, path=UNARY, kind="unary", req=b"req", timeout=10.0, script=None,
          key=None, xkey=None):
-    md = []
-    if script:
-        md.append(("x-script", script))
-    if key:
-        md.append(("idempotency-key", key))
-    if xkey:
-        md.append(("x-key", xkey))
+    md = metadata(script=script, key=key, xkey=xkey)
     return (node_call if client == "node" else grpcio_call)(rg.port, path, kind, req, md,
                                                             timeout)
 
