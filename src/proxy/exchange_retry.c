@@ -289,7 +289,7 @@ static void hedge_arm(struct exchange *ex, int64_t now)
 		evtimer_assign(&hg->ev, ex->loop->base, ex->hedge_cb, ex);
 		ex->timers |= EX_T_HEDGE;
 	}
-	struct timeval tv = clock_tv(d);
+	struct timeval tv = clock_tv_early_ok(d);
 	evtimer_add(&hg->ev, &tv);
 }
 
@@ -314,7 +314,7 @@ void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, st
 	/* the next hedge, `after` this one */
 	int64_t d = may_hedge(ex, false) ? ex_hedge_delay(ex, now) : -1;
 	if (d > 0 && now + d + ex->deadline->min_us <= ex->deadline_us) {
-		struct timeval tv = clock_tv(d);
+		struct timeval tv = clock_tv_early_ok(d);
 		evtimer_add(&ex->hedging->ev, &tv);
 	}
 }

@@ -12,6 +12,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "base/clock.h"
 #include "base/loop.h"
 
 #ifdef RG_CHECK_MAGIC
@@ -111,6 +112,27 @@ static void test_objects_and_blocks_unused_for_a_tick_are_freed(void **state)
 	assert_int_equal(l->nblk[2], 0);
 }
 
+/* Timeouts get the coarse clock's tick added so none fires early, except the hedge timer's
+ * (clock_tv_early_ok): a 1.2 ms hedge delay stays 1.2 ms, not 5.2. */
+static void test_timer_slack_and_early_ok(void **state)
+{
+	static const struct {
+		int64_t us, tv_us, early_us;
+	} t[] = {
+		{ -5, 0, 0 }, { 0, 0, 0 }, { 1200, 5200, 1200 }, { 20000, 24000, 20000 },
+		{ 999000, 1003000, 999000 }, { 2500000, 2504000, 2500000 },
+	};
+	int64_t saved = clock_timer_slack_us;
+	clock_timer_slack_us = 4000;
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		struct timeval a = clock_tv(t[i].us), b = clock_tv_early_ok(t[i].us);
+		assert_int_equal(a.tv_sec * 1000000 + a.tv_usec, t[i].tv_us);
+		assert_int_equal(b.tv_sec * 1000000 + b.tv_usec, t[i].early_us);
+		assert_true(a.tv_usec < 1000000 && b.tv_usec < 1000000);
+	}
+	clock_timer_slack_us = saved;
+}
+
 int main(void)
 {
 	loop_global_init();     /* drops the warnings loop_init's loop_fd_seen provokes */
@@ -118,6 +140,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_buffers_unused_for_a_tick_are_freed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_objects_and_blocks_unused_for_a_tick_are_freed, setup,
 		                                teardown),
+		cmocka_unit_test(test_timer_slack_and_early_ok),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
