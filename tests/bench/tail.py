@@ -7,11 +7,13 @@ uniform. It listens on --endpoints ports ("two endpoints"), or on one ("one addr
 a Kubernetes ClusterIP: a hedge goes over another connection to the same address). A steady
 open-loop load (--rate requests a second for --seconds, each sent at its scheduled time whatever
 the others do; latency counted from that time, so a stall is not hidden) goes through
-retrygate with retry.hedge.after off, 20ms and p95. Printed per run: p50, p99, p99.9 and max
-latency, the requests, and the extra attempts (attempts / requests - 1, from /metrics) with
-the hedges sent and won.
+retrygate with retry.hedge.after off, 20ms and p95, after a "direct" row (the same load straight
+at the upstream: the generator's own floor). Printed per run: p50, p99, p99.9 and max latency,
+the requests, and the extra attempts (attempts / requests - 1, from /metrics) with the hedges
+sent and won. Then the failing rows: every answer a 503, hedging and retries on; retries and
+hedges must stay within the budget's bound (PASS/FAIL; exit status 1 on a FAIL).
 
-    tests/bench/tail.py                      # both variants, the three settings (~2 minutes)
+    tests/bench/tail.py                      # both variants, direct + three settings, failing rows
     tests/bench/tail.py --rate 200 --seconds 10 --endpoints 1
     RETRYGATE_BIN=build/san/retrygate tests/bench/tail.py --seconds 5
 
@@ -35,6 +37,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESP = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+FAIL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\nno"
+# the budget of the failing rows (SPEC §4): retries and hedges <= max_tokens + ratio * requests
+# + min_per_second * t
+BUDGET = {"ratio": 0.2, "min_per_second": 10, "max_tokens": 100}
 
 
 def free_port():
@@ -47,7 +53,7 @@ def free_port():
 
 # ------------------------------------------------------------------------------- upstream
 
-async def serve_conn(reader, writer, late, rng):
+async def serve_conn(reader, writer, late, rng, resp):
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -55,7 +61,7 @@ async def serve_conn(reader, writer, late, rng):
                 return
             if rng.random() < late:
                 await asyncio.sleep(rng.uniform(0.100, 0.200))
-            writer.write(RESP)
+            writer.write(resp)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
         pass
@@ -63,12 +69,12 @@ async def serve_conn(reader, writer, late, rng):
         writer.close()
 
 
-def upstream_main(ports, late, seed):
+def upstream_main(ports, late, seed, resp=RESP):
     rng = random.Random(seed)
 
     async def main():
         for p in ports:
-            await asyncio.start_server(lambda r, w: serve_conn(r, w, late, rng), "127.0.0.1", p,
+            await asyncio.start_server(lambda r, w: serve_conn(r, w, late, rng, resp), "127.0.0.1", p,
                                        backlog=1024)
         await asyncio.Event().wait()
     asyncio.run(main())
@@ -125,7 +131,7 @@ def metric(admin, name):
     return total
 
 
-def run_one(binary, ports, after, rate, seconds, warm):
+def run_one(binary, ports, after, rate, seconds, warm, failing=False):
     port, admin = free_port(), free_port()
     eps = ", ".join('"127.0.0.1:%d"' % p for p in ports)
     cfg = """workers: 1
@@ -142,6 +148,13 @@ upstreams:
       per_try_timeout: 2s
       hedge: {{ after: {after} }}
 """.format(admin=admin, port=port, eps=eps, after=after)
+    if failing:
+        # every answer a 503: retries (default max_attempts 3, `on` has 503) and hedges draw on
+        # one budget; ejection off so that every request goes on reaching the upstream
+        cfg += """      backoff: {{ base: 1ms, max: 5ms }}
+      budget: {{ ratio: {ratio}, min_per_second: {min_per_second}, max_tokens: {max_tokens} }}
+    health: {{ passive: {{ consecutive_failures: 0 }} }}
+""".format(**BUDGET)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "tail.yaml"
         path.write_text(cfg)
@@ -161,7 +174,9 @@ upstreams:
             r0 = metric(admin, "retrygate_upstream_requests_total")
             h0 = metric(admin, "retrygate_upstream_hedges_total")
             w0 = metric(admin, "retrygate_upstream_hedges_won_total")
+            t0 = time.monotonic()
             lat, _ = asyncio.run(load(port, rate, seconds))
+            elapsed = time.monotonic() - t0
             a = metric(admin, "retrygate_upstream_attempts_total") - a0
             r = metric(admin, "retrygate_upstream_requests_total") - r0
             h = metric(admin, "retrygate_upstream_hedges_total") - h0
@@ -173,7 +188,55 @@ upstreams:
             "p99_ms": pct(lat, 0.99) * 1e3, "p999_ms": pct(lat, 0.999) * 1e3,
             "max_ms": max(lat) * 1e3 if lat else float("nan"),
             "extra_attempts_pct": (a / r - 1) * 100 if r else float("nan"),
-            "hedges": int(h), "hedges_won": int(w)}
+            "hedges": int(h), "hedges_won": int(w), "attempts": int(a), "upstream_requests": int(r),
+            "seconds": elapsed}
+
+
+def direct(ports, rate, seconds):
+    """The generator and upstream alone, no retrygate: the floor under every other row."""
+    lat, _ = asyncio.run(load(ports[0], rate, seconds))
+    return {"after": "direct", "requests": len(lat), "p50_ms": pct(lat, 0.50) * 1e3,
+            "p99_ms": pct(lat, 0.99) * 1e3, "p999_ms": pct(lat, 0.999) * 1e3,
+            "max_ms": max(lat) * 1e3 if lat else float("nan"), "extra_attempts_pct": 0.0,
+            "hedges": 0, "hedges_won": 0}
+
+
+def print_row(n, r):
+    print("%-10s %-6s %8d %8.1f %8.1f %8.1f %8.1f %7.2f %4d/%-4d" % (
+        n, r["after"], r["requests"], r["p50_ms"], r["p99_ms"], r["p999_ms"], r["max_ms"],
+        r["extra_attempts_pct"], r["hedges"], r["hedges_won"]))
+    sys.stdout.flush()
+
+
+def failing_rows(binary, args, results):
+    """Every answer a 503, hedging on, retries on: extra attempts stay within the budget."""
+    ports = [free_port() for _ in range(2)]
+    up = multiprocessing.Process(target=upstream_main, args=(ports, 0.0, 1, FAIL), daemon=True)
+    up.start()
+    time.sleep(0.5)
+    ok = True
+    try:
+        for after in ("20ms", "p95"):
+            r = run_one(binary, ports, after, args.rate, args.seconds,
+                        2.0 if after == "p95" else 0, failing=True)
+            extra = r["attempts"] - r["upstream_requests"]
+            bound = (BUDGET["max_tokens"] + BUDGET["ratio"] * r["upstream_requests"] +
+                     BUDGET["min_per_second"] * r["seconds"])
+            r.update(endpoints="2 (503)", extra=extra, bound=bound, ok=extra <= bound)
+            ok = ok and r["ok"]
+            results.append(r)
+            print("%-10s %-6s %8d attempts/requests %.3f; retries+hedges %d <= bound %.0f "
+                  "(%d + %.1f*%d + %d*%.1fs): %s; hedges %d" % (
+                      "2 (503)", after, r["requests"],
+                      r["attempts"] / max(1, r["upstream_requests"]), extra, bound,
+                      BUDGET["max_tokens"], BUDGET["ratio"], r["upstream_requests"],
+                      BUDGET["min_per_second"], r["seconds"], "PASS" if r["ok"] else "FAIL",
+                      r["hedges"]))
+            sys.stdout.flush()
+    finally:
+        up.terminate()
+        up.join(5)
+    return ok
 
 
 def main():
@@ -183,6 +246,7 @@ def main():
     ap.add_argument("--late", type=float, default=0.015)
     ap.add_argument("--endpoints", type=int, default=0, help="0: both variants (2 and 1)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--no-failing", action="store_true", help="skip the failing-upstream rows")
     args = ap.parse_args()
     binary = os.environ.get("RETRYGATE_BIN", str(ROOT / "build" / "retrygate"))
     results = []
@@ -199,20 +263,23 @@ def main():
         up.start()
         time.sleep(0.5)
         try:
+            r = direct(ports, args.rate, args.seconds)
+            r["endpoints"] = n
+            results.append(r)
+            print_row(n, r)
             for after in ("0ms", "20ms", "p95"):
                 r = run_one(binary, ports, after, args.rate, args.seconds,
                             2.0 if after == "p95" else 0)
                 r["endpoints"] = n
                 results.append(r)
-                print("%-10s %-6s %8d %8.1f %8.1f %8.1f %8.1f %7.2f %4d/%-4d" % (
-                    n, after, r["requests"], r["p50_ms"], r["p99_ms"], r["p999_ms"],
-                    r["max_ms"], r["extra_attempts_pct"], r["hedges"], r["hedges_won"]))
-                sys.stdout.flush()
+                print_row(n, r)
         finally:
             up.terminate()
             up.join(5)
+    ok = args.no_failing or failing_rows(binary, args, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":
