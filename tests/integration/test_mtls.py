@@ -64,13 +64,15 @@ class _Hello(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class _TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+class TLSServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """An HTTPS server on CTX (a thread per connection, the handshake in that thread);
+    failed handshakes are listed in handshake_errors."""
     daemon_threads = True
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, handler=None):
         self.ctx = ctx
         self.handshake_errors = []
-        super().__init__(("127.0.0.1", 0), _Hello)
+        super().__init__(("127.0.0.1", 0), handler or _Hello)
 
     def get_request(self):
         sock, addr = self.socket.accept()
@@ -96,7 +98,7 @@ def mtls_upstream(pki):
     ctx.load_cert_chain(pki["server"], pki["server_key"])
     ctx.load_verify_locations(pki["client_ca"])
     ctx.verify_mode = ssl.CERT_REQUIRED
-    srv = _TLSServer(ctx)
+    srv = TLSServer(ctx)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv

@@ -14,7 +14,6 @@ Probes are not attempts: no attempt, request or budget figures move.
 
 import http.server
 import shutil
-import socketserver
 import ssl
 import threading
 from concurrent import futures
@@ -23,7 +22,7 @@ import grpc
 import pytest
 
 from harness import check_config, make_config, wait_for
-from test_mtls import _cert
+from test_mtls import TLSServer, _cert
 
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.skipif(not shutil.which("openssl"), reason="openssl CLI not installed")]
@@ -257,9 +256,8 @@ class _Health(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class TLSHealthServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+class TLSHealthServer(TLSServer):
     """HTTPS/1.1 with a client certificate required; records the SNI of each handshake."""
-    daemon_threads = True
 
     def __init__(self, pki):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -267,24 +265,9 @@ class TLSHealthServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         ctx.load_verify_locations(pki["client_ca"])
         ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.sni_callback = lambda sock, name, c: self.names.append(name)
-        self.ctx, self.status, self.requests, self.names = ctx, 200, [], []
-        super().__init__(("127.0.0.1", 0), _Health)
+        self.status, self.requests, self.names = 200, [], []
+        super().__init__(ctx, _Health)
         self.endpoint = "127.0.0.1:%d" % self.server_address[1]
-
-    def get_request(self):
-        sock, addr = self.socket.accept()
-        sock.settimeout(10)
-        return self.ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-    def finish_request(self, request, client_address):
-        try:
-            request.do_handshake()
-        except (ssl.SSLError, OSError):
-            return
-        super().finish_request(request, client_address)
-
-    def handle_error(self, request, client_address):
-        pass
 
 
 @pytest.fixture
