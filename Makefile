@@ -150,7 +150,7 @@ integration: $(BUILD)/retrygate
 TSAN_TESTS := test_operations.py test_operator.py test_access_log.py test_reload_registry.py \
               test_reconcile.py test_budget_amplification.py test_idempotency.py \
               test_reload_applies.py test_watch.py test_outage_logs.py test_fleet_budget.py \
-              test_tls_errors.py
+              test_tls_errors.py test_hedging.py
 tsan:
 	@$(MAKE) --no-print-directory SANITIZE=thread build/tsan/retrygate
 	cd tests/integration && RETRYGATE_BIN=$(abspath build/tsan/retrygate) RETRYGATE_READY_TIMEOUT=30 \
