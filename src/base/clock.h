@@ -30,8 +30,13 @@ static inline time_t clock_wall(void)
  */
 extern int64_t clock_timer_slack_us;
 
-/* US microseconds (none when negative) as a struct timeval, no slack added. */
-static inline struct timeval clock_tv_exact(int64_t us)
+/*
+ * A timeout of US microseconds (none when negative) for a timer that may fire up to a tick
+ * early, never a tick late: the hedge timer. A hedge sent a little early costs at most a
+ * hedge; the slack would turn a 1.2 ms p95 delay into 5 ms and put that whole tick on every
+ * hedged request's latency.
+ */
+static inline struct timeval clock_tv_early_ok(int64_t us)
 {
 	struct timeval tv;
 	if (us < 0)
@@ -41,20 +46,10 @@ static inline struct timeval clock_tv_exact(int64_t us)
 	return tv;
 }
 
-/* A timeout of US microseconds for evtimer_add. */
+/* A timeout of US microseconds for evtimer_add, never early. */
 static inline struct timeval clock_tv(int64_t us)
 {
-	return clock_tv_exact(us > 0 ? us + clock_timer_slack_us : us);
-}
-
-/*
- * A timeout of US microseconds for a timer that may fire up to a tick early, never a tick
- * late: the hedge timer. A hedge sent a little early costs at most a hedge; the slack would
- * turn a 1.2 ms p95 delay into 5 ms and put that whole tick on every hedged request's latency.
- */
-static inline struct timeval clock_tv_early_ok(int64_t us)
-{
-	return clock_tv_exact(us);
+	return clock_tv_early_ok(us > 0 ? us + clock_timer_slack_us : us);
 }
 
 #endif

@@ -269,8 +269,25 @@ int64_t ex_hedge_delay(struct exchange *ex, int64_t now)
 	return latency_hist_pct(&ex->st->head_lat, now, rc->hedge_pct);
 }
 
-/* An attempt started at NOW: its hedge timer, when the request may be hedged and a hedge
- * `after` from now still fits the deadline. */
+/* The next hedge's delay from NOW, or -1: the request may not be hedged, or a hedge `after`
+ * from now no longer fits the deadline. */
+static int64_t hedge_due(struct exchange *ex, int64_t now)
+{
+	if (!may_hedge(ex, false))
+		return -1;
+	int64_t d = ex_hedge_delay(ex, now);
+	if (d <= 0 || now + d + ex->deadline->min_us > ex->deadline_us)
+		return -1;
+	return d;
+}
+
+static void hedge_timer_add(struct hedging *hg, int64_t d)
+{
+	struct timeval tv = clock_tv_early_ok(d);
+	evtimer_add(&hg->ev, &tv);
+}
+
+/* An attempt started at NOW: its hedge timer, when one is due. */
 static void hedge_arm(struct exchange *ex, int64_t now)
 {
 	struct hedging *hg = ex->hedging;
@@ -278,10 +295,8 @@ static void hedge_arm(struct exchange *ex, int64_t now)
 		hg->att_log = ex->log.cur;
 		hg->att_hedge = false;
 	}
-	if (!may_hedge(ex, false))
-		return;
-	int64_t d = ex_hedge_delay(ex, now);
-	if (d <= 0 || now + d + ex->deadline->min_us > ex->deadline_us)
+	int64_t d = hedge_due(ex, now);
+	if (d < 0)
 		return;
 	if (!hg) {
 		hg = ex->hedging = xcalloc(1, sizeof(*hg));
@@ -289,8 +304,7 @@ static void hedge_arm(struct exchange *ex, int64_t now)
 		evtimer_assign(&hg->ev, ex->loop->base, ex->hedge_cb, ex);
 		ex->timers |= EX_T_HEDGE;
 	}
-	struct timeval tv = clock_tv_early_ok(d);
-	evtimer_add(&hg->ev, &tv);
+	hedge_timer_add(hg, d);
 }
 
 /* A hedge goes to EP as T (its slots taken): counted as an attempt, marked in the log. */
@@ -312,11 +326,9 @@ void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, st
 	t->a = attempt_go(ex, ep, now, true, other_conn);
 	reqbody_stream_to(&ex->rb, t->a);      /* a gRPC call's messages, all here (BODY_TEE) */
 	/* the next hedge, `after` this one */
-	int64_t d = may_hedge(ex, false) ? ex_hedge_delay(ex, now) : -1;
-	if (d > 0 && now + d + ex->deadline->min_us <= ex->deadline_us) {
-		struct timeval tv = clock_tv_early_ok(d);
-		evtimer_add(&ex->hedging->ev, &tv);
-	}
+	int64_t d = hedge_due(ex, now);
+	if (d >= 0)
+		hedge_timer_add(ex->hedging, d);
 }
 
 /* ------------------------------------------------------------------ the retry loop */
