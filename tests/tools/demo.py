@@ -887,7 +887,11 @@ def main(argv=None):
 
     def on_signal(signum, frame):
         stop.set()
-        raise Interrupted()
+        # grpcio must not be left by an exception raised in the middle of its own code: a
+        # channel interrupted so can hang in close(). While stop.defer is set, the code that
+        # drives grpcio watches stop itself and unwinds when it is safe.
+        if not getattr(stop, "defer", False):
+            raise Interrupted()
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(s, on_signal)
 

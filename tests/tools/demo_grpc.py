@@ -112,9 +112,20 @@ def start_retrygate(procs, binary, workdir, tag, title, dep_port, retry, concurr
 def drive(port, load, timeline, tag, stop):
     """Open loop: each call is started at its time as a grpcio future; the callbacks record
     what the client saw. Returns the records once every call has ended."""
+    stop.defer = True               # a signal now sets stop only (see demo.py's on_signal)
     ch = grpc.insecure_channel("%s:%d" % (LOOPBACK, port), options=[("grpc.enable_retries", 0)])
     try:
-        grpc.channel_ready_future(ch).result(timeout=5)
+        ready = grpc.channel_ready_future(ch)
+        end = time.monotonic() + 5
+        while not stop.is_set():
+            try:
+                ready.result(timeout=min(0.1, max(0.0, end - time.monotonic())))
+                break
+            except grpc.FutureTimeoutError:
+                if time.monotonic() >= end:
+                    raise RuntimeError("retrygate at port %d did not accept gRPC" % port)
+        if stop.is_set():
+            return []
         stubs = {READ: ch.unary_unary(READ), WRITE: ch.unary_unary(WRITE)}
         records, lock, futs = [], threading.Lock(), []
 
@@ -145,15 +156,26 @@ def drive(port, load, timeline, tag, stop):
             futs.append(f)
         end = time.monotonic() + DEADLINE_S + 10
         for f in futs:
-            try:
-                f.result(timeout=max(0.0, end - time.monotonic()))
-            except (grpc.RpcError, grpc.FutureTimeoutError):
-                pass
+            while not stop.is_set() and time.monotonic() < end:
+                try:
+                    f.result(timeout=min(0.1, max(0.0, end - time.monotonic())))
+                    break
+                except grpc.FutureCancelledError:
+                    break
+                except grpc.FutureTimeoutError:
+                    pass
+                except grpc.RpcError:
+                    break
+            if stop.is_set():
+                for g in futs:
+                    g.cancel()
+                return []
         time.sleep(0.05)            # the last callbacks
         with lock:
             return sorted(records, key=lambda r: r["i"])
     finally:
         ch.close()
+        stop.defer = False
 
 
 # ----------------------------------------------------------------------------- one run
