@@ -7,6 +7,10 @@
  * writer: past ACCESS_BACKLOG_BYTES waiting, new lines are dropped and counted
  * (retrygate_access_log_dropped_lines_total), and requests go on at their normal speed.
  *
+ * The two buffers (the backlog and the one being written out) are mapped once at their full
+ * size; only the pages a burst touched are resident, and the writer gives back what lies past
+ * ACCESS_KEEP_BYTES once it is written: after a burst the process returns to its size.
+ *
  * A change of target (reload, SIGUSR1 reopen) is queued at a place in the backlog: the lines
  * before it go to the old descriptor, the later ones to the new; only the writer closes
  * descriptors. The main thread alone opens, switches and closes (al_path is its own).
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,14 +39,16 @@
 
 #define ACCESS_FLUSH_BYTES   (64 * 1024)         /* the writer is woken at this much */
 #define ACCESS_BACKLOG_BYTES (4 * 1024 * 1024)   /* lines past this are dropped */
+#define ACCESS_KEEP_BYTES    (128 * 1024)        /* resident between bursts (page multiple) */
 #define ACCESS_CLOSE_WAIT_S  2                   /* at exit, for the backlog to go out */
 
 static pthread_mutex_t al_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t al_wake = PTHREAD_COND_INITIALIZER;   /* the writer has work */
 static pthread_cond_t al_gone = PTHREAD_COND_INITIALIZER;   /* the writer ended */
 static atomic_bool al_on;           /* lines are taken (read unlocked: skip formatting) */
-static char *al_buf;                /* the backlog */
-static size_t al_len, al_cap;
+static char *al_buf;                /* the backlog (ACCESS_BACKLOG_BYTES mapped) */
+static char *al_spare;              /* the other buffer: the writer's while it runs */
+static size_t al_len;
 static bool al_kick;                /* write the backlog out now */
 static bool al_switch;              /* a new descriptor from al_switch_at of the backlog on */
 static size_t al_switch_at;
@@ -200,8 +207,6 @@ static void close_target(int fd)
 static void *writer_main(void *arg)
 {
 	int fd = -1;
-	char *wbuf = NULL;
-	size_t wcap = 0;
 	pthread_mutex_lock(&al_lock);
 	for (;;) {
 		while (!al_kick && !al_switch && !al_stop)
@@ -209,15 +214,13 @@ static void *writer_main(void *arg)
 		if (al_stop && al_len == 0 && !al_switch)
 			break;
 		/* take the whole backlog by swapping buffers: workers append to the other one
-		 * meanwhile, and each keeps its size for the next round */
+		 * meanwhile */
 		char *b = al_buf;
-		size_t bcap = al_cap, n = al_len, at = al_switch ? al_switch_at : al_len;
+		size_t n = al_len, at = al_switch ? al_switch_at : al_len;
 		bool sw = al_switch;
 		int nfd = al_next_fd;
-		al_buf = wbuf;
-		al_cap = wcap;
-		wbuf = b;
-		wcap = bcap;
+		al_buf = al_spare;
+		al_spare = b;
 		al_len = 0;
 		al_kick = al_switch = false;
 		al_next_fd = -1;
@@ -228,13 +231,14 @@ static void *writer_main(void *arg)
 			fd = nfd;
 		}
 		write_all(fd, b + at, n - at);
+		if (n > ACCESS_KEEP_BYTES)      /* a burst: its pages go back to the kernel */
+			madvise(b + ACCESS_KEEP_BYTES, n - ACCESS_KEEP_BYTES, MADV_DONTNEED);
 		pthread_mutex_lock(&al_lock);
 	}
 	close_target(fd);
 	al_ended = true;
 	pthread_cond_broadcast(&al_gone);
 	pthread_mutex_unlock(&al_lock);
-	free(wbuf);
 	return NULL;
 }
 
@@ -250,10 +254,6 @@ static void append_line(const char *line, size_t n)
 		atomic_fetch_add_explicit(&g_pstats.access_log_dropped, 1, memory_order_relaxed);
 		pthread_mutex_unlock(&al_lock);
 		return;
-	}
-	if (al_len + n > al_cap) {
-		al_cap = (al_len + n) * 2;
-		al_buf = xrealloc(al_buf, al_cap);
 	}
 	memcpy(al_buf + al_len, line, n);
 	al_len += n;
@@ -373,6 +373,28 @@ static int open_target(const char *spec, int *fd, char **path)
 	return 0;
 }
 
+/* The two buffers, mapped at their full size (pages become resident as lines fill them). */
+static int backlog_map(void)
+{
+	for (int i = 0; i < 2; i++) {
+		void *p = mmap(NULL, ACCESS_BACKLOG_BYTES, PROT_READ | PROT_WRITE,
+		               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			return errno;
+		*(i ? &al_spare : &al_buf) = p;
+	}
+	return 0;
+}
+
+static void backlog_unmap(void)
+{
+	if (al_buf)
+		munmap(al_buf, ACCESS_BACKLOG_BYTES);
+	if (al_spare)
+		munmap(al_spare, ACCESS_BACKLOG_BYTES);
+	al_buf = al_spare = NULL;
+}
+
 /* From the end of the backlog on, lines go to FD (-1: off). Under al_lock. */
 static void queue_target_locked(int fd)
 {
@@ -394,8 +416,11 @@ int accesslog_switch(const char *spec)
 		return -1;
 	pthread_mutex_lock(&al_lock);
 	if (fd >= 0 && !al_started) {
-		int rc = pthread_create(&al_thread, NULL, writer_main, NULL);
+		int rc = backlog_map();
+		if (rc == 0)
+			rc = pthread_create(&al_thread, NULL, writer_main, NULL);
 		if (rc != 0) {
+			backlog_unmap();
 			pthread_mutex_unlock(&al_lock);
 			close_target(fd);
 			free(path);
@@ -456,9 +481,8 @@ void accesslog_close(void)
 	if (al_started)
 		pthread_join(al_thread, NULL);
 	close_target(al_next_fd);
-	free(al_buf);
-	al_buf = NULL;
-	al_len = al_cap = 0;
+	backlog_unmap();
+	al_len = 0;
 	al_next_fd = -1;
 	al_switch = al_kick = al_stop = al_ended = al_started = false;
 }
