@@ -5,7 +5,14 @@
  * order. Request bodies are not supported (the bench sends GETs only). It never allocates per
  * request, so it is never the bottleneck of a proxy pinned to another core.
  *
- *   upstream PORT [BODY_BYTES] [h1|h2|grpc]   listens on 127.0.0.1:PORT; body defaults to 13 bytes
+ *   upstream PORT [BODY_BYTES] [h1|h2|grpc] [late=P] [seed=N] [status=CODE]
+ *                                 listens on 127.0.0.1:PORT; body defaults to 13 bytes
+ *
+ * late=P (h1 only; the tail bench, tests/bench/tail.py): each response, drawn per request with
+ * a generator seeded by seed=N, is late with probability P by a uniform 100-200 ms; a
+ * connection's responses still leave in order, so a late one holds back those behind it (as a
+ * keep-alive server's would). status=CODE answers CODE instead of 200 (503: a failing
+ * upstream). Without them nothing is drawn, nothing waits: the `make bench` upstream.
  *
  * h2 and grpc: HTTP/2 with prior knowledge (h2c) through nghttp2, one server session per
  * connection. Every request stream is answered once its END_STREAM arrived (its body is read
@@ -26,6 +33,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef UPSTREAM_H2
@@ -34,6 +43,7 @@
 
 #define MAXFD   65536
 #define BUFSZ   16384
+#define MAXPEND 64          /* responses held back on one connection (late=) */
 
 enum mode { M_H1, M_H2, M_GRPC };
 
@@ -44,6 +54,8 @@ struct conn {
     size_t  outlen;
     size_t  outoff;
     size_t  outcap;
+    int64_t *due;    /* late=: when each held-back response may leave (µs), in order */
+    int     pend0, npend;
 #ifdef UPSTREAM_H2
     nghttp2_session *ng;     /* h2 and grpc modes */
 #endif
@@ -57,6 +69,10 @@ static enum mode mode = M_H1;
 static char   h2body[512];   /* the DATA of every h2 / grpc response */
 static size_t h2bodylen;
 static char   h2cl[16];
+static double  late;         /* late=: probability of a late response */
+static uint64_t rng = 1;     /* seed= */
+static int     tfd = -1;     /* late=: fires at the earliest held-back response's time */
+static int     pendfds[MAXFD], npendfds;   /* connections with responses held back */
 
 static void die(const char *what) { perror(what); exit(1); }
 
@@ -67,9 +83,90 @@ static void conn_close(int fd)
 #ifdef UPSTREAM_H2
         if (c->ng) nghttp2_session_del(c->ng);
 #endif
-        free(c->in); free(c->out); free(c); conns[fd] = NULL;
+        if (c->npend)
+            for (int i = 0; i < npendfds; i++)
+                if (pendfds[i] == fd) { pendfds[i] = pendfds[--npendfds]; break; }
+        free(c->due); free(c->in); free(c->out); free(c); conns[fd] = NULL;
     }
     close(fd);
+}
+
+/* ------------------------------------------------------------------ late= */
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* xorshift64*: a uniform double in [0, 1) */
+static double draw(void)
+{
+    rng ^= rng >> 12; rng ^= rng << 25; rng ^= rng >> 27;
+    return (double)((rng * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
+}
+
+/* Arm the timer for the earliest held-back response (disarm with none). */
+static void late_arm(void)
+{
+    int64_t first = 0;
+    for (int i = 0; i < npendfds; i++) {
+        struct conn *c = conns[pendfds[i]];
+        int64_t d = c->due[c->pend0];
+        if (!first || d < first) first = d;
+    }
+    struct itimerspec it = { 0 };
+    it.it_value.tv_sec = first / 1000000;
+    it.it_value.tv_nsec = first % 1000000 * 1000;
+    timerfd_settime(tfd, TFD_TIMER_ABSTIME, &it, NULL);
+}
+
+/* One response for a complete request head: at once, or held back (late, or behind a late
+ * one). -1: too many held back, not our workload. */
+static int answer(struct conn *c, int fd)
+{
+    int64_t due = 0;
+    if (late > 0 && draw() < late) due = now_us() + 100000 + (int64_t)(draw() * 100000);
+    if (!due && !c->npend) {
+        memcpy(c->out + c->outlen, resp, resplen);
+        c->outlen += resplen;
+        return 0;
+    }
+    if (c->npend == MAXPEND) return -1;
+    if (!c->due && !(c->due = malloc(MAXPEND * sizeof *c->due))) return -1;
+    if (c->npend) {
+        int64_t prev = c->due[(c->pend0 + c->npend - 1) % MAXPEND];
+        if (due < prev) due = prev;               /* in order: not before the one ahead */
+    } else {
+        pendfds[npendfds++] = fd;
+    }
+    c->due[(c->pend0 + c->npend++) % MAXPEND] = due;
+    late_arm();
+    return 0;
+}
+
+static int conn_flush(int fd, struct conn *c);
+
+/* The timer fired: every held-back response now due leaves. */
+static void late_release(void)
+{
+    uint64_t n;
+    if (read(tfd, &n, sizeof n) < 0) { /* spurious: rearmed below */ }
+    int64_t now = now_us();
+    for (int i = 0; i < npendfds; i++) {
+        int fd = pendfds[i];
+        struct conn *c = conns[fd];
+        while (c->npend && c->due[c->pend0] <= now && c->outlen + resplen <= BUFSZ * 4) {
+            memcpy(c->out + c->outlen, resp, resplen);
+            c->outlen += resplen;
+            c->pend0 = (c->pend0 + 1) % MAXPEND;
+            c->npend--;
+        }
+        if (!c->npend) pendfds[i--] = pendfds[--npendfds];
+        if (conn_flush(fd, c) < 0) { conn_close(fd); i = -1; }   /* the list changed */
+    }
+    late_arm();
 }
 
 /* Try to flush; returns -1 on a dead connection. Switches EPOLLOUT on/off as needed. */
@@ -113,8 +210,7 @@ static int conn_read(int fd, struct conn *c)
             if (!e) break;
             start = (size_t)(e - c->in) + 4;
             if (c->outlen + resplen > BUFSZ * 4) return -1;
-            memcpy(c->out + c->outlen, resp, resplen);
-            c->outlen += resplen;
+            if (answer(c, fd) < 0) return -1;
         }
         if (start) { memmove(c->in, c->in + start, c->inlen - start); c->inlen -= start; }
         if ((size_t)n < BUFSZ) break;                   /* drained for now */
@@ -228,7 +324,11 @@ static int h2_read(int fd, struct conn *c) { (void)fd; (void)c; return -1; }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) { fprintf(stderr, "usage: %s PORT [BODY_BYTES] [h1|h2|grpc]\n", argv[0]); return 2; }
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s PORT [BODY_BYTES] [h1|h2|grpc] [late=P] [seed=N] [status=CODE]\n",
+                argv[0]);
+        return 2;
+    }
     int port = atoi(argv[1]);
     int body = argc > 2 ? atoi(argv[2]) : 13;
     if (body < 0 || body > 256) body = 13;
@@ -238,6 +338,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "mode must be h1, h2 or grpc, not '%s'\n", argv[3]);
         return 2;
     }
+    int status = 200;
+    for (int i = 4; i < argc; i++) {
+        if (strncmp(argv[i], "late=", 5) == 0) late = atof(argv[i] + 5);
+        else if (strncmp(argv[i], "seed=", 5) == 0) rng = strtoull(argv[i] + 5, NULL, 10) * 2 + 1;
+        else if (strncmp(argv[i], "status=", 7) == 0) status = atoi(argv[i] + 7);
+        else { fprintf(stderr, "unknown option '%s'\n", argv[i]); return 2; }
+    }
+    if ((late > 0 || status != 200) && mode != M_H1) {
+        fprintf(stderr, "late= and status= are for h1 only\n");
+        return 2;
+    }
+    if (status < 200 || status > 599) status = 200;
 #ifndef UPSTREAM_H2
     if (mode != M_H1) {
         fprintf(stderr, "mode %s needs a build with -DUPSTREAM_H2 -lnghttp2\n", argv[3]);
@@ -248,8 +360,9 @@ int main(int argc, char **argv)
     memset(b, 'x', (size_t)body); b[body] = 0;
     if (body == 13) memcpy(b, "hello, world\n", 13);
     resplen = (size_t)snprintf(resp, sizeof resp,
-        "HTTP/1.1 200 OK\r\nServer: bench-upstream\r\nContent-Type: text/plain\r\n"
-        "Content-Length: %d\r\nConnection: keep-alive\r\n\r\n%s", body, b);
+        "HTTP/1.1 %d %s\r\nServer: bench-upstream\r\nContent-Type: text/plain\r\n"
+        "Content-Length: %d\r\nConnection: keep-alive\r\n\r\n%s", status,
+        status == 200 ? "OK" : status == 503 ? "Service Unavailable" : "Status", body, b);
     if (mode == M_GRPC) {
         /* one gRPC message: uncompressed flag, 4-byte big-endian length, then the bytes */
         h2body[0] = 0;
@@ -277,6 +390,12 @@ int main(int argc, char **argv)
     if (ep < 0) die("epoll_create1");
     struct epoll_event ev = { .events = EPOLLIN, .data.fd = ls };
     epoll_ctl(ep, EPOLL_CTL_ADD, ls, &ev);
+    if (late > 0) {
+        tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
+        if (tfd < 0) die("timerfd_create");
+        struct epoll_event tev = { .events = EPOLLIN, .data.fd = tfd };
+        epoll_ctl(ep, EPOLL_CTL_ADD, tfd, &tev);
+    }
 
     struct epoll_event evs[256];
     for (;;) {
@@ -303,6 +422,7 @@ int main(int argc, char **argv)
                 }
                 continue;
             }
+            if (fd == tfd) { late_release(); continue; }
             struct conn *c = conns[fd];
             if (!c) continue;
             int rc = 0;
