@@ -227,8 +227,18 @@ struct store_url {
 /* config_values.c: checks of single values, named by the schema tables */
 /* retry.on words, in the order of their RETRY_ON_* bits */
 extern const char *const cfg_retry_on_words[];
-/* retry.hedge.after: a duration (0ms: off) or p95 / p99 */
+/* the keys with a grammar of their own (the tables' parse functions): workers (a count or
+ * "auto"), retry.on, idempotency.release_on, faults.rules[].grpc_status, retry.hedge.after
+ * (a duration, 0ms: off, or p95 / p99) */
+void workers_parse(struct load *ld, const struct key *k, const struct node *v, void *base);
+void retry_on_parse(struct load *ld, const struct key *k, const struct node *v, void *base);
+void release_on_parse(struct load *ld, const struct key *k, const struct node *v, void *base);
+void fault_grpc_status_parse(struct load *ld, const struct key *k, const struct node *v,
+                             void *base);
 void hedge_after_parse(struct load *ld, const struct key *k, const struct node *v, void *base);
+const char *check_idempotent_path(char *s, char *buf, size_t cap);
+const char *check_delta_seconds(char *s, char *buf, size_t cap);
+const char *check_reconcile_redis(char *s, char *buf, size_t cap);
 const char *check_nonempty(char *s, char *buf, size_t cap);
 const char *check_visible(char *s, char *buf, size_t cap);
 const char *check_name(char *s, char *buf, size_t cap);

@@ -1,7 +1,8 @@
 /*
  * config_schema: every key of SPEC §2 in one table per mapping level (name, type, field,
  * default as YAML text, range) and the `check` of each level for rules across keys; the
- * checks of single string values are config_values.c's. Adding a key is one line in a table
+ * checks of single string values, and the parsers of the keys with a grammar of their own, are
+ * config_values.c's. Adding a key is one line in a table
  * here, its field in config.h and its line in conf/retrygate.yaml (a unit test enforces the
  * documentation). The lookups by name of config.h live here too: a route's check resolves its
  * upstream with them.
@@ -29,8 +30,6 @@
  */
 #include "config/config.h"
 #include "config/config_impl.h"
-#include "base/cpus.h"
-#include "http/grpc.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -39,146 +38,6 @@
 #include <unistd.h>
 
 #define DUR_MAX         (8760LL * 3600 * 1000000)     /* 365 days */
-
-/* ------------------------------------------------------------------ custom keys */
-
-static void workers_parse(struct load *ld, const struct key *k, const struct node *v, void *base)
-{
-	int64_t n;
-
-	if (v->kind == N_SCALAR && !strcmp(v->str, "auto")) {
-		long cpus = cpus_available();   /* the affinity mask and the cgroup CPU quota */
-		*FIELD(base, k->off, int) = cpus < 1 ? 1 : cpus > k->max ? (int)k->max : (int)cpus;
-		return;
-	}
-	if (v->kind != N_SCALAR || !v->plain || scan_int(v->str, &n) != 0) {
-		type_error(ld, v, "a positive integer or \"auto\"");
-		return;
-	}
-	if (range_ok(ld, k, v, (double)n, v->str))
-		*FIELD(base, k->off, int) = (int)n;
-}
-
-/* One item of a list of answers (retry.on, idempotency.release_on): a status 400-599 or a gRPC
- * code name but "ok", set in STATUS_BITS / GRPC_BITS as config.h keeps them. Anything else is
- * reported as an unknown NOUN, with the closest of WORDS; VERB says why "ok" or another status
- * cannot be listed, EXPECT what the list takes. */
-static void answer_item(struct load *ld, const struct node *item, const char *const *words,
-                        const char *noun, const char *verb, const char *expect,
-                        uint8_t status_bits[200 / 8], uint32_t *grpc_bits)
-{
-	const char *near;
-	int64_t status;
-	char q[80];
-	int code = grpc_status_by_name(item->str, strlen(item->str));
-
-	if (code > GRPC_OK)
-		*grpc_bits |= 1u << code;
-	else if (code == GRPC_OK)
-		value_error(ld, item, "gRPC status \"ok\" is a success and %s (%s)", verb, expect);
-	else if (scan_int(item->str, &status) == 0 && status >= 400 && status <= 599)
-		status_bits[(status - 400) / 8] |= (uint8_t)(1u << ((status - 400) % 8));
-	else if (scan_int(item->str, &status) == 0)
-		value_error(ld, item, "status %s %s (%s)", cfg_quote(item->str, q, sizeof q), verb,
-		            expect);
-	else if ((near = closest_word(item->str, words)))
-		value_error(ld, item, "unknown %s %s (did you mean \"%s\"?)", noun,
-		            cfg_quote(item->str, q, sizeof q), near);
-	else
-		value_error(ld, item, "unknown %s %s (%s)", noun, cfg_quote(item->str, q, sizeof q),
-		            expect);
-}
-
-/* WORDS[N...]: the gRPC code names but "ok", NULL-terminated, for "did you mean" */
-static void grpc_words(const char **words, int n)
-{
-	for (int c = GRPC_OK + 1; c < GRPC_NCODES; c++)
-		words[n++] = grpc_status_name(c);
-	words[n] = NULL;
-}
-
-static void retry_on_parse(struct load *ld, const struct key *k, const struct node *v, void *base)
-{
-	static const char expect[] = "expected connect-failure, reset, timeout, a status code "
-	                             "400-599 or a gRPC code name such as unavailable";
-	struct cfg_retry *r = base;
-	/* the words, then the gRPC names but "ok", for "did you mean" */
-	const char *words[8 + GRPC_NCODES];
-	int nw = 0;
-
-	for (int w = 0; cfg_retry_on_words[w]; w++)
-		words[nw++] = cfg_retry_on_words[w];
-	grpc_words(words, nw);
-
-	if (v->kind != N_SEQ && !node_is_null(v)) {
-		type_error(ld, v, "a sequence of conditions");
-		return;
-	}
-	/* replaces the default; duplicates merge into the same bit */
-	r->on_flags = 0;
-	memset(r->on_status, 0, sizeof r->on_status);
-	r->on_grpc = 0;
-	for (int i = 0; v->kind == N_SEQ && i < v->nkids; i++) {
-		const struct node *item = v->kids[i];
-		int w;
-
-		if (item->kind != N_SCALAR || node_is_null(item)) {
-			type_error(ld, item, "a condition");
-			continue;
-		}
-		for (w = 0; cfg_retry_on_words[w]; w++)
-			if (!strcmp(item->str, cfg_retry_on_words[w])) {
-				r->on_flags |= 1u << w;
-				break;
-			}
-		if (!cfg_retry_on_words[w])
-			answer_item(ld, item, words, "condition", "cannot be retried", expect,
-			            r->on_status, &r->on_grpc);
-	}
-}
-
-/* idempotency.release_on: the answers by which the service says it did not take the request
- * (SPEC §6); a connect-failure always releases and is no answer to list */
-static void release_on_parse(struct load *ld, const struct key *k, const struct node *v,
-                             void *base)
-{
-	static const char expect[] = "expected a status code 400-599 or a gRPC code name such as "
-	                             "resource-exhausted";
-	struct cfg_idempotency *id = base;
-	const char *words[GRPC_NCODES + 1];
-
-	grpc_words(words, 0);
-	if (v->kind != N_SEQ && !node_is_null(v)) {
-		type_error(ld, v, "a sequence of statuses and gRPC code names");
-		return;
-	}
-	memset(id->release_status, 0, sizeof id->release_status);
-	id->release_grpc = 0;
-	for (int i = 0; v->kind == N_SEQ && i < v->nkids; i++) {
-		const struct node *item = v->kids[i];
-
-		if (item->kind != N_SCALAR || node_is_null(item)) {
-			type_error(ld, item, "a status or a gRPC code name");
-			continue;
-		}
-		answer_item(ld, item, words, "answer", "cannot mean \"not executed\"", expect,
-		            id->release_status, &id->release_grpc);
-	}
-}
-
-/* retry.idempotent_paths: a path prefix like a route's; a query could never match, since the
- * prefix is compared with the path without its query */
-static const char *check_idempotent_path(char *s, char *buf, size_t cap)
-{
-	const char *bad = check_path_prefix(s, buf, cap);
-	char q[80];
-
-	if (bad || !strchr(s, '?'))
-		return bad;
-	snprintf(buf, cap, "bad path prefix %s (expected a path without a query: the query is not "
-	         "compared)", cfg_quote(s, q, sizeof q));
-	return buf;
-}
 
 /* ------------------------------------------------------------------ block checks */
 
@@ -279,30 +138,6 @@ static void idempotency_release(void *base)
 	free(id->store_password);
 }
 
-/* abort's Retry-After: "" (none) or delta-seconds */
-static const char *check_delta_seconds(char *s, char *buf, size_t cap)
-{
-	char q[80];
-	size_t n = strlen(s);
-
-	if (n <= 9 && strspn(s, "0123456789") == n)
-		return NULL;
-	snprintf(buf, cap, "bad Retry-After %s (expected whole seconds such as \"2\", or \"\")",
-	         cfg_quote(s, q, sizeof q));
-	return buf;
-}
-
-/* "" (no Redis) or a redis URL, whose password is never echoed */
-static const char *check_reconcile_redis(char *s, char *buf, size_t cap)
-{
-	struct store_url u;
-
-	if (!*s || (store_split(s, &u) && u.redis))
-		return NULL;
-	snprintf(buf, cap, "bad redis URL (expected \"\" or redis://[user:password@]host:port[/db])");
-	return buf;
-}
-
 static void reconcile_check(struct load *ld, void *base, const struct node *map)
 {
 	struct cfg_reconcile *r = base;
@@ -338,36 +173,6 @@ static void budget_check(struct load *ld, void *base, const struct node *map)
 		redis_url_decode(r->budget_shared, &r->budget_shared_host, &r->budget_shared_port,
 		                 &r->budget_shared_db, &r->budget_shared_user,
 		                 &r->budget_shared_password);
-}
-
-/* faults.rules[].grpc_status: a SPEC §10 code name; "" (the default): none */
-static void fault_grpc_status_parse(struct load *ld, const struct key *k, const struct node *v,
-                                    void *base)
-{
-	const char *words[GRPC_NCODES + 1];
-	const char *near;
-	char q[80];
-	int *code = FIELD(base, k->off, int);
-
-	*code = -1;
-	if (v->kind != N_SCALAR || node_is_null(v)) {
-		type_error(ld, v, "a gRPC code name such as unavailable");
-		return;
-	}
-	if (!v->str[0] && !v->plain)
-		return;
-	*code = grpc_status_by_name(v->str, strlen(v->str));
-	if (*code >= 0)
-		return;
-	for (int c = 0; c < GRPC_NCODES; c++)
-		words[c] = grpc_status_name(c);
-	words[GRPC_NCODES] = NULL;
-	if ((near = closest_word(v->str, words)))
-		value_error(ld, v, "unknown gRPC code %s (did you mean \"%s\"?)",
-		            cfg_quote(v->str, q, sizeof q), near);
-	else
-		value_error(ld, v, "unknown gRPC code %s (expected a name such as unavailable, "
-		            "resource-exhausted or internal)", cfg_quote(v->str, q, sizeof q));
 }
 
 /* A rule's kind-specific keys belong to their kind: status, retry_after, grpc_status and

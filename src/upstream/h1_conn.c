@@ -21,7 +21,6 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/event_struct.h>
 #include <event2/util.h>
 
 #include "upstream/h1_conn.h"
@@ -30,8 +29,8 @@
 #include "http/h1_write.h"
 #include "net/stream.h"
 #include "net/tls.h"
-#include "base/clock.h"
 #include "base/loop.h"
+#include "base/timer.h"
 #include "base/util.h"
 
 #define H1REQ_MAGIC 0x4831e9a5u
@@ -66,10 +65,7 @@ struct h1_req {
 	const char *sni;
 	bool verify;
 	int64_t connect_timeout_us;
-	/* Embedded: no allocation per connect. Assigned when first armed, deleted only while
-	 * armed (an event_del() takes the base's lock even for an idle event). */
-	struct event timer;
-	bool timer_set, timer_on;
+	struct otimer timer;            /* the connect timer */
 };
 
 /* The one writer of the state (DESIGN rule 2). */
@@ -177,21 +173,12 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg);
 
 static void timer_arm(struct h1_req *r, int64_t us)
 {
-	if (!r->timer_set) {
-		evtimer_assign(&r->timer, r->loop->base, timer_cb, r);
-		r->timer_set = true;
-	}
-	struct timeval tv = clock_tv(us);
-	evtimer_add(&r->timer, &tv);
-	r->timer_on = true;
+	otimer_arm(&r->timer, r->loop->base, timer_cb, r, us);
 }
 
 static void timer_stop(struct h1_req *r)
 {
-	if (!r->timer_on)
-		return;
-	evtimer_del(&r->timer);
-	r->timer_on = false;
+	otimer_stop(&r->timer);
 }
 
 static void req_free_cb(void *p)
@@ -248,7 +235,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct h1_req *r = arg;
 	MAGIC_CHECK(r, H1REQ_MAGIC);
-	r->timer_on = false;
+	otimer_fired(&r->timer);
 	if (r->state == R_CONNECTING)
 		req_end(r, false, OUT_CONNECT_FAILURE, false, "connect timeout");
 }

@@ -93,7 +93,10 @@ def test_per_try_timeouts_along_the_chain(upstream_factory, rg_factory):
 def test_one_layer_retries_not_every_layer(upstream_factory, rg_factory):
     app = upstream_factory(name="app")
     app.set_default(respond(503, body=b"app down"))
-    egress, ingress = chain(rg_factory, app, {"max_attempts": 3}, {"max_attempts": 3})
+    # the egress waits for the ingress's three tries however slow a busy machine makes them:
+    # a per-try timeout of its own would be a retry of a timeout, not of the 503
+    egress, ingress = chain(rg_factory, app, {"max_attempts": 3},
+                            {"max_attempts": 3, "per_try_timeout": "20s"})
     r = egress.request("GET", "/x")
     assert r.status == 503 and r.body == b"app down", r
     # the egress's own headers: one attempt, refused because the ingress already retried

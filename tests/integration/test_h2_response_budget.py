@@ -37,6 +37,21 @@ def mib(n):
     return "%.1f MiB" % (n / float(1 << 20))
 
 
+def rss_once_steady(pid, quiet=1.0, slack=256 << 10, timeout=20):
+    """RSS once it grew by less than SLACK in QUIET seconds: whatever the upstreams send goes
+    into buffers until something stops it, so the figure is taken when nothing more comes,
+    not after a fixed time (a busy machine fills the buffers more slowly)."""
+    t_end = time.monotonic() + timeout
+    last = rss_bytes(pid)
+    while time.monotonic() < t_end:
+        time.sleep(quiet)
+        now = rss_bytes(pid)
+        if now - last < slack:
+            return max(now, last)
+        last = now
+    return rss_bytes(pid)
+
+
 def test_zero_window_connections_hold_a_bounded_response_budget(rg_factory, upstream):
     upstream.set_default(lambda req: respond(200, body=body_for(req.path)))
     rg = rg_factory(upstreams={"api": {
@@ -57,8 +72,7 @@ def test_zero_window_connections_hold_a_bounded_response_budget(rg_factory, upst
                 for i, c in enumerate(cs)]
         rg.wait_metric("retrygate_upstream_in_flight", CONNS * STREAMS, op="==",
                        upstream="api", timeout=30)
-        time.sleep(1.5)         # what the upstreams send in that time is buffered
-        held = rss_bytes(rg.pid)
+        held = rss_once_steady(rg.pid)
         print("\nzero-window HTTP/2 clients: RSS %s -> %s (+%s) for %d connections x %d "
               "streams of %d KiB" % (mib(base), mib(held), mib(held - base), CONNS, STREAMS,
                                       SIZE // 1024))
