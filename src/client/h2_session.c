@@ -421,12 +421,27 @@ static void guard_verdict(struct h2_session *s, enum h2g_verdict g)
 	}
 }
 
+/* Replies (ACKs, RST_STREAMs, HEADERS) wait inside nghttp2 behind an output at its high-water
+ * mark. DATA alone does not count: it waits in its stream, bounded by the response budget. */
+static bool replies_wait(struct h2_session *s)
+{
+	return evbuffer_get_length(stream_output(s->strm)) >= OUT_HIGH &&
+	       nghttp2_session_get_outbound_queue_size(s->ng) > 0;
+}
+
 static void read_cb(struct stream *strm, void *arg)
 {
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct evbuffer *in = stream_input(strm);
 	while (s->state < H2CL_CLOSING && evbuffer_get_length(in) > 0) {
+		if (replies_wait(s)) {
+			/* the client sends faster than it reads our replies: read no more of it
+			 * until the output drains (write_cb); the kernel's buffers hold the rest */
+			s->read_paused = true;
+			stream_disable(strm, EV_READ);
+			break;
+		}
 		struct evbuffer_iovec v;
 		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
 			break;
@@ -477,6 +492,11 @@ static void write_cb(struct stream *strm, void *arg)
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	flush(s);
+	if (s->read_paused && s->state < H2CL_CLOSING && !replies_wait(s)) {
+		s->read_paused = false;
+		stream_enable(strm, EV_READ);
+		stream_trigger_read(strm);      /* what waited in the input */
+	}
 }
 
 static void event_cb(struct stream *strm, short what, void *arg)

@@ -129,6 +129,7 @@ struct h2_session {
 	struct h2_guard guard;
 	struct event *send_ev, *idle_ev, *hdr_ev, *stall_ev;
 	bool send_pending;
+	bool read_paused;               /* replies wait behind a full output: input not read */
 	size_t resp_pending;            /* response bytes buffered over all streams */
 	int64_t last_progress_us;       /* the last DATA byte written */
 	/* SETTINGS_MAX_CONCURRENT_STREAMS (SPEC §9): nghttp2 is told a limit it never reaches,

@@ -4,12 +4,14 @@ defences (refused streams, rapid reset, header blocks, floods, zero-window reade
 connections) end or limit the connection, each logged once per connection and kind and counted
 in retrygate_downstream_h2_protocol_errors_total{error}."""
 
+import socket
+import threading
 import time
 
 import pytest
 from hpack import NeverIndexedHeaderTuple
-from hyperframe.frame import (ContinuationFrame, DataFrame, HeadersFrame, PriorityFrame,
-                              SettingsFrame, WindowUpdateFrame)
+from hyperframe.frame import (ContinuationFrame, DataFrame, HeadersFrame, PingFrame,
+                              PriorityFrame, SettingsFrame, WindowUpdateFrame)
 
 from harness import make_config
 from h2raw import ENHANCE_YOUR_CALM, NO_ERROR, PROTOCOL_ERROR, REFUSED_STREAM, H2Raw
@@ -320,3 +322,38 @@ def test_garbage_after_preface_closes(upstream, rg2):
     c = H2Raw(rg2.port)
     c.send(b"\x00\x00\x04\x08\x00\x00\x00\x00\x00" + b"\x00\x00\x00\x00")  # zero increment
     assert c.wait_closed(5)
+
+
+def test_replies_the_client_does_not_read_pause_its_input(upstream, rg2):
+    """Bounded output (SPEC §9): a client that sends control frames without reading the replies
+    is not read any further while 128 KiB of replies wait; once it reads, every reply comes
+    and the connection goes on. Before, the replies piled up inside nghttp2 and the
+    connection was cut as a flood, though 9,000 PINGs and 9,000 SETTINGS are under the flood
+    limits."""
+    c = H2Raw(rg2.port)
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    assert c.settle()
+    n = 9000                         # of each: under the flood limits (SPEC §9)
+    pings = (PingFrame(0, opaque_data=b"p" * 8).serialize() + SettingsFrame(0).serialize()) * n
+    sent = threading.Event()
+
+    def sender():
+        try:
+            c.sock.sendall(pings)
+        except OSError:
+            pass
+        sent.set()
+    threading.Thread(target=sender, daemon=True).start()
+    sent.wait(3)                     # retrygate stops reading; the kernel holds the rest
+    seen = [0, 0]                    # frames looked at, PING ACKs among them
+
+    def acks():
+        for f in c.frames[seen[0]:]:
+            seen[1] += isinstance(f, PingFrame) and "ACK" in f.flags
+        seen[0] = len(c.frames)
+        return seen[1]
+    assert c.pump(lambda: acks() >= n, timeout=30), (acks(), c.closed, c.goaway_frame)
+    assert sent.wait(10)
+    assert not c.closed and c.goaway_frame is None
+    assert c.response(c.get("/after")).status == 200
+    assert rg2.metric(METRIC, error="flood") == 0
