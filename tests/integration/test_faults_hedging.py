@@ -45,11 +45,12 @@ def first_log_line(log):
         log.read_text() if log.exists() else ""), 5, what="an access log line")
 
 
-def hedged_after_switch_on(rg, ups, path):
-    """GET PATH with the faults off; once its first attempt reached an upstream, switch them on,
-    so that only the hedge (due 1 s after it) draws one. -> (response, seconds it took)."""
-    assert rg.admin("POST", "/faults?upstream=api&enabled=false", body=b"").status == 200
-    before = sum(u.request_count for u in ups)
+def hedged_after_switch(rg, path, ready, on_first=False):
+    """GET PATH with the faults on when ON_FIRST, else off; once READY() (its first attempt has
+    drawn, or reached an upstream), switch them the other way, so that the first attempt and
+    its hedge (due later) draw differently. -> (response, seconds it took)."""
+    q = "/faults?upstream=api&enabled=%s"
+    assert rg.admin("POST", q % ("true" if on_first else "false"), body=b"").status == 200
     got = {}
 
     def run():
@@ -58,11 +59,17 @@ def hedged_after_switch_on(rg, ups, path):
         got["took"] = time.monotonic() - t0
     th = threading.Thread(target=run)
     th.start()
-    wait_for(lambda: sum(u.request_count for u in ups) > before, 5, what="the first attempt")
-    assert rg.admin("POST", "/faults?upstream=api&enabled=true", body=b"").status == 200
+    wait_for(ready, 5, what="the first attempt")
+    assert rg.admin("POST", q % ("false" if on_first else "true"), body=b"").status == 200
     th.join(15)
     assert "r" in got
     return got["r"], got["took"]
+
+
+def hedged_after_switch_on(rg, ups, path):
+    """GET PATH, only its hedge (due 1 s after the first attempt) drawing a fault."""
+    before = sum(u.request_count for u in ups)
+    return hedged_after_switch(rg, path, lambda: sum(u.request_count for u in ups) > before)
 
 
 def test_a_hedge_draws_its_own_delay(upstream_factory, rg_factory, tmp_path):
@@ -152,6 +159,57 @@ def test_a_hedge_drawing_abort_answers_for_it(upstream_factory, rg_factory):
     assert metric(rg, "retrygate_upstream_hedges_total") == 2
     assert metric(rg, "retrygate_upstream_hedges_won_total") == 1
     assert rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api") == 0
+
+
+def test_an_attempt_in_its_delay_is_hedged_and_its_wait_goes_on(upstream_factory, rg_factory):
+    """The first attempt draws a 2 s delay, its hedge (after 300 ms) nothing. The hedge's 503
+    ends it alone: the first attempt's wait goes on, it is sent when its delay is over and its
+    answer relayed. Then the hedge's 200 wins while the first attempt still waits: that one
+    never reaches the upstream."""
+    a, b = upstream_factory(), upstream_factory()
+    answers = {"/x": respond(503, body=b"no"), "/y": respond(200, body=b"hedge")}
+    act = dynamic(lambda req: answers[req.path] if req.header("X-Retrygate-Hedge")
+                  else respond(200, body=b"first"))
+    a.set_default(act)
+    b.set_default(act)
+    rg = rg_factory(upstreams={"api": api([a, b], "300ms", [
+        {"kind": "delay", "percent": 100, "delay": "2s"}], enabled=False)})
+
+    def drawn(n):
+        return lambda: metric(rg, "retrygate_upstream_faults_injected_total", kind="delay") >= n
+    r, took = hedged_after_switch(rg, "/x", drawn(1), on_first=True)
+    assert (r.status, r.body, r.headers["X-Retrygate-Attempts"]) == (200, b"first", "2")
+    assert took >= 2.0, took
+    reqs = a.requests + b.requests
+    assert [q.header("X-Retrygate-Hedge") for q in sorted(reqs, key=lambda q: q.time)] == \
+        ["1", None]
+    assert metric(rg, "retrygate_upstream_hedges_won_total") == 0
+
+    r, took = hedged_after_switch(rg, "/y", drawn(2), on_first=True)
+    assert (r.status, r.body, r.headers["X-Retrygate-Attempts"]) == (200, b"hedge", "2")
+    assert took < 1.5, took
+    time.sleep(2.2)             # past the first attempt's delay: it was cancelled, never sent
+    assert a.request_count + b.request_count == 3
+    assert metric(rg, "retrygate_upstream_faults_injected_total", kind="delay") == 2
+    assert metric(rg, "retrygate_upstream_hedges_won_total") == 1
+    assert rg.wait_metric("retrygate_upstream_in_flight", 0, op="==", upstream="api") == 0
+    assert metric(rg, "retrygate_upstream_retries_in_flight") == 0
+
+
+def test_a_hedge_drawing_lost_response_is_a_reset(upstream_factory, rg_factory):
+    """The hedge reaches the upstream, its answer is thrown away: a reset, which for a GET
+    ends that try alone; the first attempt's answer is relayed."""
+    a, b = upstream_factory(), upstream_factory()
+    a.set_default(hedges_fast())
+    b.set_default(hedges_fast())
+    rg = rg_factory(upstreams={"api": api([a, b], "1s", [
+        {"kind": "lost-response", "percent": 100}], enabled=False)})
+    r, took = hedged_after_switch_on(rg, [a, b], "/x")
+    assert (r.status, r.body, r.headers["X-Retrygate-Attempts"]) == (200, b"slow", "2")
+    assert a.request_count + b.request_count == 2
+    assert metric(rg, "retrygate_upstream_faults_injected_total", kind="lost-response") == 1
+    assert metric(rg, "retrygate_upstream_outcomes_total", outcome="reset") == 1
+    assert metric(rg, "retrygate_upstream_hedges_won_total") == 0
 
 
 def test_h2_upstream_hedge_draws_its_own_delay(h2up, rg_factory):
