@@ -149,7 +149,9 @@ void ex_hedge_swap(struct exchange *ex, struct hedge_try *t)
 	} else if (ex->state != X_ATTEMPT) {
 		ex_set_state(ex, X_ATTEMPT);
 	}
-	if (mine.fault_due_us)
+	/* a wait among the others, new or one whose end passed while no try could take ex->att's
+	 * place (X_HELD) */
+	if (mine.fault_due_us || (ex->timers & EX_T_HFAULT))
 		ex_hedge_fault_rearm(ex);
 }
 

@@ -152,8 +152,9 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 			ex_set_state(ex, X_FAULT_WAIT);
 			ex_timer_assign(ex, &ex->fault_ev, EX_T_FAULT, fault_cb);
 			ex_fault_arm(ex, now);
-			/* a delayed attempt is hedged as a slow one is (SPEC §14: `after` its start) */
-			if (cfg_hedge_on(ex->retry))
+			/* a delayed attempt is hedged as a slow one is (SPEC §14: `after` its start);
+			 * the others end at once */
+			if (ex->fault->kind == FAULT_DELAY && cfg_hedge_on(ex->retry))
 				hedge_arm(ex, now);
 			return;
 		}
