@@ -39,7 +39,8 @@
 #include "state/upstream.h"
 #include "upstream/attempt.h"
 
-static void send_attempt(struct exchange *ex, struct ep_state *ep);
+static void send_attempt(struct exchange *ex, struct ep_state *ep, int num, bool hedge,
+                         bool other_conn);
 static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0, int num,
                                   bool hedge, bool other_conn);
 static void hedge_att_facts(struct exchange *ex);
@@ -160,19 +161,16 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 		}
 	}
 	ex_set_state(ex, X_ATTEMPT);
-	send_attempt(ex, ep);
+	send_attempt(ex, ep, ex->attempts, false, false);
 	if (cfg_hedge_on(ex->retry))
 		hedge_arm(ex, now);
 }
 
-/* ex->att goes out now, as what it was started as (a hedge whose delay is over, among
- * others). */
-static void send_attempt(struct exchange *ex, struct ep_state *ep)
+/* ex->att goes out now (NUM, HEDGE, OTHER_CONN: as attempt_go() says). */
+static void send_attempt(struct exchange *ex, struct ep_state *ep, int num, bool hedge,
+                         bool other_conn)
 {
-	const struct hedging *hg = ex->hedging;
-	ex->att = hg ? attempt_go(ex, ep, ex->att_t0_us, hg->att_num, hg->att_hedge,
-	                          hg->att_other_conn)
-	             : attempt_go(ex, ep, ex->att_t0_us, ex->attempts, false, false);
+	ex->att = attempt_go(ex, ep, ex->att_t0_us, num, hedge, other_conn);
 	reqbody_stream_to(&ex->rb, ex->att);
 }
 
@@ -625,8 +623,13 @@ static void fault_cb(evutil_socket_t fd, short what, void *arg)
 	const struct http_head *h = NULL;
 	enum outcome out = ex_fault_outcome(ex, &h);
 	if (out == OUT_NONE) {
+		/* as what it started as: a hedge whose delay is over, or not */
+		const struct hedging *hg = ex->hedging;
 		ex_set_state(ex, X_ATTEMPT);
-		send_attempt(ex, ex->att_ep);
+		if (hg)
+			send_attempt(ex, ex->att_ep, hg->att_num, hg->att_hedge, hg->att_other_conn);
+		else
+			send_attempt(ex, ex->att_ep, ex->attempts, false, false);
 	} else if (h) {
 		ex_judge_status(ex, NULL, h);
 	} else {
