@@ -45,6 +45,19 @@ const struct cfg_fault_rule *faults_pick(const struct cfg_faults *f, const char 
 	return NULL;
 }
 
+int64_t faults_wait_us(const struct cfg_fault_rule *r, int64_t per_try_us, int64_t remaining_us,
+                       bool *cut)
+{
+	*cut = false;
+	if (r->kind != FAULT_DELAY)
+		return 0;
+	if (per_try_us < remaining_us && r->delay_us >= per_try_us) {
+		*cut = true;
+		return per_try_us;
+	}
+	return r->delay_us;
+}
+
 enum faults_stop faults_stop_reason(const struct cfg_faults *f, const struct faults_window *w)
 {
 	if (f->stop_after_us > 0 && w->on_for_us >= f->stop_after_us)

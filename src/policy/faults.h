@@ -24,6 +24,13 @@ const char *faults_kind_name(int kind);
 const struct cfg_fault_rule *faults_pick(const struct cfg_faults *f, const char *method,
                                          const char *path, size_t plen, uint64_t rand);
 
+/* How long an attempt hit by R waits before its fault shows (SPEC §11), PER_TRY_US its per-try
+ * timeout and REMAINING_US the deadline's time left when it started: a delay its length, but
+ * the per-try timeout when that comes first (and before the deadline): then *CUT, the wait
+ * ends as a timeout; abort and connect-failure none (lost-response waits for no timer). */
+int64_t faults_wait_us(const struct cfg_fault_rule *r, int64_t per_try_us, int64_t remaining_us,
+                       bool *cut);
+
 /* The figures a stop condition is judged on: the part of the last 60 s since the faults were
  * switched on. */
 struct faults_window {
@@ -31,7 +38,7 @@ struct faults_window {
 	uint64_t responses;             /* client-visible responses */
 	uint64_t failures;              /* of those, 5xx */
 	uint64_t first_attempts;
-	uint64_t attempts;              /* first attempts and retries */
+	uint64_t attempts;              /* first attempts, retries and hedges */
 };
 
 /* At least this many client responses (for the success rate) or first attempts (for the

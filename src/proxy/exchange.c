@@ -24,9 +24,11 @@
  *   and from anywhere: X_DONE, only by ex_end() (ex_finish(): the responder's end() reported
  *   once; ex_start_tunnel(); exchange_abort(); exchange_expire()). The deadline ends every state but X_RELAY.
  *
- * SPEC §14 hedges run beside ex->att in X_ATTEMPT (exchange_hedge.c): the first head of any
- * of them makes its attempt ex->att, so the diagram reads the same; entering X_RELAY or X_DONE
- * cancels the others, and a retryable end hands ex->att to one still running.
+ * SPEC §14 hedges run beside ex->att in X_ATTEMPT, or in X_FAULT_WAIT while it waits out a
+ * delay (exchange_hedge.c): the first head of any of them makes its attempt ex->att, so the
+ * diagram reads the same; entering X_RELAY or X_DONE cancels the others, and a retryable end
+ * hands ex->att to one still running (or still in its fault's wait: X_FAULT_WAIT again). A
+ * hedge draws its own fault: when its wait ends it takes ex->att's place in X_FAULT_WAIT.
  *
  * X_FAULT_WAIT and X_HELD are waits inside one attempt (a drawn fault's delay; a gRPC head
  * whose outcome the next frame decides). Leaving either, to whatever state, undoes it in

@@ -21,6 +21,7 @@
 #include "http/h1_parser.h"
 #include "obs/stats.h"
 #include "policy/budget.h"
+#include "policy/faults.h"
 #include "policy/outlier.h"
 #include "policy/retry.h"
 #include "proxy/exchange_impl.h"
@@ -51,16 +52,23 @@ void ex_set_state(struct exchange *ex, enum xstate st)
 	}
 	/* SPEC §14: a response relayed (ex->att its winner) or the end: the others are cancelled */
 	if (ex->hedging && (st == X_RELAY || st == X_DONE)) {
-		if (st == X_RELAY && ex->att && ex->hedging->att_hedge) {
-			STAT_INC(ex->us->hedges_won);
-			access_set_won(&ex->log, ex->hedging->att_log);
-		}
+		if (st == X_RELAY && ex->att)
+			ex_hedge_won(ex);
 		ex_hedge_cancel_all(ex);
 	}
 	set_state(ex, st);
 }
 
 /* ------------------------------------------------------------------ timers */
+
+int64_t ex_fault_due(const struct exchange *ex, const struct cfg_fault_rule *r, int64_t t0,
+                     enum outcome *cut)
+{
+	bool c;
+	int64_t wait = faults_wait_us(r, ex->retry->per_try_timeout_us, ex->deadline_us - t0, &c);
+	*cut = c ? OUT_TIMEOUT : OUT_NONE;
+	return t0 + wait;
+}
 
 /* Assign EV (the exchange's timer BIT) the first time it is needed (see exchange_impl.h). */
 void ex_timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb)
@@ -82,6 +90,8 @@ void ex_timers_stop(struct exchange *ex)
 		evtimer_del(&ex->fault_ev);
 	if (ex->timers & EX_T_HEDGE)
 		evtimer_del(&ex->hedging->ev);
+	if (ex->timers & EX_T_HFAULT)
+		evtimer_del(&ex->hedging->fault_ev);
 }
 
 /* ------------------------------------------------------------------ slots */
@@ -105,22 +115,70 @@ void ex_hedge_swap(struct exchange *ex, struct hedge_try *t)
 	struct hedging *hg = ex->hedging;
 	struct hedge_try mine = {
 		.a = ex->att, .ep = ex->att_ep, .t0_us = ex->att_t0_us, .log_idx = hg->att_log,
-		.hedge = hg->att_hedge, .slot_in_flight = ex->slot_in_flight,
-		.slot_retry = ex->slot_retry,
+		.num = hg->att_num, .hedge = hg->att_hedge, .other_conn = hg->att_other_conn,
+		.slot_in_flight = ex->slot_in_flight, .slot_retry = ex->slot_retry,
+		.fault = ex->fault, .fault_cut = ex->fault_cut,
 	};
+	/* ex->att's fault wait, not over yet, goes on as the try's */
+	if (ex->state == X_FAULT_WAIT && ex->fault)
+		mine.fault_due_us = ex_fault_due(ex, ex->fault, ex->att_t0_us, &mine.fault_cut);
+	int64_t due = t->fault_due_us;
 	ex->att = t->a;
 	ex->att_ep = t->ep;
 	ex->att_t0_us = t->t0_us;
 	ex->slot_in_flight = t->slot_in_flight;
 	ex->slot_retry = t->slot_retry;
+	ex->fault = t->fault;
+	ex->fault_cut = t->fault_cut;
 	hg->att_log = t->log_idx;
+	hg->att_num = t->num;
 	hg->att_hedge = t->hedge;
+	hg->att_other_conn = t->other_conn;
 	*t = mine;
-	/* the per-attempt facts belong to the one now in ex->att: no fault was drawn for a hedge */
-	ex->fault = NULL;
+	/* the per-attempt facts an answer sets belong to the one now in ex->att */
 	ex->att_grpc = -1;
 	ex->pushback_us = -1;
 	access_select(&ex->log, hg->att_log);
+	if (due) {
+		/* its fault's wait: fault_ev (assigned when it was drawn) ends it */
+		int64_t now = clock_now_us();
+		if (ex->state != X_FAULT_WAIT)
+			ex_set_state(ex, X_FAULT_WAIT);
+		struct timeval tv = clock_tv(due - now);
+		evtimer_add(&ex->fault_ev, &tv);
+	} else if (ex->state != X_ATTEMPT) {
+		ex_set_state(ex, X_ATTEMPT);
+	}
+	/* a wait among the others, new or one whose end passed while no try could take ex->att's
+	 * place (X_HELD) */
+	if (mine.fault_due_us || (ex->timers & EX_T_HFAULT))
+		ex_hedge_fault_rearm(ex);
+}
+
+void ex_hedge_won(struct exchange *ex)
+{
+	if (ex->hedging->att_hedge) {
+		STAT_INC(ex->us->hedges_won);
+		access_set_won(&ex->log, ex->hedging->att_log);
+	}
+}
+
+void ex_hedge_fault_rearm(struct exchange *ex)
+{
+	struct hedging *hg = ex->hedging;
+	int64_t due = 0;
+	for (int i = 0; i < hg->n; i++)
+		if (hg->o[i].fault_due_us && (!due || hg->o[i].fault_due_us < due))
+			due = hg->o[i].fault_due_us;
+	if (!due) {
+		if (ex->timers & EX_T_HFAULT)
+			evtimer_del(&hg->fault_ev);
+		return;
+	}
+	/* assigned with the hedging (exchange_retry.c), added only now: ex_timers_stop() */
+	ex->timers |= EX_T_HFAULT;
+	struct timeval tv = clock_tv(due - clock_now_us());
+	evtimer_add(&hg->fault_ev, &tv);
 }
 
 /* Cancel O[I] (HTTP/1.1: its connection closed; HTTP/2: RST_STREAM CANCEL) and free its
@@ -147,10 +205,9 @@ bool ex_hedge_takeover(struct exchange *ex)
 	ex->att = NULL;
 	ex_release_slots(ex);
 	upstream_ep_keep(&ex->att_ep, NULL);
+	ex->fault = NULL;           /* the ended attempt's: nothing of it goes on */
 	ex_hedge_swap(ex, &hg->o[hg->n - 1]);
 	hg->n--;            /* the swap left the ended attempt's nothing there */
-	if (ex->state != X_ATTEMPT)
-		ex_set_state(ex, X_ATTEMPT);
 	return true;
 }
 

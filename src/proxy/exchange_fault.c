@@ -42,18 +42,8 @@ const struct cfg_fault_rule *ex_fault_draw(struct exchange *ex, int64_t now)
  * timeout (SPEC §11); one the deadline cuts ends in the exchange's deadline callback. */
 void ex_fault_arm(struct exchange *ex, int64_t now)
 {
-	int64_t per_try = ex->retry->per_try_timeout_us;
-	int64_t remaining = ex->deadline_us - now;
-	int64_t after = 0;
-	ex->fault_cut = OUT_NONE;
-	if (ex->fault->kind == FAULT_DELAY) {
-		after = ex->fault->delay_us;
-		if (per_try < remaining && after >= per_try) {
-			after = per_try;
-			ex->fault_cut = OUT_TIMEOUT;
-		}
-	}
-	struct timeval tv = clock_tv(after);
+	int64_t due = ex_fault_due(ex, ex->fault, now, &ex->fault_cut);
+	struct timeval tv = clock_tv(due - now);
 	evtimer_add(&ex->fault_ev, &tv);
 }
 

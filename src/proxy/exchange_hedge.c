@@ -7,6 +7,8 @@
  * trades places with ex->att and is judged as any attempt is; a response that is relayed
  * cancels the others (exchange_core.c, on entering X_RELAY); a retryable end hands ex->att
  * to one still running (ex_hedge_takeover()), so that the last to end decides as §4 says.
+ * A hedge draws its SPEC §11 fault as any attempt does (ex_send_hedge()), and ex->att still in
+ * its fault's wait (X_FAULT_WAIT: a delay) is hedged as one sent.
  * Calls go down only: to exchange_retry.c and exchange_core.c.
  */
 #include <event2/event.h>
@@ -55,10 +57,12 @@ static void hedge_send(struct exchange *ex, struct ep_state *ep)
 	ex_send_hedge(ex, ep, (ex->tried >> ep->index) & 1, t);
 }
 
-/* May a hedge go now (ex->att still without a head, the deadline not too close)? */
+/* May a hedge go now (ex->att still without a head, or not sent yet for its fault's delay;
+ * the deadline not too close)? */
 static bool hedge_due(struct exchange *ex, int64_t now)
 {
-	return ex->state == X_ATTEMPT && ex->att && ex->hedging->n < HEDGE_MAX_EXTRA &&
+	return ((ex->state == X_ATTEMPT && ex->att) || ex->state == X_FAULT_WAIT) &&
+	       ex->hedging->n < HEDGE_MAX_EXTRA &&
 	       ex_may_hedge(ex) && ex->deadline_us - now >= ex->deadline->min_us &&
 	       ex->deadline_us - now >= 1000;
 }
@@ -89,7 +93,7 @@ void ex_hedge_timer_cb(evutil_socket_t fd, short what, void *arg)
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
 	struct hedging *hg = ex->hedging;
 	int64_t now = clock_now_us();
-	/* a head arrived (X_HELD, X_RELAY), a fault's wait, a token still asked: no hedge */
+	/* a head arrived (X_HELD, X_RELAY), a token still asked: no hedge */
 	if (hg->bs_op || !hedge_due(ex, now))
 		return;
 	struct ep_state *ep = hedge_endpoint(ex, now);
@@ -127,13 +131,20 @@ static int find(const struct exchange *ex, const struct attempt *a)
 	return -1;
 }
 
+/* Is ex->att's place open to the others' news: ex->att sent (X_ATTEMPT) or its fault's wait
+ * (X_FAULT_WAIT: it goes on as the other's, ex_hedge_swap())? */
+static bool may_swap(const struct exchange *ex)
+{
+	return ex->state == X_ATTEMPT || ex->state == X_FAULT_WAIT;
+}
+
 /* A head H of A, not ex->att: true when A is now ex->att and H is judged as its head. */
 bool ex_hedge_head(struct exchange *ex, struct attempt *a, const struct http_head *h)
 {
 	int i = find(ex, a);
 	if (i < 0 || (h->status >= 100 && h->status < 200 && h->status != 101))
 		return false;   /* 1xx of an attempt not (yet) chosen: nobody waits for it */
-	if (ex->state != X_ATTEMPT) {
+	if (!may_swap(ex)) {
 		/* ex->att's gRPC head is held (X_HELD): its call goes on, this one is cancelled */
 		ex_hedge_drop(ex, i);
 		return false;
@@ -149,7 +160,7 @@ bool ex_hedge_end(struct exchange *ex, struct attempt *a, enum outcome out)
 	int i = find(ex, a);
 	if (i < 0)
 		return false;
-	if (ex->state != X_ATTEMPT) {
+	if (!may_swap(ex)) {
 		STAT_INC(ex->us->outcomes[out]);
 		access_select(&ex->log, ex->hedging->o[i].log_idx);
 		access_set_outcome(&ex->log, outcome_name(out));

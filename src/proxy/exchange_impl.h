@@ -56,6 +56,7 @@ struct ustats;
 #define EX_T_BACKOFF  2u
 #define EX_T_FAULT    4u
 #define EX_T_HEDGE    8u
+#define EX_T_HFAULT   16u       /* the hedges' fault timer (struct hedging's fault_ev) */
 
 /* The diagram is at the top of exchange.c. X_FAULT_WAIT and X_HELD are waits inside an
  * attempt: leaving either (to whatever state, X_DONE included) undoes what entering it armed,
@@ -64,7 +65,8 @@ enum xstate {
 	X_NEW,
 	X_WAIT_BODY,        /* the whole body before the first attempt */
 	X_CLAIM,            /* the idempotency claim (SPEC §6) */
-	X_FAULT_WAIT,       /* a drawn fault's wait (SPEC §11), fault_ev armed; ex->att NULL */
+	X_FAULT_WAIT,       /* a drawn fault's wait (SPEC §11), fault_ev armed; ex->att NULL
+	                     * (hedges may run beside it) */
 	X_ATTEMPT,          /* ex->att sent, its head awaited */
 	X_HELD,             /* a gRPC head held (SPEC §10): ex->held; ex->att on */
 	X_BACKOFF,          /* a retry's wait, backoff_ev armed */
@@ -81,25 +83,36 @@ struct grpc_held {
 };
 
 /* SPEC §14: an attempt running beside ex->att, its head awaited; ex->att's own facts take
- * this shape when the two swap places (the one whose head came first becomes ex->att). */
+ * this shape when the two swap places (the one whose head came first becomes ex->att). A hedge
+ * draws its SPEC §11 fault as any attempt does: one that sends nothing (yet) waits with a NULL
+ * until fault_due_us, on the hedges' fault timer, and then takes ex->att's place, in
+ * X_FAULT_WAIT, to go out or end as ex->att's fault would. */
 struct hedge_try {
 	struct attempt *a;
 	struct ep_state *ep;            /* kept (upstream_ep_keep) */
 	int64_t t0_us;
+	const struct cfg_fault_rule *fault;     /* as ex->fault */
+	int64_t fault_due_us;           /* its fault's wait ends then (a NULL); 0: no wait */
+	enum outcome fault_cut;         /* as ex->fault_cut */
 	int log_idx;                    /* its try in the access log */
+	int num;                        /* its X-Retrygate-Attempt */
 	bool hedge;                     /* sent as a hedge */
+	bool other_conn;                /* to go over another connection (ex_send_hedge()) */
 	bool slot_in_flight, slot_retry;
 };
 
 /* Allocated the first time a request's hedge timer is armed (never with hedging off). */
 struct hedging {
 	struct event ev;                /* the hedge timer (EX_T_HEDGE) */
+	struct event fault_ev;          /* the earliest fault wait among o[] ends (EX_T_HFAULT) */
 	int sent;                       /* hedges sent */
 	int n;                          /* o[] in use */
 	int att_log;                    /* ex->att's try in the access log */
+	int att_num;                    /* ex->att's X-Retrygate-Attempt */
 	struct budget_shared_op *bs_op; /* budget.shared: the next hedge's token asked of Redis,
 	                                 * its retries-in-flight slot held meanwhile */
 	bool att_hedge;                 /* ex->att was sent as a hedge */
+	bool att_other_conn;            /* ... and goes over another connection */
 	struct hedge_try o[HEDGE_MAX_EXTRA];
 };
 
@@ -245,13 +258,22 @@ void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n);
 
 /* exchange_core.c */
 void ex_set_state(struct exchange *ex, enum xstate st);
+/* SPEC §11: when the wait of the fault R drawn by an attempt started at T0 ends; *CUT:
+ * OUT_TIMEOUT when the per-try timeout ends it, else OUT_NONE. */
+int64_t ex_fault_due(const struct exchange *ex, const struct cfg_fault_rule *r, int64_t t0,
+                     enum outcome *cut);
 void ex_held_free(struct grpc_held *held);
 void ex_timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_callback_fn cb);
 void ex_timers_stop(struct exchange *ex);
 void ex_release_slots(struct exchange *ex);
-/* SPEC §14: ex->att and the try T trade places; ex->att ended and hedges run on: the last
- * of them takes its place (true), or none runs (false); the end of every hedge. */
+/* SPEC §14: ex->att and the try T trade places, fault waits included (the state is
+ * X_FAULT_WAIT after it when ex->att's fault wait goes on, else X_ATTEMPT); ex->att ended and
+ * hedges run on: the last of them takes its place (true), or none runs (false); the hedges'
+ * fault timer set for the earliest wait among them; the end of every hedge. */
 void ex_hedge_swap(struct exchange *ex, struct hedge_try *t);
+void ex_hedge_fault_rearm(struct exchange *ex);
+/* ex->att's response is relayed: counted and logged as the winner when it was a hedge */
+void ex_hedge_won(struct exchange *ex);
 bool ex_hedge_takeover(struct exchange *ex);
 void ex_hedge_drop(struct exchange *ex, int i);
 void ex_hedge_cancel_all(struct exchange *ex);

@@ -39,11 +39,14 @@
 #include "state/upstream.h"
 #include "upstream/attempt.h"
 
-static void send_attempt(struct exchange *ex, struct ep_state *ep);
-static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0,
+static void send_attempt(struct exchange *ex, struct ep_state *ep, int num, bool hedge,
+                         bool other_conn);
+static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0, int num,
                                   bool hedge, bool other_conn);
+static void hedge_att_facts(struct exchange *ex);
 static void hedge_arm(struct exchange *ex, int64_t now);
 static void fault_cb(evutil_socket_t fd, short what, void *arg);
+static void hedge_fault_cb(evutil_socket_t fd, short what, void *arg);
 
 /* ------------------------------------------------------------------ attempts */
 
@@ -138,6 +141,8 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 	ex->att_grpc = -1;
 	ex->pushback_us = -1;
 	access_add_attempt(&ex->log, ep->name);
+	if (ex->hedging)
+		hedge_att_facts(ex);
 	ex->fault = ex_fault_draw(ex, now);
 	if (ex->fault) {
 		STAT_INC(ex->us->faults_injected[ex->fault->kind]);
@@ -148,28 +153,33 @@ static void start_attempt(struct exchange *ex, struct ep_state *ep, bool retry)
 			ex_set_state(ex, X_FAULT_WAIT);
 			ex_timer_assign(ex, &ex->fault_ev, EX_T_FAULT, fault_cb);
 			ex_fault_arm(ex, now);
+			/* a delayed attempt is hedged as a slow one is (SPEC §14: `after` its start);
+			 * the others end at once */
+			if (ex->fault->kind == FAULT_DELAY && cfg_hedge_on(ex->retry))
+				hedge_arm(ex, now);
 			return;
 		}
 	}
 	ex_set_state(ex, X_ATTEMPT);
-	send_attempt(ex, ep);
+	send_attempt(ex, ep, ex->attempts, false, false);
 	if (cfg_hedge_on(ex->retry))
 		hedge_arm(ex, now);
 }
 
-/* The attempt goes out now: its per-try time is what is left of it (a delay fault spent the
- * rest), and X-Timeout-Ms says so. A gRPC attempt is told the call's remaining time instead
- * (SPEC §10): its server enforces grpc-timeout over the whole call, streams included, while
- * the per-try time bounds only the wait for its head. */
-static void send_attempt(struct exchange *ex, struct ep_state *ep)
+/* ex->att goes out now (NUM, HEDGE, OTHER_CONN: as attempt_go() says). */
+static void send_attempt(struct exchange *ex, struct ep_state *ep, int num, bool hedge,
+                         bool other_conn)
 {
-	ex->att = attempt_go(ex, ep, ex->att_t0_us, false, false);
+	ex->att = attempt_go(ex, ep, ex->att_t0_us, num, hedge, other_conn);
 	reqbody_stream_to(&ex->rb, ex->att);
 }
 
-/* An attempt to EP started at T0 goes out (HEDGE: as a hedge; OTHER_CONN: not over a
- * connection this request already uses, SPEC §14). */
-static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0,
+/* An attempt to EP, the request's NUMth, started at T0, goes out (HEDGE: as a hedge;
+ * OTHER_CONN: not over a connection this request already uses, SPEC §14): its per-try time is
+ * what is left of it (a delay fault spent the rest), and X-Timeout-Ms says so. A gRPC attempt
+ * is told the call's remaining time instead (SPEC §10): its server enforces grpc-timeout over
+ * the whole call, streams included, while the per-try time bounds only the wait for its head. */
+static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int64_t t0, int num,
                                   bool hedge, bool other_conn)
 {
 	int64_t now = clock_now_us();
@@ -190,7 +200,7 @@ static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int6
 		.reqid = ex->reqid,
 		.dl_present = ex->dl_present,
 		.wait_us = ex->grpc ? remaining : wait,
-		.attempt = ex->attempts,
+		.attempt = num,
 		.nested = ex->req_nested,
 		.hedge = hedge,
 		.streamed = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
@@ -287,27 +297,35 @@ static void hedge_timer_add(struct hedging *hg, int64_t d)
 	evtimer_add(&hg->ev, &tv);
 }
 
+/* ex->att is the attempt just started (no hedge runs beside it yet): its facts. */
+static void hedge_att_facts(struct exchange *ex)
+{
+	struct hedging *hg = ex->hedging;
+	hg->att_log = ex->log.cur;
+	hg->att_num = ex->attempts;
+	hg->att_hedge = hg->att_other_conn = false;
+}
+
 /* An attempt started at NOW: its hedge timer, when one is due. */
 static void hedge_arm(struct exchange *ex, int64_t now)
 {
 	struct hedging *hg = ex->hedging;
-	if (hg) {
-		hg->att_log = ex->log.cur;
-		hg->att_hedge = false;
-	}
 	int64_t d = hedge_due(ex, now);
 	if (d < 0)
 		return;
 	if (!hg) {
 		hg = ex->hedging = xcalloc(1, sizeof(*hg));
-		hg->att_log = ex->log.cur;
+		hedge_att_facts(ex);
 		evtimer_assign(&hg->ev, ex->loop->base, ex->hedge_cb, ex);
+		evtimer_assign(&hg->fault_ev, ex->loop->base, hedge_fault_cb, ex);
 		ex->timers |= EX_T_HEDGE;
 	}
 	hedge_timer_add(hg, d);
 }
 
-/* A hedge goes to EP as T (its slots taken): counted as an attempt, marked in the log. */
+/* A hedge goes to EP as T (its slots taken): counted as an attempt, marked in the log. It
+ * draws its SPEC §11 fault as any attempt does: one that sends nothing (yet) waits on the
+ * hedges' fault timer instead (hedge_fault_cb()). */
 void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, struct hedge_try *t)
 {
 	int64_t now = clock_now_us();
@@ -319,12 +337,25 @@ void ex_send_hedge(struct exchange *ex, struct ep_state *ep, bool other_conn, st
 	ex->tried |= 1ull << ep->index;
 	upstream_ep_keep(&t->ep, ep);
 	t->t0_us = now;
+	t->num = ex->attempts;
 	t->hedge = true;
+	t->other_conn = other_conn;
 	access_add_hedge(&ex->log, ep->name);
 	t->log_idx = ex->log.cur;
+	t->fault = ex_fault_draw(ex, now);
+	if (t->fault) {
+		STAT_INC(ex->us->faults_injected[t->fault->kind]);
+		access_set_fault(&ex->log, faults_kind_name(t->fault->kind));
+	}
 	access_select(&ex->log, ex->hedging->att_log);
-	t->a = attempt_go(ex, ep, now, true, other_conn);
-	reqbody_stream_to(&ex->rb, t->a);      /* a gRPC call's messages, all here (BODY_TEE) */
+	if (t->fault && t->fault->kind != FAULT_LOST_RESPONSE) {
+		t->fault_due_us = ex_fault_due(ex, t->fault, now, &t->fault_cut);
+		ex_timer_assign(ex, &ex->fault_ev, EX_T_FAULT, fault_cb);  /* for its turn as ex->att */
+		ex_hedge_fault_rearm(ex);
+	} else {
+		t->a = attempt_go(ex, ep, now, t->num, true, other_conn);
+		reqbody_stream_to(&ex->rb, t->a);  /* a gRPC call's messages, all here (BODY_TEE) */
+	}
 	/* the next hedge, `after` this one */
 	int64_t d = hedge_due(ex, now);
 	if (d >= 0)
@@ -573,6 +604,8 @@ void ex_judge_status(struct exchange *ex, struct attempt *a, const struct http_h
 	if (h->status >= 500 || (grpc && outage_grpc_failure(ex->att_grpc)))
 		ex_note_outage(ex, OUTAGE_FAILURES, now);
 	ex_log_decision(ex, OUT_STATUS, h, grpc ? ex->att_grpc : -1, RR_NOT_LISTED, 0);
+	if (!a && ex->hedging)
+		ex_hedge_won(ex);      /* a fault's abort: ex->att's answer, though no attempt made it */
 	ex_relay_from(ex, a, h, RR_NONE);
 	if (ex->dec_trailers)
 		ex_relay_trailers(ex, ex->dec_trailers, ex->dec_ntrailers);
@@ -590,11 +623,40 @@ static void fault_cb(evutil_socket_t fd, short what, void *arg)
 	const struct http_head *h = NULL;
 	enum outcome out = ex_fault_outcome(ex, &h);
 	if (out == OUT_NONE) {
+		/* as what it started as: a hedge whose delay is over, or not */
+		const struct hedging *hg = ex->hedging;
 		ex_set_state(ex, X_ATTEMPT);
-		send_attempt(ex, ex->att_ep);
+		if (hg)
+			send_attempt(ex, ex->att_ep, hg->att_num, hg->att_hedge, hg->att_other_conn);
+		else
+			send_attempt(ex, ex->att_ep, ex->attempts, false, false);
 	} else if (h) {
 		ex_judge_status(ex, NULL, h);
 	} else {
 		ex_decide(ex, out, NULL, false);
 	}
+}
+
+/* The hedges' fault timer: a hedge's fault wait is over. It takes ex->att's place (ex->att,
+ * sent or in its own wait, runs on as one of the others) and its fault then amounts to what
+ * ex->att's would: it goes out, or its outcome is judged (SPEC §11, §14). One per call: the
+ * timer is set again for the next. */
+static void hedge_fault_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct exchange *ex = arg;
+	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
+	if (ex->state != X_ATTEMPT && ex->state != X_FAULT_WAIT)
+		return;
+	struct hedging *hg = ex->hedging;
+	int64_t now = clock_now_us();
+	for (int i = 0; i < hg->n; i++) {
+		if (hg->o[i].fault_due_us && hg->o[i].fault_due_us <= now) {
+			ex_hedge_swap(ex, &hg->o[i]);     /* X_FAULT_WAIT, its wait over */
+			fault_cb(-1, 0, ex);
+			if (ex->state == X_ATTEMPT || ex->state == X_FAULT_WAIT)
+				ex_hedge_fault_rearm(ex);
+			return;
+		}
+	}
+	ex_hedge_fault_rearm(ex);
 }

@@ -3,7 +3,8 @@
  * gives an attempt (match on method and path prefix, each rule its own slice of the draw, the
  * first rule winning where slices would overlap); faults_stop_reason(): which stop condition
  * a window meets, in SPEC order, with 0 turning a condition off and 20 requests before a
- * ratio is judged. Then the reload of the reconciliation queue's bound and its ack.
+ * ratio is judged; faults_wait_us(): how long a drawn fault waits before it shows, and when
+ * the per-try timeout cuts a delay. Then the reload of the reconciliation queue's bound and its ack.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -135,6 +136,39 @@ static void test_stop_table(void **state)
 	assert_string_equal(faults_kind_name(FAULT_LOST_RESPONSE), "lost-response");
 }
 
+struct wait_row {
+	const char *why;
+	int kind;
+	int64_t delay, per_try, remaining;
+	int64_t want;
+	bool cut;
+};
+
+static const struct wait_row wait_rows[] = {
+	{ "abort shows at once", FAULT_ABORT, 0, 2 * S, 10 * S, 0, false },
+	{ "connect-failure shows at once", FAULT_CONNECT_FAILURE, 0, 2 * S, 10 * S, 0, false },
+	{ "a delay within the per-try timeout", FAULT_DELAY, S / 2, 2 * S, 10 * S, S / 2, false },
+	{ "a delay as long as the per-try timeout is cut by it", FAULT_DELAY, 2 * S, 2 * S, 10 * S,
+	  2 * S, true },
+	{ "a delay past the per-try timeout: a timeout then", FAULT_DELAY, 5 * S, 2 * S, 10 * S,
+	  2 * S, true },
+	{ "the deadline before the per-try timeout: the delay waits on (the deadline ends it)",
+	  FAULT_DELAY, 5 * S, 2 * S, S, 5 * S, false },
+};
+
+static void test_wait_table(void **state)
+{
+	for (size_t i = 0; i < sizeof(wait_rows) / sizeof(wait_rows[0]); i++) {
+		const struct wait_row *r = &wait_rows[i];
+		struct cfg_fault_rule rule = { .kind = r->kind, .delay_us = r->delay };
+		bool cut = !r->cut;
+		int64_t got = faults_wait_us(&rule, r->per_try, r->remaining, &cut);
+		if (got != r->want || cut != r->cut)
+			fail_msg("%s: got %lld (cut %d), want %lld (cut %d)", r->why, (long long)got,
+			         cut, (long long)r->want, r->cut);
+	}
+}
+
 static void add(const char *id)
 {
 	struct reconcile_rec r = { .id = id, .upstream = "pay", .method = "POST", .path = "/x",
@@ -178,6 +212,7 @@ int main(void)
 		cmocka_unit_test(test_pick_table),
 		cmocka_unit_test(test_pick_rates_and_edges),
 		cmocka_unit_test(test_stop_table),
+		cmocka_unit_test(test_wait_table),
 		cmocka_unit_test(test_queue_bound_and_ack),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
