@@ -1,6 +1,7 @@
 /*
  * loop: one worker's event base, DNS base, rng and deferred-free queue (see loop.h).
  */
+#include <malloc.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -61,6 +62,8 @@ static int list_drop(struct loop_free **head, int n, int drop)
 
 void loop_scavenge(struct loop *l)
 {
+	for (int c = 0; c < LOOP_CHUNK_CLASSES; c++)
+		l->nchunk[c] = l->lowchunk[c] = list_drop(&l->chunk[c], l->nchunk[c], l->lowchunk[c]);
 	for (int k = 0; k < LOOP_NKINDS; k++)
 		l->ncache[k] = l->lowcache[k] = list_drop(&l->cache[k], l->ncache[k], l->lowcache[k]);
 	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
@@ -119,6 +122,64 @@ static void libevent_log_cb(int severity, const char *msg)
 
 int64_t clock_timer_slack_us;
 
+/* The sanitizer build (RG_CHECK_MAGIC) keeps nothing: reused memory would hide a
+ * use-after-free from AddressSanitizer. */
+#ifdef RG_CHECK_MAGIC
+#define KEEP_FREED 0
+#else
+#define KEEP_FREED 1
+#endif
+
+static _Thread_local struct loop *tl_loop;     /* loop_enter's: whose chunk lists serve here */
+
+void loop_enter(struct loop *l)
+{
+	tl_loop = l;
+}
+
+/* The chunk class of an allocation of exactly N bytes, or -1 (see LOOP_CHUNK_MIN). */
+static int chunk_class_of_size(size_t n)
+{
+	if (n < LOOP_CHUNK_MIN || (n & (n - 1)) || n > (size_t)LOOP_CHUNK_MIN << (LOOP_CHUNK_CLASSES - 1))
+		return -1;
+	return __builtin_ctzl(n) - __builtin_ctzl(LOOP_CHUNK_MIN);
+}
+
+static void *ev_malloc(size_t n)
+{
+	struct loop *l = tl_loop;
+	int c;
+	if (KEEP_FREED && l && (c = chunk_class_of_size(n)) >= 0 && l->chunk[c]) {
+		struct loop_free *f = l->chunk[c];
+		l->chunk[c] = f->next;
+		if (--l->nchunk[c] < l->lowchunk[c])
+			l->lowchunk[c] = l->nchunk[c];
+		return f;
+	}
+	return xmalloc(n);
+}
+
+/* A block that holds at least a class's size (and less than twice it) serves that class. */
+static void ev_free(void *p)
+{
+	struct loop *l = tl_loop;
+	if (KEEP_FREED && l && p) {
+		size_t u = malloc_usable_size(p);
+		if (u >= LOOP_CHUNK_MIN && u < (size_t)LOOP_CHUNK_MIN << LOOP_CHUNK_CLASSES) {
+			int c = (int)(sizeof(long) * 8 - 1 - (size_t)__builtin_clzl(u)) -
+			        __builtin_ctzl(LOOP_CHUNK_MIN);
+			if (l->nchunk[c] < (LOOP_CHUNK_BYTES / LOOP_CHUNK_MIN) >> c) {
+				struct loop_free *f = p;
+				f->next = l->chunk[c];
+				l->chunk[c] = f;
+				l->nchunk[c]++;
+				return;
+			}
+		}
+	}
+	free(p);
+}
+
 void loop_global_init(void)
 {
 #ifdef CLOCK_MONOTONIC_COARSE
@@ -128,7 +189,7 @@ void loop_global_init(void)
 #endif
 	/* one policy for running out of memory: libevent's allocations abort as ours do, so no
 	 * caller has to check an event_new or evbuffer_new for NULL */
-	event_set_mem_functions(xmalloc, xrealloc, free);
+	event_set_mem_functions(ev_malloc, xrealloc, ev_free);
 	event_set_log_callback(libevent_log_cb);
 }
 
@@ -184,7 +245,11 @@ void loop_fini(struct loop *l)
 	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
 		l->lowblk[c] = l->nblk[c];
 	l->lowbufs = l->nbufs;
+	for (int c = 0; c < LOOP_CHUNK_CLASSES; c++)
+		l->lowchunk[c] = l->nchunk[c];
 	loop_scavenge(l);
+	if (tl_loop == l)
+		tl_loop = NULL;
 	free(l->bufs);
 	l->bufs = NULL;
 	free(l->dq);
@@ -210,14 +275,6 @@ void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size)
 	memset(f, 0, size);
 	return f;
 }
-
-/* The sanitizer build (RG_CHECK_MAGIC) keeps nothing: reused memory would hide a
- * use-after-free from AddressSanitizer. */
-#ifdef RG_CHECK_MAGIC
-#define KEEP_FREED 0
-#else
-#define KEEP_FREED 1
-#endif
 
 void loop_obj_put(struct loop *l, enum loop_kind kind, void *p)
 {

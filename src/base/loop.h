@@ -44,6 +44,16 @@ struct loop_free {
 #define LOOP_BLK_CLASSES 6
 #define LOOP_BLK_MAX 512
 
+/* libevent's own allocations of 1, 2, 4, 8 and 16 KiB (the chains of bytes in an evbuffer:
+ * libevent frees a chain as soon as it is drained, so every request made four of them, each
+ * a malloc and a free that glibc's per-thread cache, 7 deep, does not absorb with 64 requests
+ * in flight): LOOP_CHUNK_CLASSES lists on the loop whose thread is running (loop_enter), each
+ * bounded by LOOP_CHUNK_BYTES and scavenged like the others. A block's class on free is read
+ * from malloc_usable_size, so nothing is added to it. */
+#define LOOP_CHUNK_MIN 1024
+#define LOOP_CHUNK_CLASSES 5
+#define LOOP_CHUNK_BYTES (512 * 1024)
+
 /* Each list keeps its low-water mark: the fewest entries it held since the last tick. Those
  * were never taken, so at each tick (every LOOP_SCAVENGE_US) that many are freed, the longest
  * unused first. A steady load keeps what it uses and loses only what it never reaches; after a
@@ -74,6 +84,8 @@ struct loop {
 	int nbufs, lowbufs;
 	struct loop_free *blk[LOOP_BLK_CLASSES];
 	int nblk[LOOP_BLK_CLASSES], lowblk[LOOP_BLK_CLASSES];
+	struct loop_free *chunk[LOOP_CHUNK_CLASSES];
+	int nchunk[LOOP_CHUNK_CLASSES], lowchunk[LOOP_CHUNK_CLASSES];
 	struct event *scavenge_ev;      /* frees what the lists did not need (LOOP_SCAVENGE_US) */
 	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
@@ -81,6 +93,9 @@ struct loop {
 /* Create the event base (no locks: one thread per loop) and DNS base, after
  * loop_global_init. 0 or -1. */
 int loop_init(struct loop *l, int id);
+/* The loop's thread, once, before it runs L: libevent's allocations on this thread come from
+ * L's chunk lists from now until loop_fini. */
+void loop_enter(struct loop *l);
 /* Run every deferred free now (frees may queue more: runs until empty). */
 void loop_run_deferred(struct loop *l);
 /* After the loop stopped: free the DNS base (pending lookups are cancelled: their owners must
