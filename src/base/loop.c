@@ -84,6 +84,99 @@ static void scavenge_cb(evutil_socket_t fd, short what, void *arg)
 	loop_scavenge(arg);
 }
 
+/* ------------------------------------------------------------------ timers (loop.h) */
+
+/* A timeout length's list key: its bit length and the three bits after its leading one, so a
+ * list holds lengths within 1/8 of each other (a deadline's remaining time varies by the
+ * microseconds of a request's handling; a per-try timeout not at all). */
+static int tq_key_of(int64_t us)
+{
+	if (us < 8)
+		return (int)us;
+	int bits = 64 - __builtin_clzll((unsigned long long)us);
+	return bits << 3 | (int)((us >> (bits - 4)) & 7);
+}
+
+static void tq_arm(struct loop *l, int64_t due, int64_t now)
+{
+	struct timeval tv = clock_tv(due - now);
+	evtimer_add(l->tq_ev, &tv);
+	l->tq_armed_us = due;
+}
+
+void loop_timer_add(struct loop *l, struct loop_timer *t, int64_t us, void (*cb)(void *), void *arg)
+{
+	loop_timer_del(l, t);
+	if (us < 0)
+		us = 0;
+	int64_t now = clock_now_us();
+	t->due_us = now + us;
+	t->seq = ++l->tq_seq;
+	t->cb = cb;
+	t->arg = arg;
+	/* its length's list (a list keeps its length while empty); else an empty one, given
+	 * that length; else the first (any list works: the insertion below keeps each in due
+	 * order, it is only slower) */
+	int key = tq_key_of(us), q = 0;
+	while (q < LOOP_TQ && l->tq_key[q] != key)
+		q++;
+	if (q == LOOP_TQ) {
+		q = 0;
+		for (int i = 0; i < LOOP_TQ; i++)
+			if (TAILQ_EMPTY(&l->tq[i])) {
+				q = i;
+				l->tq_key[q] = key;
+				break;
+			}
+	}
+	struct loop_timer *p = TAILQ_LAST(&l->tq[q], loop_tq_list);
+	while (p && p->due_us > t->due_us)
+		p = TAILQ_PREV(p, loop_tq_list, link);
+	if (p)
+		TAILQ_INSERT_AFTER(&l->tq[q], p, t, link);
+	else
+		TAILQ_INSERT_HEAD(&l->tq[q], t, link);
+	t->q = q + 1;
+	if (!l->tq_armed_us || t->due_us < l->tq_armed_us)
+		tq_arm(l, t->due_us, now);
+}
+
+void loop_timer_del(struct loop *l, struct loop_timer *t)
+{
+	if (!t->q)
+		return;
+	TAILQ_REMOVE(&l->tq[t->q - 1], t, link);
+	t->q = 0;
+	/* the libevent timer stays: it finds nothing due and is armed for what is left */
+}
+
+/* Fire what is due by the clock read once here, oldest first; a timer armed meanwhile (even
+ * for 0) waits for the next turn. Then arm for the earliest left. */
+static void tq_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct loop *l = arg;
+	l->tq_armed_us = 0;
+	int64_t now = clock_now_us();
+	uint64_t seen = l->tq_seq;
+	for (;;) {
+		struct loop_timer *first = NULL;
+		for (int i = 0; i < LOOP_TQ; i++) {
+			struct loop_timer *h = TAILQ_FIRST(&l->tq[i]);
+			if (h && (!first || h->due_us < first->due_us))
+				first = h;
+		}
+		if (!first)
+			return;
+		if (first->due_us > now || first->seq > seen) {
+			if (!l->tq_armed_us || first->due_us < l->tq_armed_us)
+				tq_arm(l, first->due_us, now);
+			return;
+		}
+		loop_timer_del(l, first);
+		first->cb(first->arg);
+	}
+}
+
 int loop_init(struct loop *l, int id)
 {
 	/* one thread per loop: no locks (cross-thread news comes through the worker's eventfd) */
@@ -104,6 +197,9 @@ int loop_init(struct loop *l, int id)
 	l->scavenge_ev = event_new(l->base, -1, EV_PERSIST, scavenge_cb, l);
 	struct timeval tv = clock_tv(LOOP_SCAVENGE_US);
 	evtimer_add(l->scavenge_ev, &tv);
+	for (int i = 0; i < LOOP_TQ; i++)
+		TAILQ_INIT(&l->tq[i]);
+	l->tq_ev = event_new(l->base, -1, 0, tq_cb, l);
 	loop_fd_seen(l, 0);             /* the first block now, before any connection */
 	return 0;
 }
@@ -239,6 +335,8 @@ void loop_fini(struct loop *l)
 	l->dq_ev = NULL;
 	event_free(l->scavenge_ev);
 	l->scavenge_ev = NULL;
+	event_free(l->tq_ev);
+	l->tq_ev = NULL;
 	/* every entry unused: one more tick frees them all */
 	for (int k = 0; k < LOOP_NKINDS; k++)
 		l->lowcache[k] = l->ncache[k];

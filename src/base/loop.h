@@ -12,7 +12,9 @@
 #ifndef RG_LOOP_H
 #define RG_LOOP_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 struct event_base;
 struct evdns_base;
@@ -63,6 +65,28 @@ struct loop_free {
  * before the burst once they are freed and the process trims). */
 #define LOOP_SCAVENGE_US 1000000
 
+/*
+ * Timers for what is armed and stopped on every request and almost never fires (an attempt's
+ * head timeout, an exchange's deadline, a client connection's idle time): arming one links it
+ * into a list and stopping it unlinks it, where a libevent timer costs an event_add and an
+ * event_del (its heap, about 450 instructions a pair). The loop keeps LOOP_TQ lists, each for
+ * timeouts of about one length (the same order of magnitude and leading bits), so a new
+ * timer almost always goes at its list's tail; one libevent timer is armed for the earliest
+ * due time and moved only when a timer due before it is armed. It goes off only once the
+ * precise clock reached a timer's due time, so none fires early; like any timer it may fire a
+ * tick late (clock_tv). A zeroed struct loop_timer is not armed.
+ */
+struct loop_timer {
+	TAILQ_ENTRY(loop_timer) link;
+	int64_t due_us;
+	uint64_t seq;                   /* when it was armed (loop's tq_seq) */
+	void (*cb)(void *arg);
+	void *arg;
+	int q;                          /* its list + 1; 0: not armed */
+};
+TAILQ_HEAD(loop_tq_list, loop_timer);
+#define LOOP_TQ 8
+
 struct loop_deferred {
 	void (*fn)(void *);
 	void *p;
@@ -87,6 +111,11 @@ struct loop {
 	struct loop_free *chunk[LOOP_CHUNK_CLASSES];
 	int nchunk[LOOP_CHUNK_CLASSES], lowchunk[LOOP_CHUNK_CLASSES];
 	struct event *scavenge_ev;      /* frees what the lists did not need (LOOP_SCAVENGE_US) */
+	struct loop_tq_list tq[LOOP_TQ];
+	int tq_key[LOOP_TQ];            /* the timeout length each list holds (tq_key_of) */
+	struct event *tq_ev;            /* armed for the earliest due time, or not at all */
+	int64_t tq_armed_us;            /* that due time; 0: not armed */
+	uint64_t tq_seq;                /* timers armed so far */
 	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
 
@@ -120,6 +149,15 @@ void loop_fd_seen(struct loop *l, int fd);
  * memory aborts), and its own messages go to the log (those loop_fd_seen provokes on purpose
  * are dropped). */
 void loop_global_init(void);
+
+/* Arm T (re-arm it if armed) to call CB(ARG) in US microseconds (0: on the next loop turn),
+ * on L's thread; stop it (stopped or never armed: nothing). Stop it before its memory goes. */
+void loop_timer_add(struct loop *l, struct loop_timer *t, int64_t us, void (*cb)(void *), void *arg);
+void loop_timer_del(struct loop *l, struct loop_timer *t);
+static inline bool loop_timer_pending(const struct loop_timer *t)
+{
+	return t->q != 0;
+}
 
 /* Free what each list did not need since the last call (LOOP_SCAVENGE_US above); loop_init
  * arms a timer that calls it. */

@@ -48,11 +48,7 @@ struct attempt {
 	bool wrote_any, paused, freed;
 	bool complete;                  /* the transport ended cleanly; bytes still wait in decoded */
 	int64_t start_us, head_timeout_us;
-	/* Embedded: no allocation per attempt. Assigned when first armed, deleted only while
-	 * armed (timer_stop()): an event_del() takes the base's lock even for an idle event, and
-	 * an attempt passes several places that stop its timer. */
-	struct event timer;
-	bool timer_set, timer_on;       /* assigned; added and not yet fired or deleted */
+	struct loop_timer timer;        /* embedded, the loop's (no event per attempt) */
 	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
 	const char *fail_detail;
 	char sni[256];                  /* the transports read it while open */
@@ -92,26 +88,17 @@ static void transport_drop(struct attempt *a)
 	t->ops->cancel(t);
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg);
+static void timer_cb(void *arg);
 
 /* The attempt's one timer (head or a deferred failure) to go off in US. */
 static void timer_arm(struct attempt *a, int64_t us)
 {
-	if (!a->timer_set) {
-		evtimer_assign(&a->timer, a->loop->base, timer_cb, a);
-		a->timer_set = true;
-	}
-	struct timeval tv = clock_tv(us);
-	evtimer_add(&a->timer, &tv);    /* a pending one is moved, not doubled */
-	a->timer_on = true;
+	loop_timer_add(a->loop, &a->timer, us, timer_cb, a);    /* a pending one is moved */
 }
 
 static void timer_stop(struct attempt *a)
 {
-	if (!a->timer_on)
-		return;
-	evtimer_del(&a->timer);
-	a->timer_on = false;
+	loop_timer_del(a->loop, &a->timer);
 }
 
 /* Finish: report once. Safe against the owner freeing us inside on_end. */
@@ -132,11 +119,10 @@ static void attempt_fail_soon(struct attempt *a, enum outcome out, const char *d
 	timer_arm(a, 0);
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+static void timer_cb(void *arg)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
-	a->timer_on = false;
 	if (a->state == A_DONE)
 		return;
 	if (a->fail_out != OUT_NONE)
