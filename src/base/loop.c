@@ -177,6 +177,42 @@ static void tq_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* ------------------------------------------------------------------ soon (loop.h) */
+
+void loop_soon_add(struct loop *l, struct loop_soon *w, void (*fn)(void *), void *arg)
+{
+	if (w->queued)
+		return;
+	w->fn = fn;
+	w->arg = arg;
+	w->queued = true;
+	if (!l->soon_armed) {
+		l->soon_armed = true;
+		event_active(l->soon_ev, EV_TIMEOUT, 0);
+	}
+	TAILQ_INSERT_TAIL(&l->soon, w, link);
+}
+
+void loop_soon_del(struct loop *l, struct loop_soon *w)
+{
+	if (!w->queued)
+		return;
+	TAILQ_REMOVE(&l->soon, w, link);
+	w->queued = false;
+}
+
+static void soon_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct loop *l = arg;
+	struct loop_soon *w;
+	while ((w = TAILQ_FIRST(&l->soon))) {      /* what is queued meanwhile runs here too */
+		TAILQ_REMOVE(&l->soon, w, link);
+		w->queued = false;
+		w->fn(w->arg);
+	}
+	l->soon_armed = false;
+}
+
 int loop_init(struct loop *l, int id)
 {
 	/* one thread per loop: no locks (cross-thread news comes through the worker's eventfd) */
@@ -200,6 +236,8 @@ int loop_init(struct loop *l, int id)
 	for (int i = 0; i < LOOP_TQ; i++)
 		TAILQ_INIT(&l->tq[i]);
 	l->tq_ev = event_new(l->base, -1, 0, tq_cb, l);
+	TAILQ_INIT(&l->soon);
+	l->soon_ev = event_new(l->base, -1, 0, soon_cb, l);
 	loop_fd_seen(l, 0);             /* the first block now, before any connection */
 	return 0;
 }
@@ -337,6 +375,8 @@ void loop_fini(struct loop *l)
 	l->scavenge_ev = NULL;
 	event_free(l->tq_ev);
 	l->tq_ev = NULL;
+	event_free(l->soon_ev);
+	l->soon_ev = NULL;
 	/* every entry unused: one more tick frees them all */
 	for (int k = 0; k < LOOP_NKINDS; k++)
 		l->lowcache[k] = l->ncache[k];

@@ -87,6 +87,22 @@ struct loop_timer {
 TAILQ_HEAD(loop_tq_list, loop_timer);
 #define LOOP_TQ 8
 
+/*
+ * Work to run soon: after the callbacks libevent already queued in this loop turn (a stream's
+ * flush, read and report). One libevent event per loop, made active when the list stops being
+ * empty, runs the list until it is empty (work queued meanwhile included, as an event made
+ * active from a callback would run in the same turn): where every stream had its own event,
+ * each request paid two event_active calls and two dispatches. A zeroed struct loop_soon is not
+ * queued; unqueue it before its memory goes.
+ */
+struct loop_soon {
+	TAILQ_ENTRY(loop_soon) link;
+	void (*fn)(void *arg);
+	void *arg;
+	bool queued;
+};
+TAILQ_HEAD(loop_soon_list, loop_soon);
+
 struct loop_deferred {
 	void (*fn)(void *);
 	void *p;
@@ -115,6 +131,9 @@ struct loop {
 	int tq_key[LOOP_TQ];            /* the timeout length each list holds (tq_key_of) */
 	struct event *tq_ev;            /* armed for the earliest due time, or not at all */
 	int64_t tq_armed_us;            /* that due time; 0: not armed */
+	struct loop_soon_list soon;     /* loop_soon_add's */
+	struct event *soon_ev;          /* active (or running) while the list is not empty */
+	bool soon_armed;
 	uint64_t tq_seq;                /* timers armed so far */
 	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
@@ -158,6 +177,10 @@ static inline bool loop_timer_pending(const struct loop_timer *t)
 {
 	return t->q != 0;
 }
+
+/* Queue W (already queued: nothing) to call FN(ARG) soon; unqueue it. On L's thread. */
+void loop_soon_add(struct loop *l, struct loop_soon *w, void (*fn)(void *), void *arg);
+void loop_soon_del(struct loop *l, struct loop_soon *w);
 
 /* Free what each list did not need since the last call (LOOP_SCAVENGE_US above); loop_init
  * arms a timer that calls it. */
