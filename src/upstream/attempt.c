@@ -19,7 +19,6 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
-#include <event2/event_struct.h>
 
 #include "upstream/attempt.h"
 #include "upstream/h1_conn.h"
