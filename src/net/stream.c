@@ -60,6 +60,7 @@ struct stream {
 	bool reading, can_read, connecting, trigger, freed, packing;
 	bool eof;                       /* the read side ended (EOF or error reported) */
 	bool broken;                    /* a write failed (reported) */
+	bool wr_armed;                  /* wr_timer added and not yet fired or deleted */
 	bool blocked;                   /* a write met EAGAIN: the output waits for an edge */
 	bool rdhup;                     /* the peer's FIN is queued behind the data */
 	short pending_event;            /* to report from `soon` (connect result) */
@@ -135,8 +136,10 @@ static void do_write(struct stream *s)
 				/* the next writable edge continues; a peer that stops reading for the
 				 * write timeout is reported */
 				s->blocked = true;
-				if (s->wr_timer && (progress || !evtimer_pending(s->wr_timer, NULL)))
+				if (s->wr_timer && (progress || !s->wr_armed)) {
 					evtimer_add(s->wr_timer, &s->wr_timeout);
+					s->wr_armed = true;
+				}
 				return;
 			}
 			stream_report(s, BEV_EVENT_ERROR | BEV_EVENT_WRITING);
@@ -146,8 +149,10 @@ static void do_write(struct stream *s)
 			return;
 	}
 	s->blocked = false;
-	if (s->wr_timer)
+	if (s->wr_armed) {              /* most writes never armed it: no event_del for them */
 		evtimer_del(s->wr_timer);
+		s->wr_armed = false;
+	}
 	if (s->wr && evbuffer_get_length(s->out) <= s->wr_low)
 		s->wr(s, s->arg);
 }
@@ -155,6 +160,7 @@ static void do_write(struct stream *s)
 static void wr_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct stream *s = arg;
+	s->wr_armed = false;
 	if (!s->freed && evbuffer_get_length(s->out) > 0)
 		stream_report(s, BEV_EVENT_TIMEOUT | BEV_EVENT_WRITING);
 }
