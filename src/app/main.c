@@ -321,7 +321,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
  * pools have timed out. Trimming walks the free lists, so it runs only after such a fall, not
  * every tick. */
 #define TRIM_AFTER_LISTS (2 * LOOP_SCAVENGE_US / TRIM_PERIOD_US + 1)
-#define TRIM_AFTER_POOLS (POOL_IDLE_US / TRIM_PERIOD_US + 2)
+#define TRIM_AFTER_POOLS (POOL_CLOSE_MAX_US / TRIM_PERIOD_US + 2)
 static void trim_cb(evutil_socket_t fd, short what, void *arg)
 {
 	static int64_t peak, since = -1;        /* ticks since the last fall; -1: none pending */

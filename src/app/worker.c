@@ -361,6 +361,7 @@ void worker_stop(struct worker *w)
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
+	loop_enter(&w->loop);
 	event_base_dispatch(w->loop.base);
 
 	/* stopped: close what is left, then free everything this thread owns */

@@ -1,6 +1,7 @@
 /*
  * loop: one worker's event base, DNS base, rng and deferred-free queue (see loop.h).
  */
+#include <malloc.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -61,6 +62,8 @@ static int list_drop(struct loop_free **head, int n, int drop)
 
 void loop_scavenge(struct loop *l)
 {
+	for (int c = 0; c < LOOP_CHUNK_CLASSES; c++)
+		l->nchunk[c] = l->lowchunk[c] = list_drop(&l->chunk[c], l->nchunk[c], l->lowchunk[c]);
 	for (int k = 0; k < LOOP_NKINDS; k++)
 		l->ncache[k] = l->lowcache[k] = list_drop(&l->cache[k], l->ncache[k], l->lowcache[k]);
 	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
@@ -79,6 +82,135 @@ void loop_scavenge(struct loop *l)
 static void scavenge_cb(evutil_socket_t fd, short what, void *arg)
 {
 	loop_scavenge(arg);
+}
+
+/* ------------------------------------------------------------------ timers (loop.h) */
+
+/* A timeout length's list key: its bit length and the three bits after its leading one, so a
+ * list holds lengths within 1/8 of each other (a deadline's remaining time varies by the
+ * microseconds of a request's handling; a per-try timeout not at all). */
+static int tq_key_of(int64_t us)
+{
+	if (us < 8)
+		return (int)us;
+	int bits = 64 - __builtin_clzll((unsigned long long)us);
+	return bits << 3 | (int)((us >> (bits - 4)) & 7);
+}
+
+static void tq_arm(struct loop *l, int64_t due, int64_t now)
+{
+	struct timeval tv = clock_tv(due - now);
+	evtimer_add(l->tq_ev, &tv);
+	l->tq_armed_us = due;
+}
+
+void loop_timer_add(struct loop *l, struct loop_timer *t, int64_t us, void (*cb)(void *), void *arg)
+{
+	loop_timer_del(l, t);
+	if (us < 0)
+		us = 0;
+	int64_t now = clock_now_us();
+	t->due_us = now + us;
+	t->seq = ++l->tq_seq;
+	t->cb = cb;
+	t->arg = arg;
+	/* its length's list (a list keeps its length while empty); else an empty one, given
+	 * that length; else the first (any list works: the insertion below keeps each in due
+	 * order, it is only slower) */
+	int key = tq_key_of(us), q = 0;
+	while (q < LOOP_TQ && l->tq_key[q] != key)
+		q++;
+	if (q == LOOP_TQ) {
+		q = 0;
+		for (int i = 0; i < LOOP_TQ; i++)
+			if (TAILQ_EMPTY(&l->tq[i])) {
+				q = i;
+				l->tq_key[q] = key;
+				break;
+			}
+	}
+	struct loop_timer *p = TAILQ_LAST(&l->tq[q], loop_tq_list);
+	while (p && p->due_us > t->due_us)
+		p = TAILQ_PREV(p, loop_tq_list, link);
+	if (p)
+		TAILQ_INSERT_AFTER(&l->tq[q], p, t, link);
+	else
+		TAILQ_INSERT_HEAD(&l->tq[q], t, link);
+	t->q = q + 1;
+	if (!l->tq_armed_us || t->due_us < l->tq_armed_us)
+		tq_arm(l, t->due_us, now);
+}
+
+void loop_timer_del(struct loop *l, struct loop_timer *t)
+{
+	if (!t->q)
+		return;
+	TAILQ_REMOVE(&l->tq[t->q - 1], t, link);
+	t->q = 0;
+	/* the libevent timer stays: it finds nothing due and is armed for what is left */
+}
+
+/* Fire what is due by the clock read once here, oldest first; a timer armed meanwhile (even
+ * for 0) waits for the next turn. Then arm for the earliest left. */
+static void tq_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct loop *l = arg;
+	l->tq_armed_us = 0;
+	int64_t now = clock_now_us();
+	uint64_t seen = l->tq_seq;
+	for (;;) {
+		struct loop_timer *first = NULL;
+		for (int i = 0; i < LOOP_TQ; i++) {
+			struct loop_timer *h = TAILQ_FIRST(&l->tq[i]);
+			if (h && (!first || h->due_us < first->due_us))
+				first = h;
+		}
+		if (!first)
+			return;
+		if (first->due_us > now || first->seq > seen) {
+			if (!l->tq_armed_us || first->due_us < l->tq_armed_us)
+				tq_arm(l, first->due_us, now);
+			return;
+		}
+		loop_timer_del(l, first);
+		first->cb(first->arg);
+	}
+}
+
+/* ------------------------------------------------------------------ soon (loop.h) */
+
+void loop_soon_add(struct loop *l, struct loop_soon *w, void (*fn)(void *), void *arg)
+{
+	if (w->queued)
+		return;
+	w->fn = fn;
+	w->arg = arg;
+	w->queued = true;
+	if (!l->soon_armed) {
+		l->soon_armed = true;
+		event_active(l->soon_ev, EV_TIMEOUT, 0);
+	}
+	TAILQ_INSERT_TAIL(&l->soon, w, link);
+}
+
+void loop_soon_del(struct loop *l, struct loop_soon *w)
+{
+	if (!w->queued)
+		return;
+	TAILQ_REMOVE(&l->soon, w, link);
+	w->queued = false;
+}
+
+static void soon_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct loop *l = arg;
+	struct loop_soon *w;
+	while ((w = TAILQ_FIRST(&l->soon))) {      /* what is queued meanwhile runs here too */
+		TAILQ_REMOVE(&l->soon, w, link);
+		w->queued = false;
+		w->fn(w->arg);
+	}
+	l->soon_armed = false;
 }
 
 int loop_init(struct loop *l, int id)
@@ -101,6 +233,11 @@ int loop_init(struct loop *l, int id)
 	l->scavenge_ev = event_new(l->base, -1, EV_PERSIST, scavenge_cb, l);
 	struct timeval tv = clock_tv(LOOP_SCAVENGE_US);
 	evtimer_add(l->scavenge_ev, &tv);
+	for (int i = 0; i < LOOP_TQ; i++)
+		TAILQ_INIT(&l->tq[i]);
+	l->tq_ev = event_new(l->base, -1, 0, tq_cb, l);
+	TAILQ_INIT(&l->soon);
+	l->soon_ev = event_new(l->base, -1, 0, soon_cb, l);
 	loop_fd_seen(l, 0);             /* the first block now, before any connection */
 	return 0;
 }
@@ -119,6 +256,64 @@ static void libevent_log_cb(int severity, const char *msg)
 
 int64_t clock_timer_slack_us;
 
+/* The sanitizer build (RG_CHECK_MAGIC) keeps nothing: reused memory would hide a
+ * use-after-free from AddressSanitizer. */
+#ifdef RG_CHECK_MAGIC
+#define KEEP_FREED 0
+#else
+#define KEEP_FREED 1
+#endif
+
+static _Thread_local struct loop *tl_loop;     /* loop_enter's: whose chunk lists serve here */
+
+void loop_enter(struct loop *l)
+{
+	tl_loop = l;
+}
+
+/* The chunk class of an allocation of exactly N bytes, or -1 (see LOOP_CHUNK_MIN). */
+static int chunk_class_of_size(size_t n)
+{
+	if (n < LOOP_CHUNK_MIN || (n & (n - 1)) || n > (size_t)LOOP_CHUNK_MIN << (LOOP_CHUNK_CLASSES - 1))
+		return -1;
+	return __builtin_ctzl(n) - __builtin_ctzl(LOOP_CHUNK_MIN);
+}
+
+static void *ev_malloc(size_t n)
+{
+	struct loop *l = tl_loop;
+	int c;
+	if (KEEP_FREED && l && (c = chunk_class_of_size(n)) >= 0 && l->chunk[c]) {
+		struct loop_free *f = l->chunk[c];
+		l->chunk[c] = f->next;
+		if (--l->nchunk[c] < l->lowchunk[c])
+			l->lowchunk[c] = l->nchunk[c];
+		return f;
+	}
+	return xmalloc(n);
+}
+
+/* A block that holds at least a class's size (and less than twice it) serves that class. */
+static void ev_free(void *p)
+{
+	struct loop *l = tl_loop;
+	if (KEEP_FREED && l && p) {
+		size_t u = malloc_usable_size(p);
+		if (u >= LOOP_CHUNK_MIN && u < (size_t)LOOP_CHUNK_MIN << LOOP_CHUNK_CLASSES) {
+			int c = (int)(sizeof(long) * 8 - 1 - (size_t)__builtin_clzl(u)) -
+			        __builtin_ctzl(LOOP_CHUNK_MIN);
+			if (l->nchunk[c] < (LOOP_CHUNK_BYTES / LOOP_CHUNK_MIN) >> c) {
+				struct loop_free *f = p;
+				f->next = l->chunk[c];
+				l->chunk[c] = f;
+				l->nchunk[c]++;
+				return;
+			}
+		}
+	}
+	free(p);
+}
+
 void loop_global_init(void)
 {
 #ifdef CLOCK_MONOTONIC_COARSE
@@ -128,7 +323,7 @@ void loop_global_init(void)
 #endif
 	/* one policy for running out of memory: libevent's allocations abort as ours do, so no
 	 * caller has to check an event_new or evbuffer_new for NULL */
-	event_set_mem_functions(xmalloc, xrealloc, free);
+	event_set_mem_functions(ev_malloc, xrealloc, ev_free);
 	event_set_log_callback(libevent_log_cb);
 }
 
@@ -178,13 +373,21 @@ void loop_fini(struct loop *l)
 	l->dq_ev = NULL;
 	event_free(l->scavenge_ev);
 	l->scavenge_ev = NULL;
+	event_free(l->tq_ev);
+	l->tq_ev = NULL;
+	event_free(l->soon_ev);
+	l->soon_ev = NULL;
 	/* every entry unused: one more tick frees them all */
 	for (int k = 0; k < LOOP_NKINDS; k++)
 		l->lowcache[k] = l->ncache[k];
 	for (int c = 0; c < LOOP_BLK_CLASSES; c++)
 		l->lowblk[c] = l->nblk[c];
 	l->lowbufs = l->nbufs;
+	for (int c = 0; c < LOOP_CHUNK_CLASSES; c++)
+		l->lowchunk[c] = l->nchunk[c];
 	loop_scavenge(l);
+	if (tl_loop == l)
+		tl_loop = NULL;
 	free(l->bufs);
 	l->bufs = NULL;
 	free(l->dq);
@@ -210,14 +413,6 @@ void *loop_obj_get(struct loop *l, enum loop_kind kind, size_t size)
 	memset(f, 0, size);
 	return f;
 }
-
-/* The sanitizer build (RG_CHECK_MAGIC) keeps nothing: reused memory would hide a
- * use-after-free from AddressSanitizer. */
-#ifdef RG_CHECK_MAGIC
-#define KEEP_FREED 0
-#else
-#define KEEP_FREED 1
-#endif
 
 void loop_obj_put(struct loop *l, enum loop_kind kind, void *p)
 {

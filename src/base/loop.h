@@ -12,7 +12,9 @@
 #ifndef RG_LOOP_H
 #define RG_LOOP_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 struct event_base;
 struct evdns_base;
@@ -44,6 +46,16 @@ struct loop_free {
 #define LOOP_BLK_CLASSES 6
 #define LOOP_BLK_MAX 512
 
+/* libevent's own allocations of 1, 2, 4, 8 and 16 KiB (the chains of bytes in an evbuffer:
+ * libevent frees a chain as soon as it is drained, so every request made four of them, each
+ * a malloc and a free that glibc's per-thread cache, 7 deep, does not absorb with 64 requests
+ * in flight): LOOP_CHUNK_CLASSES lists on the loop whose thread is running (loop_enter), each
+ * bounded by LOOP_CHUNK_BYTES and scavenged like the others. A block's class on free is read
+ * from malloc_usable_size, so nothing is added to it. */
+#define LOOP_CHUNK_MIN 1024
+#define LOOP_CHUNK_CLASSES 5
+#define LOOP_CHUNK_BYTES (512 * 1024)
+
 /* Each list keeps its low-water mark: the fewest entries it held since the last tick. Those
  * were never taken, so at each tick (every LOOP_SCAVENGE_US) that many are freed, the longest
  * unused first. A steady load keeps what it uses and loses only what it never reaches; after a
@@ -52,6 +64,44 @@ struct loop_free {
  * workers: RSS +4.9..+7.4 MiB with up to 1,024 buffers a loop kept for good; back to its level
  * before the burst once they are freed and the process trims). */
 #define LOOP_SCAVENGE_US 1000000
+
+/*
+ * Timers for what is armed and stopped on every request and almost never fires (an attempt's
+ * head timeout, an exchange's deadline, a client connection's idle time): arming one links it
+ * into a list and stopping it unlinks it, where a libevent timer costs an event_add and an
+ * event_del (its heap, about 450 instructions a pair). The loop keeps LOOP_TQ lists, each for
+ * timeouts of about one length (the same order of magnitude and leading bits), so a new
+ * timer almost always goes at its list's tail; one libevent timer is armed for the earliest
+ * due time and moved only when a timer due before it is armed. It goes off only once the
+ * precise clock reached a timer's due time, so none fires early; like any timer it may fire a
+ * tick late (clock_tv). A zeroed struct loop_timer is not armed.
+ */
+struct loop_timer {
+	TAILQ_ENTRY(loop_timer) link;
+	int64_t due_us;
+	uint64_t seq;                   /* when it was armed (loop's tq_seq) */
+	void (*cb)(void *arg);
+	void *arg;
+	int q;                          /* its list + 1; 0: not armed */
+};
+TAILQ_HEAD(loop_tq_list, loop_timer);
+#define LOOP_TQ 8
+
+/*
+ * Work to run soon: after the callbacks libevent already queued in this loop turn (a stream's
+ * flush, read and report). One libevent event per loop, made active when the list stops being
+ * empty, runs the list until it is empty (work queued meanwhile included, as an event made
+ * active from a callback would run in the same turn): where every stream had its own event,
+ * each request paid two event_active calls and two dispatches. A zeroed struct loop_soon is not
+ * queued; unqueue it before its memory goes.
+ */
+struct loop_soon {
+	TAILQ_ENTRY(loop_soon) link;
+	void (*fn)(void *arg);
+	void *arg;
+	bool queued;
+};
+TAILQ_HEAD(loop_soon_list, loop_soon);
 
 struct loop_deferred {
 	void (*fn)(void *);
@@ -74,13 +124,26 @@ struct loop {
 	int nbufs, lowbufs;
 	struct loop_free *blk[LOOP_BLK_CLASSES];
 	int nblk[LOOP_BLK_CLASSES], lowblk[LOOP_BLK_CLASSES];
+	struct loop_free *chunk[LOOP_CHUNK_CLASSES];
+	int nchunk[LOOP_CHUNK_CLASSES], lowchunk[LOOP_CHUNK_CLASSES];
 	struct event *scavenge_ev;      /* frees what the lists did not need (LOOP_SCAVENGE_US) */
+	struct loop_tq_list tq[LOOP_TQ];
+	int tq_key[LOOP_TQ];            /* the timeout length each list holds (tq_key_of) */
+	struct event *tq_ev;            /* armed for the earliest due time, or not at all */
+	int64_t tq_armed_us;            /* that due time; 0: not armed */
+	struct loop_soon_list soon;     /* loop_soon_add's */
+	struct event *soon_ev;          /* active (or running) while the list is not empty */
+	bool soon_armed;
+	uint64_t tq_seq;                /* timers armed so far */
 	int fd_room;                    /* fd numbers below this have their libevent entry */
 };
 
 /* Create the event base (no locks: one thread per loop) and DNS base, after
  * loop_global_init. 0 or -1. */
 int loop_init(struct loop *l, int id);
+/* The loop's thread, once, before it runs L: libevent's allocations on this thread come from
+ * L's chunk lists from now until loop_fini. */
+void loop_enter(struct loop *l);
 /* Run every deferred free now (frees may queue more: runs until empty). */
 void loop_run_deferred(struct loop *l);
 /* After the loop stopped: free the DNS base (pending lookups are cancelled: their owners must
@@ -105,6 +168,19 @@ void loop_fd_seen(struct loop *l, int fd);
  * memory aborts), and its own messages go to the log (those loop_fd_seen provokes on purpose
  * are dropped). */
 void loop_global_init(void);
+
+/* Arm T (re-arm it if armed) to call CB(ARG) in US microseconds (0: on the next loop turn),
+ * on L's thread; stop it (stopped or never armed: nothing). Stop it before its memory goes. */
+void loop_timer_add(struct loop *l, struct loop_timer *t, int64_t us, void (*cb)(void *), void *arg);
+void loop_timer_del(struct loop *l, struct loop_timer *t);
+static inline bool loop_timer_pending(const struct loop_timer *t)
+{
+	return t->q != 0;
+}
+
+/* Queue W (already queued: nothing) to call FN(ARG) soon; unqueue it. On L's thread. */
+void loop_soon_add(struct loop *l, struct loop_soon *w, void (*fn)(void *), void *arg);
+void loop_soon_del(struct loop *l, struct loop_soon *w);
 
 /* Free what each list did not need since the last call (LOOP_SCAVENGE_US above); loop_init
  * arms a timer that calls it. */

@@ -64,7 +64,7 @@ struct h1_session {
 	struct tunnel *tunnel;
 	bool ex_done;                   /* the exchange queued its response */
 	struct evbuffer *body_tmp;
-	struct event *timer;            /* header or idle timeout */
+	struct loop_timer timer;        /* header or idle timeout (the loop's: one per request) */
 	bool head_timer;
 	struct event *resume_ev;
 	bool close_after;               /* drain: close after the current response */
@@ -105,7 +105,7 @@ void h1_session_close(struct h1_session *s, const char *why)
 	if (s->strm)
 		stream_free(s->strm);
 	s->strm = NULL;
-	event_free(s->timer);
+	loop_timer_del(s->loop, &s->timer);
 	event_free(s->resume_ev);
 	http_msg_free(s->req);
 	evbuffer_free(s->body_tmp);
@@ -150,6 +150,13 @@ static void hand_off_h2(struct h1_session *s)
 	s->own.on_h2(s->own.closed_arg, &h);
 }
 
+static void timer_cb(void *arg);
+
+static void timer_set(struct h1_session *s, int64_t us)
+{
+	loop_timer_add(s->loop, &s->timer, us, timer_cb, s);
+}
+
 /* Stop reading; close once the output has been flushed. */
 static void session_close_after_flush(struct h1_session *s)
 {
@@ -157,15 +164,14 @@ static void session_close_after_flush(struct h1_session *s)
 		return;
 	set_state(s, S_CLOSING);
 	stream_disable(s->strm, EV_READ);
-	evtimer_del(s->timer);
+	loop_timer_del(s->loop, &s->timer);
 	if (evbuffer_get_length(stream_output(s->strm)) == 0) {
 		h1_session_close(s, "done");
 		return;
 	}
 	stream_setwatermark(s->strm, EV_WRITE, 0, 0);
 	/* a client that never reads its last response must not hold us forever */
-	struct timeval tv = clock_tv(s->lcfg ? s->lcfg->limits.idle_timeout_us : 10000000);
-	evtimer_add(s->timer, &tv);
+	timer_set(s, s->lcfg ? s->lcfg->limits.idle_timeout_us : 10000000);
 }
 
 /* Our own answer (a refusal), written with the same writer; the connection then closes.
@@ -202,8 +208,7 @@ static void refuse(struct h1_session *s, int status, const char *reason, const c
 static void arm_idle(struct h1_session *s)
 {
 	s->head_timer = false;
-	struct timeval tv = clock_tv(s->lcfg->limits.idle_timeout_us);
-	evtimer_add(s->timer, &tv);
+	timer_set(s, s->lcfg->limits.idle_timeout_us);
 }
 
 /* ------------------------------------------------------------------ the HTTP/1 responder */
@@ -315,7 +320,7 @@ static void rsp_tunnel(void *arg, const struct resp_head *h, struct stream *upst
 	h1_response_head(stream_output(s->strm), h, "Switching Protocols", H1_NO_BODY, H1_CONN_NONE);
 	s->ex_done = true;
 	set_state(s, S_TUNNEL);
-	evtimer_del(s->timer);
+	loop_timer_del(s->loop, &s->timer);
 	s->tunnel = tunnel_new(s->loop, s->strm, upstream, s->lcfg->limits.idle_timeout_us,
 	                       tunnel_closed_cb, s);
 }
@@ -334,7 +339,7 @@ static bool session_refresh_config(struct h1_session *s)
 
 static void start_exchange(struct h1_session *s, const struct http_head *h)
 {
-	evtimer_del(s->timer);
+	loop_timer_del(s->loop, &s->timer);
 	s->head_timer = false;
 	if (!session_refresh_config(s)) {
 		refuse(s, 404, "no-route", "listener no longer configured");
@@ -402,8 +407,7 @@ static void session_process(struct h1_session *s)
 				if (h2 == 0) {
 					if (!s->head_timer) {
 						s->head_timer = true;
-						struct timeval tv = clock_tv(s->lcfg->limits.header_timeout_us);
-						evtimer_add(s->timer, &tv);
+						timer_set(s, s->lcfg->limits.header_timeout_us);
 					}
 					return;
 				}
@@ -420,8 +424,7 @@ static void session_process(struct h1_session *s)
 			case HTTP_DONE:
 				if (!s->head_timer && http_msg_head_bytes(s->req) > 0) {
 					s->head_timer = true;
-					struct timeval tv = clock_tv(s->lcfg->limits.header_timeout_us);
-					evtimer_add(s->timer, &tv);
+					timer_set(s, s->lcfg->limits.header_timeout_us);
 				}
 				return;
 			case HTTP_HEAD:
@@ -527,7 +530,7 @@ static void event_cb(struct stream *strm, short what, void *arg)
 	h1_session_close(s, (what & BEV_EVENT_EOF) ? "client closed" : "client error");
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+static void timer_cb(void *arg)
 {
 	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
@@ -591,7 +594,6 @@ struct h1_session *h1_session_new(struct loop *loop, const struct session_owner 
 	/* the request parser (its head arrays are most of a connection's memory) comes with the
 	 * first byte: an idle connection costs a few hundred bytes of ours */
 	s->body_tmp = evbuffer_new();
-	s->timer = evtimer_new(loop->base, timer_cb, s);
 	s->resume_ev = event_new(loop->base, -1, 0, resume_cb, s);
 	stream_setcb(s->strm, read_cb, write_cb, event_cb, s);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */

@@ -45,7 +45,7 @@ struct stream {
 	struct bufferevent *strm;        /* TLS streams only */
 	struct evbuffer *in, *out;
 	struct event *io;               /* plain: the socket, edge-triggered, registered once */
-	struct event *soon;             /* plain: flush the output, read, report */
+	struct loop_soon soon;          /* plain: flush the output, read, report (the loop's) */
 	struct event *wr_timer;         /* plain: output stuck with no progress */
 	struct timeval wr_timeout;
 	struct evbuffer_cb_entry *out_cb, *in_cb;
@@ -57,21 +57,22 @@ struct stream {
 	uint64_t written;               /* output bytes that left: the kernel (plain) or the TLS
 	                                 * layer took them; never what packing moved */
 	unsigned out_adds;              /* appends to the output since it was packed or empty */
-	bool reading, can_read, connecting, soon_pending, trigger, freed, packing;
+	bool reading, can_read, connecting, trigger, freed, packing;
 	bool eof;                       /* the read side ended (EOF or error reported) */
 	bool broken;                    /* a write failed (reported) */
+	bool wr_armed;                  /* wr_timer added and not yet fired or deleted */
 	bool blocked;                   /* a write met EAGAIN: the output waits for an edge */
 	bool rdhup;                     /* the peer's FIN is queued behind the data */
 	short pending_event;            /* to report from `soon` (connect result) */
 	int pending_errno;
 };
 
+static void soon_cb(void *arg);
+
 static void stream_schedule(struct stream *s)
 {
-	if (!s->soon_pending && !s->freed) {
-		s->soon_pending = true;
-		event_active(s->soon, EV_TIMEOUT, 0);
-	}
+	if (!s->freed)
+		loop_soon_add(s->loop, &s->soon, soon_cb, s);
 }
 
 /* EOF or error, once per side; the owner decides what to close. After a read-side EOF the
@@ -135,8 +136,10 @@ static void do_write(struct stream *s)
 				/* the next writable edge continues; a peer that stops reading for the
 				 * write timeout is reported */
 				s->blocked = true;
-				if (s->wr_timer && (progress || !evtimer_pending(s->wr_timer, NULL)))
+				if (s->wr_timer && (progress || !s->wr_armed)) {
 					evtimer_add(s->wr_timer, &s->wr_timeout);
+					s->wr_armed = true;
+				}
 				return;
 			}
 			stream_report(s, BEV_EVENT_ERROR | BEV_EVENT_WRITING);
@@ -146,8 +149,10 @@ static void do_write(struct stream *s)
 			return;
 	}
 	s->blocked = false;
-	if (s->wr_timer)
+	if (s->wr_armed) {              /* most writes never armed it: no event_del for them */
 		evtimer_del(s->wr_timer);
+		s->wr_armed = false;
+	}
 	if (s->wr && evbuffer_get_length(s->out) <= s->wr_low)
 		s->wr(s, s->arg);
 }
@@ -155,6 +160,7 @@ static void do_write(struct stream *s)
 static void wr_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct stream *s = arg;
+	s->wr_armed = false;
 	if (!s->freed && evbuffer_get_length(s->out) > 0)
 		stream_report(s, BEV_EVENT_TIMEOUT | BEV_EVENT_WRITING);
 }
@@ -251,10 +257,9 @@ static void io_cb(evutil_socket_t fd, short what, void *arg)
 		do_write(s);
 }
 
-static void soon_cb(evutil_socket_t fd, short what, void *arg)
+static void soon_cb(void *arg)
 {
 	struct stream *s = arg;
-	s->soon_pending = false;
 	if (s->freed)
 		return;
 	if (s->pending_event) {
@@ -410,7 +415,6 @@ struct stream *stream_new(struct loop *loop, int fd, SSL *ssl, enum stream_tls m
 	}
 	s->in = evbuffer_new();
 	s->out = evbuffer_new();
-	s->soon = event_new(base, -1, 0, soon_cb, s);
 	s->out_cb = evbuffer_add_cb(s->out, out_changed_cb, s);
 	s->in_cb = evbuffer_add_cb(s->in, in_changed_cb, s);
 	if (fd >= 0) {
@@ -470,7 +474,7 @@ void stream_free(struct stream *s)
 	} else {
 		if (s->io)
 			event_free(s->io);
-		event_free(s->soon);
+		loop_soon_del(s->loop, &s->soon);
 		if (s->wr_timer)
 			event_free(s->wr_timer);
 		evbuffer_remove_cb_entry(s->out, s->out_cb);

@@ -240,7 +240,7 @@ static const struct attempt_cbs attempt_callbacks = {
 
 /* ------------------------------------------------------------------ deadline */
 
-static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+static void deadline_cb(void *arg)
 {
 	struct exchange *ex = arg;
 	MAGIC_CHECK(ex, EXCHANGE_MAGIC);
@@ -348,9 +348,7 @@ void exchange_start(struct exchange *ex)
 		ex_finish_error(ex, ad.status, ad.reason, ad.close, NULL);
 		return;
 	}
-	struct timeval tv = clock_tv(ex->given_us);
-	ex_timer_assign(ex, &ex->deadline_ev, EX_T_DEADLINE, deadline_cb);
-	evtimer_add(&ex->deadline_ev, &tv);
+	loop_timer_add(ex->loop, &ex->deadline_t, ex->given_us, deadline_cb, ex);
 
 	if (ex->rb.mode == BODY_BUFFER) {
 		/* we want the whole body before the first attempt: say so ourselves */

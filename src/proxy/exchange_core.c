@@ -82,8 +82,7 @@ void ex_timer_assign(struct exchange *ex, struct event *ev, uint8_t bit, event_c
 /* Stop the timers that were ever armed (ex_end(): once, when the exchange is over). */
 void ex_timers_stop(struct exchange *ex)
 {
-	if (ex->timers & EX_T_DEADLINE)
-		evtimer_del(&ex->deadline_ev);
+	loop_timer_del(ex->loop, &ex->deadline_t);
 	if (ex->timers & EX_T_BACKOFF)
 		evtimer_del(&ex->backoff_ev);
 	if (ex->timers & EX_T_FAULT)

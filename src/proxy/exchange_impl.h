@@ -34,6 +34,7 @@
 #include "http/responder.h"
 #include "policy/retry.h"
 #include "proxy/saved_response.h"
+#include "base/loop.h"
 
 struct attempt;
 struct evbuffer;
@@ -52,7 +53,6 @@ struct ustats;
 #define CLIENT_HIGH   (256 * 1024)    /* client output above this: stop reading the upstream */
 
 /* the exchange's timers (struct exchange's timers bits) */
-#define EX_T_DEADLINE 1u
 #define EX_T_BACKOFF  2u
 #define EX_T_FAULT    4u
 #define EX_T_HEDGE    8u
@@ -170,11 +170,13 @@ struct exchange {
 	struct budget_shared_op *bs_op;
 	bool bs_due;
 
-	/* Embedded: no allocation per request. Each is assigned the first time it is armed (most
-	 * requests never back off nor draw a fault) and, in ex_end(), deleted only if it was: an
-	 * event_del() costs a lock round even on an idle event, and this runs for every request. */
-	struct event deadline_ev, backoff_ev;
-	uint8_t timers;                 /* EX_T_* bits: which of the three events are assigned */
+	/* Embedded: no allocation per request. The deadline is the loop's kind of timer (armed
+	 * and stopped by every request, a link and an unlink); the others are assigned the first
+	 * time they are armed (most requests never back off nor draw a fault) and, in ex_end(),
+	 * deleted only if they were. */
+	struct loop_timer deadline_t;
+	struct event backoff_ev;
+	uint8_t timers;                 /* EX_T_* bits: which of the events are assigned */
 	bool head_sent, close_after;
 	int resp_status;
 	char reqid[FORWARD_ID_MAX];     /* the client's X-Request-Id (truncated), else ours */

@@ -24,7 +24,6 @@
 #include "upstream/h1_conn.h"
 #include "upstream/h2_conn.h"
 #include "base/clock.h"
-#include "base/timer.h"
 #include "http/h1_parser.h"
 #include "base/log.h"
 #include "state/endpoint.h"
@@ -48,7 +47,7 @@ struct attempt {
 	bool wrote_any, paused, freed;
 	bool complete;                  /* the transport ended cleanly; bytes still wait in decoded */
 	int64_t start_us, head_timeout_us;
-	struct otimer timer;            /* the head timer, or a deferred failure's */
+	struct loop_timer timer;        /* embedded, the loop's (no event per attempt) */
 	enum outcome fail_out;          /* a failure waiting for the zero-delay timer */
 	const char *fail_detail;
 	char sni[256];                  /* the transports read it while open */
@@ -88,17 +87,17 @@ static void transport_drop(struct attempt *a)
 	t->ops->cancel(t);
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg);
+static void timer_cb(void *arg);
 
 /* The attempt's one timer (head or a deferred failure) to go off in US. */
 static void timer_arm(struct attempt *a, int64_t us)
 {
-	otimer_arm(&a->timer, a->loop->base, timer_cb, a, us);
+	loop_timer_add(a->loop, &a->timer, us, timer_cb, a);    /* a pending one is moved */
 }
 
 static void timer_stop(struct attempt *a)
 {
-	otimer_stop(&a->timer);
+	loop_timer_del(a->loop, &a->timer);
 }
 
 /* Finish: report once. Safe against the owner freeing us inside on_end. */
@@ -119,11 +118,10 @@ static void attempt_fail_soon(struct attempt *a, enum outcome out, const char *d
 	timer_arm(a, 0);
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+static void timer_cb(void *arg)
 {
 	struct attempt *a = arg;
 	MAGIC_CHECK(a, ATTEMPT_MAGIC);
-	otimer_fired(&a->timer);
 	if (a->state == A_DONE)
 		return;
 	if (a->fail_out != OUT_NONE)

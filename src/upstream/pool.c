@@ -28,12 +28,19 @@ struct pool_table {
 	int npools;
 	uint64_t forget_epoch;          /* the registry's, at the last sweep */
 	bool draining;                  /* no connection is parked any more */
+	struct event *tick;             /* closes what idled past POOL_IDLE_US (POOL_SWEEP_US) */
 };
+
+static void pool_tick_cb(evutil_socket_t fd, short what, void *arg);
 
 static struct pool_table *pool_table(struct loop *l)
 {
 	if (!l->pools) {
-		l->pools = xcalloc(1, sizeof(*l->pools));
+		struct pool_table *t = xcalloc(1, sizeof(*t));
+		t->tick = event_new(l->base, -1, EV_PERSIST, pool_tick_cb, t);
+		struct timeval tv = clock_tv(POOL_SWEEP_US);
+		evtimer_add(t->tick, &tv);
+		l->pools = t;
 	}
 	return l->pools;
 }
@@ -123,10 +130,6 @@ static void pool_unlink(struct pool_conn *c)
 	TAILQ_REMOVE(&pe->idle, c, link);
 	pe->nidle--;
 	c->idle = false;
-	if (c->idle_ev) {
-		event_free(c->idle_ev);
-		c->idle_ev = NULL;
-	}
 }
 
 /* Any byte or EOF on an idle connection: the peer is closing it or misbehaving. */
@@ -142,10 +145,23 @@ static void idle_event_cb(struct stream *strm, short what, void *arg)
 	pool_close(arg);
 }
 
-static void idle_timeout_cb(evutil_socket_t fd, short what, void *arg)
+/* Every POOL_SWEEP_US: close the connections idle for POOL_IDLE_US or more (the oldest are at
+ * the tail of each list), and retire the pools of forgotten endpoints. One timer per loop, not
+ * one armed and deleted per request; pool_get() never hands out one idle past
+ * POOL_REUSE_MAX_US, so the sweep's lag only keeps a dead connection's descriptor a little
+ * longer. */
+static void pool_tick_cb(evutil_socket_t fd, short what, void *arg)
 {
-	MAGIC_CHECK((struct pool_conn *)arg, POOL_CONN_MAGIC);
-	pool_close(arg);
+	struct pool_table *t = arg;
+	pool_sweep(t);
+	int64_t old = clock_now_us() - POOL_IDLE_US;
+	for (int i = 0; i < t->npools; i++)
+		for (int e = 0; t->pools[i] && e < MAX_ENDPOINTS; e++) {
+			struct pool_ep *pe = t->pools[i][e];
+			struct pool_conn *c;
+			while (pe && (c = TAILQ_LAST(&pe->idle, pool_idle)) && c->idle_since_us <= old)
+				pool_close(c);
+		}
 }
 
 void pool_put(struct pool_conn *c)
@@ -161,9 +177,6 @@ void pool_put(struct pool_conn *c)
 	c->idle_since_us = clock_now_us();
 	stream_setcb(c->strm, idle_read_cb, NULL, idle_event_cb, c);
 	stream_enable(c->strm, EV_READ);
-	c->idle_ev = evtimer_new(c->loop->base, idle_timeout_cb, c);
-	struct timeval tv = clock_tv(POOL_IDLE_US);
-	evtimer_add(c->idle_ev, &tv);
 	TAILQ_INSERT_HEAD(&pe->idle, c, link);    /* LIFO: the most recently used is warmest */
 	pe->nidle++;
 }
@@ -234,6 +247,7 @@ void pool_free_all(struct loop *l)
 		free(t->pools[i]);
 	}
 	free(t->pools);
+	event_free(t->tick);
 	free(t);
 	l->pools = NULL;
 }

@@ -6,7 +6,8 @@
  * object (h1_conn.c), which gives the pool its close function: the pool never parses a byte.
  * A connection goes back to the pool only after a complete response on a keep-alive
  * connection. While idle it is watched: any byte or EOF from the peer closes it (SPEC §8), and
- * it is closed after POOL_IDLE_US. pool_get() skips connections idle for longer than
+ * it is closed after POOL_IDLE_US, by a sweep every POOL_SWEEP_US (so at the latest after
+ * POOL_CLOSE_MAX_US; no timer per connection). pool_get() skips connections idle for longer than
  * POOL_REUSE_MAX_US: servers commonly close keep-alive connections after 5 s, and a request
  * written into a connection the server is closing is a `reset` (not provably unsent).
  *
@@ -31,6 +32,8 @@ struct stream;
 struct pool_conn;
 
 #define POOL_IDLE_US        (30 * 1000000LL)
+#define POOL_SWEEP_US       (1000000LL)
+#define POOL_CLOSE_MAX_US   (POOL_IDLE_US + POOL_SWEEP_US)
 #define POOL_REUSE_MAX_US   (4 * 1000000LL)
 #define POOL_MAX_IDLE       256
 #define POOL_PEEK_AFTER_US  (20 * 1000LL)
@@ -50,14 +53,13 @@ struct pool_conn {
 	/* the pool's */
 	struct pool_ep *pe;             /* while idle: the pool it is parked in */
 	int64_t idle_since_us;
-	struct event *idle_ev;
 	TAILQ_ENTRY(pool_conn) link;
 	bool idle;
 	int uses;
 };
 
 struct pool_ep {
-	TAILQ_HEAD(, pool_conn) idle;
+	TAILQ_HEAD(pool_idle, pool_conn) idle;  /* most recently parked first */
 	int nidle;
 	struct sockaddr_storage addr;   /* the endpoint's, copied when the pool is made: what
 	                                 * the transports connect to */
