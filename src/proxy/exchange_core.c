@@ -37,8 +37,7 @@ void ex_held_free(struct grpc_held *held)
 {
 	if (!held)
 		return;
-	saved_clear(&held->head);
-	free(held);
+	loop_blk_free(held->loop, held);
 }
 
 /* The one writer of the state (DESIGN rule 2). */

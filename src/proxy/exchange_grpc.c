@@ -13,6 +13,7 @@
  * (ex_decide()), exchange_reply.c and exchange_core.c.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -84,8 +85,37 @@ static void grpc_decide(struct exchange *ex, struct attempt *a, const struct htt
  * told in grpc-timeout and enforces itself. */
 static void grpc_hold(struct exchange *ex, const struct http_head *h)
 {
-	ex->held = xcalloc(1, sizeof(*ex->held));
-	saved_keep(&ex->held->head, h, NULL);
+	/* every call of a gRPC row passes here: one block, not a saved response's four
+	 * allocations and a body buffer it never uses */
+	size_t bytes = h->reason_len + 1;
+	for (int i = 0; i < h->nhdrs; i++)
+		bytes += h->hdrs[i].nlen + h->hdrs[i].vlen + 2;
+	size_t arr = (size_t)h->nhdrs * sizeof(struct http_hdr);
+	struct grpc_held *held = loop_blk_alloc(ex->loop, sizeof(*held) + arr + bytes);
+	if (!held)
+		abort();        /* out of memory: xmalloc's policy */
+	held->loop = ex->loop;
+	held->h = *h;
+	held->h.hdrs = held->hdrs;
+	char *p = (char *)held->hdrs + arr;
+	if (h->reason_len > 0)
+		memcpy(p, h->reason, h->reason_len);
+	p[h->reason_len] = 0;
+	held->h.reason = p;
+	p += h->reason_len + 1;
+	for (int i = 0; i < h->nhdrs; i++) {
+		const struct http_hdr *f = &h->hdrs[i];
+		held->hdrs[i] = *f;
+		memcpy(p, f->name, f->nlen);
+		p[f->nlen] = 0;
+		held->hdrs[i].name = p;
+		p += f->nlen + 1;
+		memcpy(p, f->value, f->vlen);
+		p[f->vlen] = 0;
+		held->hdrs[i].value = p;
+		p += f->vlen + 1;
+	}
+	ex->held = held;
 	ex_set_state(ex, X_HELD);
 }
 
@@ -119,7 +149,7 @@ void ex_grpc_commit(struct exchange *ex, struct attempt *a)
 {
 	ex_report_health_as(ex, OUT_STATUS, 200, false);
 	struct grpc_held *held = held_take(ex);
-	ex_relay_from(ex, a, &held->head.h, RR_NONE);
+	ex_relay_from(ex, a, &held->h, RR_NONE);
 	ex_held_free(held);
 }
 
@@ -129,10 +159,10 @@ void ex_grpc_trailers(struct exchange *ex, struct attempt *a, const struct http_
 	bool named = ex_grpc_outcome(ex, t, n) >= 0;
 	struct grpc_held *held = held_take(ex);
 	if (named) {
-		grpc_decide(ex, a, &held->head.h, t, n);
+		grpc_decide(ex, a, &held->h, t, n);
 	} else {
 		ex_report_health_as(ex, OUT_STATUS, 200, false);
-		ex_relay_from(ex, a, &held->head.h, RR_NONE);
+		ex_relay_from(ex, a, &held->h, RR_NONE);
 		ex_relay_trailers(ex, t, n);
 	}
 	ex_held_free(held);
@@ -146,7 +176,7 @@ bool ex_grpc_end(struct exchange *ex, struct attempt *a, enum outcome out)
 	if (out != OUT_NONE)
 		return false;
 	struct grpc_held *held = held_take(ex);
-	ex_relay_from(ex, a, &held->head.h, RR_NONE);
+	ex_relay_from(ex, a, &held->h, RR_NONE);
 	ex_held_free(held);
 	ex->relay = NULL;
 	attempt_free(a);

@@ -77,9 +77,12 @@ enum xstate {
 struct attempt_cbs;
 
 /* A gRPC head held while its outcome is unknown (X_HELD). Apart from the exchange: HTTP
- * requests never need it. */
+ * requests never need it. One block from the loop's free lists: this struct, the fields, then
+ * their bytes (a deep copy: the transport's head goes away). */
 struct grpc_held {
-	struct saved_response head;     /* deep copy: the transport's goes away */
+	struct loop *loop;
+	struct http_head h;
+	struct http_hdr hdrs[];
 };
 
 /* SPEC §14: an attempt running beside ex->att, its head awaited; ex->att's own facts take
