@@ -187,8 +187,16 @@ enum h2g_verdict h2_guard_feed(struct h2_guard *g, const uint8_t *p, size_t n, i
 			n -= k;
 			continue;
 		}
-		g->hd[g->hd_have++] = *p++;
-		n--;
+		if (g->hd_have == 0 && n >= sizeof(g->hd)) {
+			/* a whole frame header in this piece (nearly always): one copy */
+			memcpy(g->hd, p, sizeof(g->hd));
+			g->hd_have = sizeof(g->hd);
+			p += sizeof(g->hd);
+			n -= sizeof(g->hd);
+		} else {
+			g->hd[g->hd_have++] = *p++;
+			n--;
+		}
 		if (g->hd_have == sizeof(g->hd)) {
 			g->hd_have = 0;
 			enum h2g_verdict v = frame_begin(g, now_us);
