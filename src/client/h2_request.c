@@ -202,9 +202,13 @@ void h2cl_stream_pump(struct h2_session *s, struct h2_client_stream *st)
 			return;
 		size_t have = evbuffer_get_length(st->req_in);
 		size_t n = room < have ? room : have;
-		evbuffer_remove_buffer(st->req_in, s->tmp, n);
-		exchange_body(st->ex, s->tmp);
-		evbuffer_drain(s->tmp, evbuffer_get_length(s->tmp));
+		/* all of it fits (a unary call's one message): handed over where it is, not moved
+		 * into the scratch buffer first */
+		struct evbuffer *part = n == have ? st->req_in : s->tmp;
+		if (part == s->tmp)
+			evbuffer_remove_buffer(st->req_in, s->tmp, n);
+		exchange_body(st->ex, part);
+		evbuffer_drain(part, evbuffer_get_length(part));
 		nghttp2_session_consume(s->ng, st->id, n);
 	}
 	size_t left = h2cl_req_pending(st);
