@@ -25,6 +25,7 @@
 
 #include "http/h1_parser.h"
 #include "http/h1_write.h"
+#include "http/responder.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define TRACE_MAX 4096
@@ -1320,6 +1321,100 @@ static void test_chunk_encode(void **state)
 	evbuffer_free(in);
 }
 
+/* ---------------------------------------------------------------- head writer */
+
+static void count_adds(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+	if (info->n_added > 0)
+		(*(int *)arg)++;
+}
+
+/* Pieces around the writer's stack buffer: the bytes come out whole and in order, in one
+ * append to the evbuffer (one run of its callbacks) as long as they fit. */
+static void test_head_writer(void **state)
+{
+	static const struct {
+		size_t piece[4];
+		int appends;
+	} rows[] = {
+		{ { 5, 0, 7, 0 }, 1 },
+		{ { 0, 0, 0, 0 }, 0 },                          /* nothing: no append at all */
+		{ { H1_OUT_BUF, 0, 0, 0 }, 1 },                 /* exactly full */
+		{ { H1_OUT_BUF - 1, 1, 0, 0 }, 1 },
+		{ { H1_OUT_BUF - 1, 2, 0, 0 }, 2 },             /* spills, the rest follows */
+		{ { 10, H1_OUT_BUF + 5, 3, 0 }, 3 },            /* larger than the buffer: as is */
+		{ { 3 * H1_OUT_BUF, 0, 0, 0 }, 1 },
+		{ { H1_OUT_BUF / 2, H1_OUT_BUF / 2, H1_OUT_BUF / 2, 1 }, 2 },
+	};
+	static char src[4 * H1_OUT_BUF], want[16 * H1_OUT_BUF], got[16 * H1_OUT_BUF];
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (char)('a' + (i * 7) % 26);
+	for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+		struct evbuffer *b = evbuffer_new();
+		int adds = 0;
+		evbuffer_add_cb(b, count_adds, &adds);
+		struct h1_out o;
+		size_t n = 0;
+		h1_out_begin(&o, b);
+		for (int k = 0; k < 4; k++) {
+			size_t len = rows[r].piece[k];
+			/* each piece starts at a different place of SRC: an order mix-up shows */
+			h1_out_add(&o, len ? src + k * 3 : NULL, len);
+			memcpy(want + n, src + k * 3, len);
+			n += len;
+		}
+		h1_out_end(&o);
+		assert_int_equal(evbuffer_get_length(b), n);
+		evbuffer_remove(b, got, n);
+		assert_memory_equal(got, want, n);
+		assert_int_equal(adds, rows[r].appends);
+		evbuffer_free(b);
+	}
+}
+
+/* A response head with more fields than the stack buffer holds: the same bytes as a small
+ * one would have, field by field. */
+static void test_response_head_long(void **state)
+{
+	enum { NF = 140 };
+	static char names[NF][16], values[NF][40], want[16384], got[16384];
+	struct http_hdr f[NF];
+	size_t n = 0;
+	n += (size_t)sprintf(want + n, "HTTP/1.1 200 Fine\r\n");
+	for (int i = 0; i < NF; i++) {
+		f[i].nlen = (uint32_t)sprintf(names[i], "X-Field-%d", i);
+		f[i].vlen = (uint32_t)sprintf(values[i], "value %d of a long head", i * 1000);
+		f[i].name = names[i];
+		f[i].value = values[i];
+		f[i].hop = i % 7 == 3;
+		if (!f[i].hop)
+			n += (size_t)sprintf(want + n, "%s: %s\r\n", names[i], values[i]);
+	}
+	n += (size_t)sprintf(want + n, "Content-Length: 1234567\r\nConnection: close\r\n\r\n");
+	assert_true(n > 2 * H1_OUT_BUF);
+	struct resp_head h = {
+		.status = 200, .reason = "Fine", .reason_len = 4, .hdrs = f, .nhdrs = NF,
+		.content_length = 1234567,
+	};
+	struct evbuffer *b = evbuffer_new();
+	h1_response_head(b, &h, "OK", H1_LENGTH, H1_CONN_CLOSE);
+	assert_int_equal(evbuffer_get_length(b), n);
+	evbuffer_remove(b, got, n);
+	assert_memory_equal(got, want, n);
+
+	/* and a short one, with the standard reason, chunked, keep-alive */
+	h.reason = NULL;
+	h.nhdrs = 1;
+	h1_response_head(b, &h, "OK", H1_CHUNKED, H1_CONN_KEEP_ALIVE);
+	const char *small = "HTTP/1.1 200 OK\r\nX-Field-0: value 0 of a long head\r\n"
+	                    "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n";
+	n = evbuffer_get_length(b);
+	evbuffer_remove(b, got, n);
+	assert_int_equal(n, strlen(small));
+	assert_memory_equal(got, small, n);
+	evbuffer_free(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1342,6 +1437,8 @@ int main(void)
 		cmocka_unit_test(test_many_chains),
 		cmocka_unit_test(test_eof_states),
 		cmocka_unit_test(test_chunk_encode),
+		cmocka_unit_test(test_head_writer),
+		cmocka_unit_test(test_response_head_long),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
