@@ -804,9 +804,10 @@ static void parse_reset(struct http_msg *m)
 	m->ps.cl = -1;
 }
 
-/* Request: the method is in hbuf[mstart, msp); start llhttp on it. A method we don't serve is
+/* Request: the method is in hbuf[mstart, msp); start llhttp on it, unless DEFER (the caller
+ * executes it with the rest of the head: one llhttp call, not two). A method we don't serve is
  * shown to llhttp as GET (noted 501), so that the rest of the head is still checked. */
-static bool begin_request(struct http_msg *m)
+static bool begin_request(struct http_msg *m, bool defer)
 {
 	const char *name = m->hbuf + m->mstart;
 	size_t n = m->msp - m->mstart, used;
@@ -830,6 +831,8 @@ static bool begin_request(struct http_msg *m)
 		m->xbase = "GET ";      /* no span callback fires on the method: never mapped */
 		m->xoff = m->msp;
 		e = llhttp_execute(&m->p, "GET ", 4);
+	} else if (defer) {
+		e = HPE_OK;
 	} else {
 		e = head_exec(m, name, n + 1, m->mstart, &used);
 	}
@@ -897,7 +900,7 @@ static bool version_rewrite(struct http_msg *m)
 	int vmaj = m->hbuf[voff] - '0', vmin = m->hbuf[voff + 2] - '0';
 	memcpy(m->hbuf + voff, "1.1", 3);
 	m->vsubst = true;
-	if (!begin_request(m))
+	if (!begin_request(m, false))
 		return false;
 	m->ps.vmaj = vmaj;
 	m->ps.vmin = vmin;
@@ -1148,8 +1151,8 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 	for (;;) {
 		struct evbuffer_iovec v;
 		const char *data, *detail = NULL;
-		size_t len, used = 0, pre = 0;
-		llhttp_errno_t e;
+		size_t len, used = 0, pre = 0, h0 = m->hlen;
+		llhttp_errno_t e = HPE_OK;
 		int res;
 
 		if (m->hlen > m->lim.max_header_bytes)
@@ -1166,11 +1169,21 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 			pre = pre_scan(m, data, len, &res, &detail);
 			if (res < 0)
 				return fail(m, 400, detail);
-			if (res > 0 && !begin_request(m))
-				return fail(m, 400, "request line refused");
 			if (res == 0 || pre == len) {
+				if (res > 0 && !begin_request(m, false))
+					return fail(m, 400, "request line refused");
 				evbuffer_drain(in, pre);
 				continue;
+			}
+			/* the method is in this chain: llhttp reads it and the rest in one call, from
+			 * the method's first byte (in hbuf already); not a substituted one */
+			if (!begin_request(m, m->mstart >= h0))
+				return fail(m, 400, "request line refused");
+			if (m->mstart >= h0 && !m->msubst) {
+				pre = m->mstart - h0;
+				e = head_exec(m, data + pre, len - pre, m->mstart, &used);
+			} else {
+				e = head_exec(m, data + pre, len - pre, m->hlen, &used);
 			}
 			break;
 		case HP_VERSION:
@@ -1180,10 +1193,9 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 				return fail(m, 400, "request line refused");
 			continue;
 		case HP_PARSE:
+			e = head_exec(m, data, len, m->hlen, &used);
 			break;
 		}
-
-		e = head_exec(m, data + pre, len - pre, m->hlen, &used);
 		evbuffer_drain(in, pre + used);
 		/* llhttp reports our callbacks' refusals under several codes (HPE_USER,
 		 * HPE_CB_HEADER_VALUE_COMPLETE, ...): the verdict they left is what counts */
