@@ -94,6 +94,7 @@ struct http_msg {
 	struct http_limits lim;
 	enum msg_state state;
 	bool expect_head;               /* response: the request was HEAD (sticky, see expect) */
+	bool head_taken;                /* http_msg_take completed a head: the next feed says so */
 
 	/* head bytes: hbuf[0, hlen) is what llhttp consumed of this head */
 	char *hbuf;
@@ -1146,7 +1147,33 @@ static enum http_event head_too_big(struct http_msg *m)
 	return fail(m, 431, "head larger than max_header_bytes");
 }
 
-static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
+/* Where head bytes come from: the caller's evbuffer, or bytes just read (http_msg_take). */
+struct hsrc {
+	struct evbuffer *in;            /* NULL: P, N */
+	const char *p;
+	size_t n;
+};
+
+static bool src_peek(struct hsrc *src, struct evbuffer_iovec *v)
+{
+	if (src->in)
+		return peek_first(src->in, v);
+	v->iov_base = (void *)(uintptr_t)src->p;
+	v->iov_len = src->n;
+	return src->n > 0;
+}
+
+static void src_drain(struct hsrc *src, size_t n)
+{
+	if (src->in) {
+		evbuffer_drain(src->in, n);
+	} else {
+		src->p += n;
+		src->n -= n;
+	}
+}
+
+static enum http_event feed_head(struct http_msg *m, struct hsrc *in)
 {
 	for (;;) {
 		struct evbuffer_iovec v;
@@ -1157,7 +1184,7 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 
 		if (m->hlen > m->lim.max_header_bytes)
 			return head_too_big(m);
-		if (!peek_first(in, &v))
+		if (!src_peek(in, &v))
 			return HTTP_NEED_MORE;
 		data = v.iov_base;
 		len = min_sz(v.iov_len, m->lim.max_header_bytes + 1 - m->hlen);
@@ -1172,7 +1199,7 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 			if (res == 0 || pre == len) {
 				if (res > 0 && !begin_request(m, false))
 					return fail(m, 400, "request line refused");
-				evbuffer_drain(in, pre);
+				src_drain(in, pre);
 				continue;
 			}
 			/* the method is in this chain: llhttp reads it and the rest in one call, from
@@ -1196,7 +1223,7 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 			e = head_exec(m, data, len, m->hlen, &used);
 			break;
 		}
-		evbuffer_drain(in, pre + used);
+		src_drain(in, pre + used);
 		/* llhttp reports our callbacks' refusals under several codes (HPE_USER,
 		 * HPE_CB_HEADER_VALUE_COMPLETE, ...): the verdict they left is what counts */
 		if (m->ps.cb_status != 0)
@@ -1355,6 +1382,7 @@ static enum http_event feed_chunked(struct http_msg *m, struct evbuffer *in,
 static void msg_start(struct http_msg *m)
 {
 	m->state = M_HEAD;
+	m->head_taken = false;
 	m->hlen = 0;
 	m->head_size = 0;
 	m->pre_cr = m->in_method = m->msubst = m->vsubst = false;
@@ -1419,9 +1447,15 @@ enum http_event http_msg_feed(struct http_msg *m, struct evbuffer *in,
                               struct evbuffer *body_out, size_t body_max)
 {
 	size_t n;
+	if (m->head_taken) {
+		m->head_taken = false;
+		return HTTP_HEAD;
+	}
 	switch (m->state) {
-	case M_HEAD:
-		return feed_head(m, in);
+	case M_HEAD: {
+		struct hsrc src = { .in = in };
+		return feed_head(m, &src);
+	}
 	case M_NOBODY:
 		m->state = M_DONE;
 		return HTTP_DONE;
@@ -1442,6 +1476,16 @@ enum http_event http_msg_feed(struct http_msg *m, struct evbuffer *in,
 		break;
 	}
 	return HTTP_ERROR;
+}
+
+size_t http_msg_take(struct http_msg *m, const char *data, size_t len)
+{
+	if (m->state != M_HEAD)
+		return 0;
+	struct hsrc src = { .p = data, .n = len };
+	if (feed_head(m, &src) == HTTP_HEAD)
+		m->head_taken = true;
+	return len - src.n;
 }
 
 enum http_event http_msg_eof(struct http_msg *m)
