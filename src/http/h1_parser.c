@@ -157,12 +157,13 @@ static unsigned char lower(unsigned char c)
 	return (c >= 'A' && c <= 'Z') ? (unsigned char)(c + 32) : c;
 }
 
-/* ASCII case-insensitive equality of S[0,N) and the C string LIT. */
+/* ASCII case-insensitive equality of S[0,N) and the C string LIT, which is lowercase (every
+ * caller's is): only S's bytes are folded. */
 static bool ieq(const char *s, size_t n, const char *lit)
 {
 	size_t i;
 	for (i = 0; i < n; i++)
-		if (lit[i] == 0 || lower((unsigned char)s[i]) != lower((unsigned char)lit[i]))
+		if (lit[i] == 0 || lower((unsigned char)s[i]) != (unsigned char)lit[i])
 			return false;
 	return lit[n] == 0;
 }
@@ -335,6 +336,18 @@ static bool hop_class(enum hname c)
 	}
 }
 
+/* unreserved / sub-delims (RFC 3986 §3.2.2 reg-name, pct-encoded apart) */
+static bool is_regname(unsigned char c)
+{
+	switch (c) {
+	case '-': case '.': case '_': case '~': case '!': case '$': case '&': case '\'':
+	case '(': case ')': case '*': case '+': case ',': case ';': case '=':
+		return true;
+	default:
+		return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c);
+	}
+}
+
 /* uri-host [ ":" port ] (RFC 3986 / RFC 9110 §7.2). Empty is valid syntax (a Host for a target
  * without authority); finish_request refuses it, as we route no such target, and the
  * absolute-form caller refuses an empty authority itself. */
@@ -353,8 +366,7 @@ static bool host_valid(const char *s, size_t n)
 	} else {
 		for (; i < n && s[i] != ':'; i++) {
 			unsigned char c = (unsigned char)s[i];
-			if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) ||
-			    (c != 0 && strchr("-._~!$&'()*+,;=", c) != NULL))
+			if (is_regname(c))
 				continue;
 			if (c == '%' && i + 2 < n && is_hex((unsigned char)s[i + 1]) &&
 			    is_hex((unsigned char)s[i + 2])) {
