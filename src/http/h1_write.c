@@ -12,6 +12,10 @@
 
 size_t h1_fmt_int(char *p, int64_t v)
 {
+	if (v >= 0 && v < 10) {        /* attempt counts, most lengths of small bodies */
+		p[0] = (char)('0' + v);
+		return 1;
+	}
 	char tmp[24];
 	size_t n = 0;
 	uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
@@ -75,8 +79,17 @@ void h1_field_int(struct h1_out *o, const char *name, size_t nlen, int64_t v)
 void h1_status_line(struct h1_out *o, int status, const char *reason, size_t rlen)
 {
 	char num[24];
+	size_t nlen;
 	H1_OUT_LIT(o, "HTTP/1.1 ");
-	h1_out_add(o, num, h1_fmt_int(num, status));
+	if (status >= 100 && status <= 999) {   /* every status we write: no division loop */
+		num[0] = (char)('0' + status / 100);
+		num[1] = (char)('0' + status / 10 % 10);
+		num[2] = (char)('0' + status % 10);
+		nlen = 3;
+	} else {
+		nlen = h1_fmt_int(num, status);
+	}
+	h1_out_add(o, num, nlen);
 	h1_out_add(o, " ", 1);
 	h1_out_add(o, reason, rlen > 256 ? 256 : rlen);
 	h1_out_add(o, "\r\n", 2);

@@ -1424,6 +1424,43 @@ static void test_response_head_long(void **state)
 	evbuffer_free(b);
 }
 
+static void test_fmt_int(void **state)
+{
+	static const struct {
+		int64_t v;
+		const char *want;
+	} rows[] = {
+		{ 0, "0" }, { 9, "9" }, { 10, "10" }, { 13, "13" }, { 200, "200" }, { -1, "-1" },
+		{ -10, "-10" }, { INT64_MAX, "9223372036854775807" },
+		{ INT64_MIN, "-9223372036854775808" },
+	};
+	char buf[32];
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		size_t n = h1_fmt_int(buf, rows[i].v);
+		buf[n] = 0;
+		assert_string_equal(buf, rows[i].want);
+	}
+	/* status lines: three digits the short way, anything else the long one */
+	static const struct {
+		int status;
+		const char *want;
+	} st[] = {
+		{ 200, "HTTP/1.1 200 R\r\n\r\n" }, { 100, "HTTP/1.1 100 R\r\n\r\n" },
+		{ 599, "HTTP/1.1 599 R\r\n\r\n" }, { 999, "HTTP/1.1 999 R\r\n\r\n" },
+		{ 99, "HTTP/1.1 99 R\r\n\r\n" }, { 1000, "HTTP/1.1 1000 R\r\n\r\n" },
+	};
+	struct evbuffer *b = evbuffer_new();
+	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++) {
+		struct resp_head h = { .status = st[i].status };
+		h1_response_head(b, &h, "R", H1_NO_BODY, H1_CONN_NONE);
+		size_t n = evbuffer_get_length(b);
+		assert_int_equal(n, strlen(st[i].want));
+		evbuffer_remove(b, buf, n);
+		assert_memory_equal(buf, st[i].want, n);
+	}
+	evbuffer_free(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1448,6 +1485,7 @@ int main(void)
 		cmocka_unit_test(test_chunk_encode),
 		cmocka_unit_test(test_head_writer),
 		cmocka_unit_test(test_response_head_long),
+		cmocka_unit_test(test_fmt_int),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
