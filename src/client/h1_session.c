@@ -396,7 +396,8 @@ static void session_process(struct h1_session *s)
 			next_request(s);
 		}
 		if (s->state == S_HEAD) {
-			if (evbuffer_get_length(in) == 0)
+			/* with a parser, feed even an empty input: take_cb may have parsed a head */
+			if (!s->req && evbuffer_get_length(in) == 0)
 				return;
 			if (!s->req) {
 				int h2 = speaks_h2(s, in);
@@ -478,6 +479,15 @@ static void resume_cb(evutil_socket_t fd, short what, void *arg)
 static void read_cb(struct stream *strm, void *arg)
 {
 	session_process(arg);
+}
+
+/* Bytes just read, before they enter the input: a request head waited for is parsed from them
+ * (read_cb then finds it complete, or the partial head kept). */
+static size_t take_cb(struct stream *strm, const char *data, size_t len, void *arg)
+{
+	struct h1_session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	return s->state == S_HEAD && s->req ? http_msg_take(s->req, data, len) : 0;
 }
 
 static void write_cb(struct stream *strm, void *arg)
@@ -596,6 +606,7 @@ struct h1_session *h1_session_new(struct loop *loop, const struct session_owner 
 	s->body_tmp = evbuffer_new();
 	s->resume_ev = event_new(loop->base, -1, 0, resume_cb, s);
 	stream_setcb(s->strm, read_cb, write_cb, event_cb, s);
+	stream_set_take(s->strm, take_cb);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
 	stream_setwatermark(s->strm, EV_READ, 0, (size_t)s->lcfg->limits.max_header_bytes + 64 * 1024);
 	stream_setwatermark(s->strm, EV_WRITE, CLIENT_LOW, 0);

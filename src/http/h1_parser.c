@@ -94,6 +94,7 @@ struct http_msg {
 	struct http_limits lim;
 	enum msg_state state;
 	bool expect_head;               /* response: the request was HEAD (sticky, see expect) */
+	bool head_taken;                /* http_msg_take completed a head: the next feed says so */
 
 	/* head bytes: hbuf[0, hlen) is what llhttp consumed of this head */
 	char *hbuf;
@@ -156,12 +157,13 @@ static unsigned char lower(unsigned char c)
 	return (c >= 'A' && c <= 'Z') ? (unsigned char)(c + 32) : c;
 }
 
-/* ASCII case-insensitive equality of S[0,N) and the C string LIT. */
+/* ASCII case-insensitive equality of S[0,N) and the C string LIT, which is lowercase (every
+ * caller's is): only S's bytes are folded. */
 static bool ieq(const char *s, size_t n, const char *lit)
 {
 	size_t i;
 	for (i = 0; i < n; i++)
-		if (lit[i] == 0 || lower((unsigned char)s[i]) != lower((unsigned char)lit[i]))
+		if (lit[i] == 0 || lower((unsigned char)s[i]) != (unsigned char)lit[i])
 			return false;
 	return lit[n] == 0;
 }
@@ -334,6 +336,18 @@ static bool hop_class(enum hname c)
 	}
 }
 
+/* unreserved / sub-delims (RFC 3986 §3.2.2 reg-name, pct-encoded apart) */
+static bool is_regname(unsigned char c)
+{
+	switch (c) {
+	case '-': case '.': case '_': case '~': case '!': case '$': case '&': case '\'':
+	case '(': case ')': case '*': case '+': case ',': case ';': case '=':
+		return true;
+	default:
+		return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c);
+	}
+}
+
 /* uri-host [ ":" port ] (RFC 3986 / RFC 9110 §7.2). Empty is valid syntax (a Host for a target
  * without authority); finish_request refuses it, as we route no such target, and the
  * absolute-form caller refuses an empty authority itself. */
@@ -352,8 +366,7 @@ static bool host_valid(const char *s, size_t n)
 	} else {
 		for (; i < n && s[i] != ':'; i++) {
 			unsigned char c = (unsigned char)s[i];
-			if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) ||
-			    (c != 0 && strchr("-._~!$&'()*+,;=", c) != NULL))
+			if (is_regname(c))
 				continue;
 			if (c == '%' && i + 2 < n && is_hex((unsigned char)s[i + 1]) &&
 			    is_hex((unsigned char)s[i + 2])) {
@@ -804,9 +817,10 @@ static void parse_reset(struct http_msg *m)
 	m->ps.cl = -1;
 }
 
-/* Request: the method is in hbuf[mstart, msp); start llhttp on it. A method we don't serve is
+/* Request: the method is in hbuf[mstart, msp); start llhttp on it, unless DEFER (the caller
+ * executes it with the rest of the head: one llhttp call, not two). A method we don't serve is
  * shown to llhttp as GET (noted 501), so that the rest of the head is still checked. */
-static bool begin_request(struct http_msg *m)
+static bool begin_request(struct http_msg *m, bool defer)
 {
 	const char *name = m->hbuf + m->mstart;
 	size_t n = m->msp - m->mstart, used;
@@ -830,6 +844,8 @@ static bool begin_request(struct http_msg *m)
 		m->xbase = "GET ";      /* no span callback fires on the method: never mapped */
 		m->xoff = m->msp;
 		e = llhttp_execute(&m->p, "GET ", 4);
+	} else if (defer) {
+		e = HPE_OK;
 	} else {
 		e = head_exec(m, name, n + 1, m->mstart, &used);
 	}
@@ -897,7 +913,7 @@ static bool version_rewrite(struct http_msg *m)
 	int vmaj = m->hbuf[voff] - '0', vmin = m->hbuf[voff + 2] - '0';
 	memcpy(m->hbuf + voff, "1.1", 3);
 	m->vsubst = true;
-	if (!begin_request(m))
+	if (!begin_request(m, false))
 		return false;
 	m->ps.vmaj = vmaj;
 	m->ps.vmin = vmin;
@@ -1143,18 +1159,44 @@ static enum http_event head_too_big(struct http_msg *m)
 	return fail(m, 431, "head larger than max_header_bytes");
 }
 
-static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
+/* Where head bytes come from: the caller's evbuffer, or bytes just read (http_msg_take). */
+struct hsrc {
+	struct evbuffer *in;            /* NULL: P, N */
+	const char *p;
+	size_t n;
+};
+
+static bool src_peek(struct hsrc *src, struct evbuffer_iovec *v)
+{
+	if (src->in)
+		return peek_first(src->in, v);
+	v->iov_base = (void *)(uintptr_t)src->p;
+	v->iov_len = src->n;
+	return src->n > 0;
+}
+
+static void src_drain(struct hsrc *src, size_t n)
+{
+	if (src->in) {
+		evbuffer_drain(src->in, n);
+	} else {
+		src->p += n;
+		src->n -= n;
+	}
+}
+
+static enum http_event feed_head(struct http_msg *m, struct hsrc *in)
 {
 	for (;;) {
 		struct evbuffer_iovec v;
 		const char *data, *detail = NULL;
-		size_t len, used = 0, pre = 0;
-		llhttp_errno_t e;
+		size_t len, used = 0, pre = 0, h0 = m->hlen;
+		llhttp_errno_t e = HPE_OK;
 		int res;
 
 		if (m->hlen > m->lim.max_header_bytes)
 			return head_too_big(m);
-		if (!peek_first(in, &v))
+		if (!src_peek(in, &v))
 			return HTTP_NEED_MORE;
 		data = v.iov_base;
 		len = min_sz(v.iov_len, m->lim.max_header_bytes + 1 - m->hlen);
@@ -1166,11 +1208,21 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 			pre = pre_scan(m, data, len, &res, &detail);
 			if (res < 0)
 				return fail(m, 400, detail);
-			if (res > 0 && !begin_request(m))
-				return fail(m, 400, "request line refused");
 			if (res == 0 || pre == len) {
-				evbuffer_drain(in, pre);
+				if (res > 0 && !begin_request(m, false))
+					return fail(m, 400, "request line refused");
+				src_drain(in, pre);
 				continue;
+			}
+			/* the method is in this chain: llhttp reads it and the rest in one call, from
+			 * the method's first byte (in hbuf already); not a substituted one */
+			if (!begin_request(m, m->mstart >= h0))
+				return fail(m, 400, "request line refused");
+			if (m->mstart >= h0 && !m->msubst) {
+				pre = m->mstart - h0;
+				e = head_exec(m, data + pre, len - pre, m->mstart, &used);
+			} else {
+				e = head_exec(m, data + pre, len - pre, m->hlen, &used);
 			}
 			break;
 		case HP_VERSION:
@@ -1180,11 +1232,10 @@ static enum http_event feed_head(struct http_msg *m, struct evbuffer *in)
 				return fail(m, 400, "request line refused");
 			continue;
 		case HP_PARSE:
+			e = head_exec(m, data, len, m->hlen, &used);
 			break;
 		}
-
-		e = head_exec(m, data + pre, len - pre, m->hlen, &used);
-		evbuffer_drain(in, pre + used);
+		src_drain(in, pre + used);
 		/* llhttp reports our callbacks' refusals under several codes (HPE_USER,
 		 * HPE_CB_HEADER_VALUE_COMPLETE, ...): the verdict they left is what counts */
 		if (m->ps.cb_status != 0)
@@ -1343,6 +1394,7 @@ static enum http_event feed_chunked(struct http_msg *m, struct evbuffer *in,
 static void msg_start(struct http_msg *m)
 {
 	m->state = M_HEAD;
+	m->head_taken = false;
 	m->hlen = 0;
 	m->head_size = 0;
 	m->pre_cr = m->in_method = m->msubst = m->vsubst = false;
@@ -1407,9 +1459,15 @@ enum http_event http_msg_feed(struct http_msg *m, struct evbuffer *in,
                               struct evbuffer *body_out, size_t body_max)
 {
 	size_t n;
+	if (m->head_taken) {
+		m->head_taken = false;
+		return HTTP_HEAD;
+	}
 	switch (m->state) {
-	case M_HEAD:
-		return feed_head(m, in);
+	case M_HEAD: {
+		struct hsrc src = { .in = in };
+		return feed_head(m, &src);
+	}
 	case M_NOBODY:
 		m->state = M_DONE;
 		return HTTP_DONE;
@@ -1430,6 +1488,16 @@ enum http_event http_msg_feed(struct http_msg *m, struct evbuffer *in,
 		break;
 	}
 	return HTTP_ERROR;
+}
+
+size_t http_msg_take(struct http_msg *m, const char *data, size_t len)
+{
+	if (m->state != M_HEAD)
+		return 0;
+	struct hsrc src = { .p = data, .n = len };
+	if (feed_head(m, &src) == HTTP_HEAD)
+		m->head_taken = true;
+	return len - src.n;
 }
 
 enum http_event http_msg_eof(struct http_msg *m)

@@ -87,6 +87,13 @@ void http_msg_expect(struct http_msg *m, bool request_was_head);
 enum http_event http_msg_feed(struct http_msg *m, struct evbuffer *in,
                               struct evbuffer *body_out, size_t body_max);
 
+/* A head read straight from DATA, bytes just received while nothing waits in the evbuffer
+ * http_msg_feed() reads (so the order of bytes stays): returns the bytes taken, never one past
+ * the head; none unless a head is being read. What the head came to (complete, refused) is
+ * what the next http_msg_feed() returns, whatever IN holds: the caller feeds on as usual. The
+ * head's bytes skip the evbuffer (a chain allocated, peeked at, drained, freed). */
+size_t http_msg_take(struct http_msg *m, const char *data, size_t len);
+
 /* The peer closed. For a response whose body runs until close: HTTP_DONE. Otherwise, if a
  * message was under way: HTTP_ERROR (truncated). If none was: HTTP_NEED_MORE. */
 enum http_event http_msg_eof(struct http_msg *m);

@@ -12,6 +12,10 @@
 
 size_t h1_fmt_int(char *p, int64_t v)
 {
+	if (v >= 0 && v < 10) {        /* attempt counts, most lengths of small bodies */
+		p[0] = (char)('0' + v);
+		return 1;
+	}
 	char tmp[24];
 	size_t n = 0;
 	uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
@@ -27,81 +31,94 @@ size_t h1_fmt_int(char *p, int64_t v)
 	return o;
 }
 
-void h1_field3(struct evbuffer *b, const char *name, size_t nlen, const char *v1, size_t l1,
-               const char *v2, size_t l2, const char *v3, size_t l3)
+void h1_out_spill(struct h1_out *o, const void *p, size_t len)
 {
-	char tmp[512];
-	const char *part[5] = { name, ": ", v1, v2, v3 };
-	size_t len[5] = { nlen, 2, l1, l2, l3 };
-	if (nlen + l1 + l2 + l3 + 4 > sizeof(tmp)) {
-		for (int i = 0; i < 5; i++)
-			if (len[i] > 0)
-				evbuffer_add(b, part[i], len[i]);
-		evbuffer_add(b, "\r\n", 2);
+	if (o->n > 0)
+		evbuffer_add(o->b, o->buf, o->n);
+	o->n = 0;
+	if (len > sizeof(o->buf)) {
+		evbuffer_add(o->b, p, len);
 		return;
 	}
-	size_t n = 0;
-	for (int i = 0; i < 5; i++) {
-		if (len[i] == 0)
-			continue;       /* an absent piece is NULL: memcpy must not see it */
-		memcpy(tmp + n, part[i], len[i]);
-		n += len[i];
-	}
-	tmp[n++] = '\r';
-	tmp[n++] = '\n';
-	evbuffer_add(b, tmp, n);
+	memcpy(o->buf, p, len);
+	o->n = len;
 }
 
-void h1_field(struct evbuffer *b, const char *name, size_t nlen, const char *v, size_t vlen)
+void h1_out_end(struct h1_out *o)
 {
-	h1_field3(b, name, nlen, v, vlen, NULL, 0, NULL, 0);
+	if (o->n > 0)
+		evbuffer_add(o->b, o->buf, o->n);
+	o->n = 0;
 }
 
-void h1_field_int(struct evbuffer *b, const char *name, size_t nlen, int64_t v)
+void h1_field3(struct h1_out *o, const char *name, size_t nlen, const char *v1, size_t l1,
+               const char *v2, size_t l2, const char *v3, size_t l3)
+{
+	h1_out_add(o, name, nlen);
+	h1_out_add(o, ": ", 2);
+	h1_out_add(o, v1, l1);
+	h1_out_add(o, v2, l2);
+	h1_out_add(o, v3, l3);
+	h1_out_add(o, "\r\n", 2);
+}
+
+void h1_field(struct h1_out *o, const char *name, size_t nlen, const char *v, size_t vlen)
+{
+	h1_out_add(o, name, nlen);
+	h1_out_add(o, ": ", 2);
+	h1_out_add(o, v, vlen);
+	h1_out_add(o, "\r\n", 2);
+}
+
+void h1_field_int(struct h1_out *o, const char *name, size_t nlen, int64_t v)
 {
 	char num[24];
-	h1_field(b, name, nlen, num, h1_fmt_int(num, v));
+	h1_field(o, name, nlen, num, h1_fmt_int(num, v));
 }
 
-
-void h1_status_line(struct evbuffer *b, int status, const char *reason, size_t rlen)
+void h1_status_line(struct h1_out *o, int status, const char *reason, size_t rlen)
 {
-	char line[300];
-	size_t n = 9;
-	memcpy(line, "HTTP/1.1 ", 9);
-	n += h1_fmt_int(line + n, status);
-	line[n++] = ' ';
-	if (rlen > 256)
-		rlen = 256;
-	if (rlen > 0)
-		memcpy(line + n, reason, rlen);
-	n += rlen;
-	line[n++] = '\r';
-	line[n++] = '\n';
-	evbuffer_add(b, line, n);
+	char num[24];
+	size_t nlen;
+	H1_OUT_LIT(o, "HTTP/1.1 ");
+	if (status >= 100 && status <= 999) {   /* every status we write: no division loop */
+		num[0] = (char)('0' + status / 100);
+		num[1] = (char)('0' + status / 10 % 10);
+		num[2] = (char)('0' + status % 10);
+		nlen = 3;
+	} else {
+		nlen = h1_fmt_int(num, status);
+	}
+	h1_out_add(o, num, nlen);
+	h1_out_add(o, " ", 1);
+	h1_out_add(o, reason, rlen > 256 ? 256 : rlen);
+	h1_out_add(o, "\r\n", 2);
 }
 
 void h1_response_head(struct evbuffer *b, const struct resp_head *h, const char *std_reason,
                       enum h1_framing fr, enum h1_conn conn)
 {
+	struct h1_out o;
+	h1_out_begin(&o, b);
 	if (h->reason)
-		h1_status_line(b, h->status, h->reason, h->reason_len);
+		h1_status_line(&o, h->status, h->reason, h->reason_len);
 	else
-		h1_status_line(b, h->status, std_reason, strlen(std_reason));
+		h1_status_line(&o, h->status, std_reason, strlen(std_reason));
 	for (int i = 0; i < h->nhdrs; i++) {
 		const struct http_hdr *x = &h->hdrs[i];
 		if (!x->hop)
-			h1_field(b, x->name, x->nlen, x->value, x->vlen);
+			h1_field(&o, x->name, x->nlen, x->value, x->vlen);
 	}
 	if (fr == H1_LENGTH)
-		H1_FIELD_INT(b, "Content-Length", h->content_length);
+		H1_FIELD_INT(&o, "Content-Length", h->content_length);
 	else if (fr == H1_CHUNKED)
-		evbuffer_add(b, "Transfer-Encoding: chunked\r\n", 28);
+		H1_OUT_LIT(&o, "Transfer-Encoding: chunked\r\n");
 	if (conn == H1_CONN_CLOSE)
-		evbuffer_add(b, "Connection: close\r\n", 19);
+		H1_OUT_LIT(&o, "Connection: close\r\n");
 	else if (conn == H1_CONN_KEEP_ALIVE)
-		evbuffer_add(b, "Connection: keep-alive\r\n", 24);
-	evbuffer_add(b, "\r\n", 2);
+		H1_OUT_LIT(&o, "Connection: keep-alive\r\n");
+	H1_OUT_LIT(&o, "\r\n");
+	h1_out_end(&o);
 }
 
 #define CHUNK_STEP ((size_t)1 << 30)

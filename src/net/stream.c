@@ -50,6 +50,7 @@ struct stream {
 	struct timeval wr_timeout;
 	struct evbuffer_cb_entry *out_cb, *in_cb;
 	stream_data_fn rd, wr;
+	stream_take_fn take;
 	stream_event_fn ev;
 	void *arg;
 	size_t rd_high, wr_low;
@@ -201,7 +202,8 @@ static void do_read(struct stream *s)
 			stream_report(s, BEV_EVENT_EOF | BEV_EVENT_READING);
 			return;
 		}
-		if (evbuffer_add(s->in, scratch, (size_t)n) != 0) {
+		size_t took = (s->take && have == 0) ? s->take(s, scratch, (size_t)n, s->arg) : 0;
+		if (took < (size_t)n && evbuffer_add(s->in, scratch + took, (size_t)n - took) != 0) {
 			s->can_read = false;
 			stream_report(s, BEV_EVENT_ERROR | BEV_EVENT_READING);
 			return;
@@ -494,6 +496,12 @@ void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream
 	s->wr = wr;
 	s->ev = ev;
 	s->arg = arg;
+	s->take = NULL;
+}
+
+void stream_set_take(struct stream *s, stream_take_fn take)
+{
+	s->take = take;
 }
 
 uint64_t stream_written(const struct stream *s) { return s->written; }

@@ -47,6 +47,12 @@ void stream_free(struct stream *s);
  * write). EVENT: connected, EOF, error. */
 void stream_setcb(struct stream *s, stream_data_fn rd, stream_data_fn wr, stream_event_fn ev,
                   void *arg);
+/* Plain streams: bytes just read are first offered to TAKE while the input is empty (so their
+ * order stays); what it returns it took, the rest enters the input, and READ follows as usual.
+ * TAKE must not free the stream nor change its callbacks. Spares what it takes a trip through
+ * the input evbuffer. stream_setcb() clears it: set it after. */
+typedef size_t (*stream_take_fn)(struct stream *s, const char *data, size_t len, void *arg);
+void stream_set_take(struct stream *s, stream_take_fn take);
 /* Output bytes that left so far: accepted by the kernel (plain) or by the TLS layer. Unlike
  * the output's drains, packing (which moves the waiting bytes out and back) never counts. */
 uint64_t stream_written(const struct stream *s);

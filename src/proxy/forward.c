@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/buffer.h>
-
 #include "proxy/forward.h"
 #include "http/grpc.h"
 #include "http/h1_write.h"
@@ -25,7 +23,7 @@ static bool named(const struct http_hdr *h, const char *name, size_t nlen)
  * (names lowercased). One walk over the client's fields serves both, so the two protocols
  * cannot drift apart in what they forward. */
 struct sink {
-	struct evbuffer *b;             /* HTTP/1.1 */
+	struct h1_out *o;               /* HTTP/1.1 */
 	struct forward_nv *nv;          /* HTTP/2 */
 	bool lower;                     /* HTTP/2: the client's names are lowercase already (an
 	                                 * HTTP/2 client's: uppercase is malformed, SPEC §9) */
@@ -107,8 +105,8 @@ static void nv_add(struct forward_nv *o, const char *name, size_t nlen, bool low
 /* A field of the client's */
 static void put_client(struct sink *k, const struct http_hdr *h, uint8_t flags)
 {
-	if (k->b)
-		h1_field(k->b, h->name, h->nlen, h->value, h->vlen);
+	if (k->o)
+		h1_field(k->o, h->name, h->nlen, h->value, h->vlen);
 	else
 		nv_add(k->nv, h->name, h->nlen, k->lower, flags, h->value, h->vlen, NULL, 0, NULL, 0);
 }
@@ -117,8 +115,8 @@ static void put_client(struct sink *k, const struct http_hdr *h, uint8_t flags)
 static void put3(struct sink *k, const struct fname *f, uint8_t flags, const char *v1, size_t l1,
                  const char *v2, size_t l2, const char *v3, size_t l3)
 {
-	if (k->b)
-		h1_field3(k->b, f->h1, f->len, v1, l1, v2, l2, v3, l3);
+	if (k->o)
+		h1_field3(k->o, f->h1, f->len, v1, l1, v2, l2, v3, l3);
 	else
 		nv_add(k->nv, f->h2, f->len, true, flags, v1, l1, v2, l2, v3, l3);
 }
@@ -187,8 +185,8 @@ static void framing(const struct forward_req *f, struct sink *k)
 			put(k, &F_EXPECT, NGHTTP2_NV_FLAG_NONE, "100-continue", 12);
 		if (r->content_length >= 0)
 			put_int(k, &F_CL, r->content_length);
-		else if (k->b)
-			H1_FIELD_STR(k->b, "Transfer-Encoding", "chunked", 7);
+		else if (k->o)
+			H1_FIELD_STR(k->o, "Transfer-Encoding", "chunked", 7);
 	} else if (f->body_len > 0 || r->content_length >= 0 || r->chunked) {
 		put_int(k, &F_CL, f->body_len);
 	}
@@ -284,25 +282,27 @@ static void fields(const struct forward_req *f, struct sink *k)
 void forward_h1_head(const struct forward_req *f, struct evbuffer *b)
 {
 	const struct http_head *r = f->req;
-	struct sink k = { .b = b };
-	evbuffer_expand(b, 1024);
-	evbuffer_add(b, r->method, strlen(r->method));
-	evbuffer_add(b, " ", 1);
-	evbuffer_add(b, r->path, r->path_len);
-	evbuffer_add(b, " HTTP/1.1\r\n", 11);
+	struct h1_out o;
+	struct sink k = { .o = &o };
+	h1_out_begin(&o, b);
+	h1_out_add(&o, r->method, strlen(r->method));
+	h1_out_add(&o, " ", 1);
+	h1_out_add(&o, r->path, r->path_len);
+	H1_OUT_LIT(&o, " HTTP/1.1\r\n");
 	const char *host;
 	size_t hlen;
 	authority(f, &host, &hlen);
-	H1_FIELD_STR(b, "Host", host, hlen);
+	H1_FIELD_STR(&o, "Host", host, hlen);
 	fields(f, &k);
 	if (r->upgrade) {
 		size_t n = 0;
 		const char *u = http_head_get(r, "Upgrade", &n);
-		evbuffer_add(b, "Connection: upgrade\r\n", 21);
-		H1_FIELD_STR(b, "Upgrade", u ? u : "", u ? n : 0);
+		H1_OUT_LIT(&o, "Connection: upgrade\r\n");
+		H1_FIELD_STR(&o, "Upgrade", u ? u : "", u ? n : 0);
 	}
 	framing(f, &k);
-	evbuffer_add(b, "\r\n", 2);
+	H1_OUT_LIT(&o, "\r\n");
+	h1_out_end(&o);
 }
 
 /* Does the client's TE list "trailers"? (te: trailers is the one TE HTTP/2 allows.) */

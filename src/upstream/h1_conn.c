@@ -124,6 +124,7 @@ static void out_counted(struct h1_req *r, size_t before)
 }
 
 static void read_cb(struct stream *strm, void *arg);
+static size_t take_cb(struct stream *strm, const char *data, size_t len, void *arg);
 static void write_cb(struct stream *strm, void *arg);
 static void event_cb(struct stream *strm, short what, void *arg);
 
@@ -134,6 +135,7 @@ static void conn_attach(struct h1_req *r, struct upconn *c, bool reused)
 	r->reused = reused;
 	c->pc.ep = r->ep;
 	stream_setcb(strm, read_cb, write_cb, event_cb, r);
+	stream_set_take(strm, take_cb);
 	if (c->parser)
 		http_msg_expect(c->parser, r->is_head);
 	r->queued = evbuffer_get_length(stream_output(strm));    /* a pooled one's is empty */
@@ -264,15 +266,23 @@ static void req_complete(struct h1_req *r, bool keep_alive)
 	req_end(r, reuse, OUT_NONE, false, NULL);
 }
 
+/* The connection's response parser, made with its first response */
+static struct http_msg *conn_parser(struct h1_req *r)
+{
+	struct upconn *c = r->c;
+	if (!c->parser) {
+		struct http_limits lim = { 64 * 1024, 64 * 1024 };
+		c->parser = http_msg_new(HTTP_RESPONSE_KIND, &lim);
+		http_msg_expect(c->parser, r->is_head);
+	}
+	return c->parser;
+}
+
 static void process(struct h1_req *r)
 {
 	while (r->state == R_WAITING || r->state == R_BODY) {
 		struct upconn *c = r->c;
-		if (!c->parser) {
-			struct http_limits lim = { 64 * 1024, 64 * 1024 };
-			c->parser = http_msg_new(HTTP_RESPONSE_KIND, &lim);
-			http_msg_expect(c->parser, r->is_head);
-		}
+		conn_parser(r);
 		struct evbuffer *in = stream_input(c->pc.strm);
 		enum http_event ev = http_msg_feed(c->parser, in, r->decoded, r->paused ? 0 : BODY_CHUNK);
 		switch (ev) {
@@ -344,6 +354,15 @@ static void read_cb(struct stream *strm, void *arg)
 	struct h1_req *r = arg;
 	MAGIC_CHECK(r, H1REQ_MAGIC);
 	process(r);
+}
+
+/* Bytes just read, before they enter the input: the response head waited for is parsed from
+ * them (read_cb then finds it complete). */
+static size_t take_cb(struct stream *strm, const char *data, size_t len, void *arg)
+{
+	struct h1_req *r = arg;
+	MAGIC_CHECK(r, H1REQ_MAGIC);
+	return r->state == R_WAITING ? http_msg_take(conn_parser(r), data, len) : 0;
 }
 
 static void write_cb(struct stream *strm, void *arg)

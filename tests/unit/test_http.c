@@ -25,6 +25,7 @@
 
 #include "http/h1_parser.h"
 #include "http/h1_write.h"
+#include "http/responder.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define TRACE_MAX 4096
@@ -48,6 +49,8 @@ struct run_opt {
 	size_t body_max;                /* 0: unlimited */
 	bool expect_head;               /* response: the request was HEAD */
 	bool no_eof;
+	bool take;                      /* slices go to http_msg_take() first when IN is empty,
+	                                 * as a stream hands over what it read */
 };
 
 static void tr_add(char *tr, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -136,7 +139,11 @@ static void run(const char *in_bytes, size_t n, const struct run_opt *o, char *t
 					k = (size_t)o->split;
 				if (k > n - pos)
 					k = n - pos;
-				evbuffer_add(in, in_bytes + pos, k);
+				size_t took = 0;
+				if (o->take && evbuffer_get_length(in) == 0)
+					took = http_msg_take(m, in_bytes + pos, k);
+				assert_true(took <= k);
+				evbuffer_add(in, in_bytes + pos + took, k - took);
 				pos += k;
 				continue;
 			}
@@ -189,22 +196,25 @@ static void run(const char *in_bytes, size_t n, const struct run_opt *o, char *t
 	http_msg_free(m);
 }
 
-/* Run a row whole, byte by byte and in random slices; all must give WANT. */
+/* Run a row whole, byte by byte and in random slices, each through the evbuffer alone and
+ * through http_msg_take() where it applies; all must give WANT. */
 static void expect_trace(const char *why, const char *in_bytes, size_t n,
                          const struct run_opt *base, const char *want)
 {
 	static const int splits[] = { SPLIT_WHOLE, SPLIT_BYTE, SPLIT_RANDOM, SPLIT_RANDOM, 3 };
 	char tr[TRACE_MAX];
 	size_t i;
-	for (i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+	for (i = 0; i < 2 * sizeof splits / sizeof splits[0]; i++) {
 		struct run_opt o = *base;
+		size_t k = i % (sizeof splits / sizeof splits[0]);
 		last_detail = "";
-		o.split = splits[i];
-		o.seed = (unsigned)(i * 7919 + n);
+		o.split = splits[k];
+		o.seed = (unsigned)(k * 7919 + n);
+		o.take = i >= sizeof splits / sizeof splits[0];
 		run(in_bytes, n, &o, tr);
 		if (strcmp(tr, want) != 0) {
-			print_error("row \"%s\" (split %d): got \"%s\" (%s), want \"%s\"\n", why,
-			            splits[i], tr, last_detail, want);
+			print_error("row \"%s\" (split %d%s): got \"%s\" (%s), want \"%s\"\n", why,
+			            splits[k], o.take ? ", taken" : "", tr, last_detail, want);
 			fail();
 		}
 	}
@@ -1320,6 +1330,137 @@ static void test_chunk_encode(void **state)
 	evbuffer_free(in);
 }
 
+/* ---------------------------------------------------------------- head writer */
+
+static void count_adds(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+	if (info->n_added > 0)
+		(*(int *)arg)++;
+}
+
+/* Pieces around the writer's stack buffer: the bytes come out whole and in order, in one
+ * append to the evbuffer (one run of its callbacks) as long as they fit. */
+static void test_head_writer(void **state)
+{
+	static const struct {
+		size_t piece[4];
+		int appends;
+	} rows[] = {
+		{ { 5, 0, 7, 0 }, 1 },
+		{ { 0, 0, 0, 0 }, 0 },                          /* nothing: no append at all */
+		{ { H1_OUT_BUF, 0, 0, 0 }, 1 },                 /* exactly full */
+		{ { H1_OUT_BUF - 1, 1, 0, 0 }, 1 },
+		{ { H1_OUT_BUF - 1, 2, 0, 0 }, 2 },             /* spills, the rest follows */
+		{ { 10, H1_OUT_BUF + 5, 3, 0 }, 3 },            /* larger than the buffer: as is */
+		{ { 3 * H1_OUT_BUF, 0, 0, 0 }, 1 },
+		{ { H1_OUT_BUF / 2, H1_OUT_BUF / 2, H1_OUT_BUF / 2, 1 }, 2 },
+	};
+	static char src[4 * H1_OUT_BUF], want[16 * H1_OUT_BUF], got[16 * H1_OUT_BUF];
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (char)('a' + (i * 7) % 26);
+	for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+		struct evbuffer *b = evbuffer_new();
+		int adds = 0;
+		evbuffer_add_cb(b, count_adds, &adds);
+		struct h1_out o;
+		size_t n = 0;
+		h1_out_begin(&o, b);
+		for (int k = 0; k < 4; k++) {
+			size_t len = rows[r].piece[k];
+			/* each piece starts at a different place of SRC: an order mix-up shows */
+			h1_out_add(&o, len ? src + k * 3 : NULL, len);
+			memcpy(want + n, src + k * 3, len);
+			n += len;
+		}
+		h1_out_end(&o);
+		assert_int_equal(evbuffer_get_length(b), n);
+		evbuffer_remove(b, got, n);
+		assert_memory_equal(got, want, n);
+		assert_int_equal(adds, rows[r].appends);
+		evbuffer_free(b);
+	}
+}
+
+/* A response head with more fields than the stack buffer holds: the same bytes as a small
+ * one would have, field by field. */
+static void test_response_head_long(void **state)
+{
+	enum { NF = 140 };
+	static char names[NF][16], values[NF][40], want[16384], got[16384];
+	struct http_hdr f[NF];
+	size_t n = 0;
+	n += (size_t)sprintf(want + n, "HTTP/1.1 200 Fine\r\n");
+	for (int i = 0; i < NF; i++) {
+		f[i].nlen = (uint32_t)sprintf(names[i], "X-Field-%d", i);
+		f[i].vlen = (uint32_t)sprintf(values[i], "value %d of a long head", i * 1000);
+		f[i].name = names[i];
+		f[i].value = values[i];
+		f[i].hop = i % 7 == 3;
+		if (!f[i].hop)
+			n += (size_t)sprintf(want + n, "%s: %s\r\n", names[i], values[i]);
+	}
+	n += (size_t)sprintf(want + n, "Content-Length: 1234567\r\nConnection: close\r\n\r\n");
+	assert_true(n > 2 * H1_OUT_BUF);
+	struct resp_head h = {
+		.status = 200, .reason = "Fine", .reason_len = 4, .hdrs = f, .nhdrs = NF,
+		.content_length = 1234567,
+	};
+	struct evbuffer *b = evbuffer_new();
+	h1_response_head(b, &h, "OK", H1_LENGTH, H1_CONN_CLOSE);
+	assert_int_equal(evbuffer_get_length(b), n);
+	evbuffer_remove(b, got, n);
+	assert_memory_equal(got, want, n);
+
+	/* and a short one, with the standard reason, chunked, keep-alive */
+	h.reason = NULL;
+	h.nhdrs = 1;
+	h1_response_head(b, &h, "OK", H1_CHUNKED, H1_CONN_KEEP_ALIVE);
+	const char *small = "HTTP/1.1 200 OK\r\nX-Field-0: value 0 of a long head\r\n"
+	                    "Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n";
+	n = evbuffer_get_length(b);
+	evbuffer_remove(b, got, n);
+	assert_int_equal(n, strlen(small));
+	assert_memory_equal(got, small, n);
+	evbuffer_free(b);
+}
+
+static void test_fmt_int(void **state)
+{
+	static const struct {
+		int64_t v;
+		const char *want;
+	} rows[] = {
+		{ 0, "0" }, { 9, "9" }, { 10, "10" }, { 13, "13" }, { 200, "200" }, { -1, "-1" },
+		{ -10, "-10" }, { INT64_MAX, "9223372036854775807" },
+		{ INT64_MIN, "-9223372036854775808" },
+	};
+	char buf[32];
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		size_t n = h1_fmt_int(buf, rows[i].v);
+		buf[n] = 0;
+		assert_string_equal(buf, rows[i].want);
+	}
+	/* status lines: three digits the short way, anything else the long one */
+	static const struct {
+		int status;
+		const char *want;
+	} st[] = {
+		{ 200, "HTTP/1.1 200 R\r\n\r\n" }, { 100, "HTTP/1.1 100 R\r\n\r\n" },
+		{ 599, "HTTP/1.1 599 R\r\n\r\n" }, { 999, "HTTP/1.1 999 R\r\n\r\n" },
+		{ 99, "HTTP/1.1 99 R\r\n\r\n" }, { 1000, "HTTP/1.1 1000 R\r\n\r\n" },
+	};
+	struct evbuffer *b = evbuffer_new();
+	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++) {
+		struct resp_head h = { .status = st[i].status };
+		h1_response_head(b, &h, "R", H1_NO_BODY, H1_CONN_NONE);
+		size_t n = evbuffer_get_length(b);
+		assert_int_equal(n, strlen(st[i].want));
+		evbuffer_remove(b, buf, n);
+		assert_memory_equal(buf, st[i].want, n);
+	}
+	evbuffer_free(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1342,6 +1483,9 @@ int main(void)
 		cmocka_unit_test(test_many_chains),
 		cmocka_unit_test(test_eof_states),
 		cmocka_unit_test(test_chunk_encode),
+		cmocka_unit_test(test_head_writer),
+		cmocka_unit_test(test_response_head_long),
+		cmocka_unit_test(test_fmt_int),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
