@@ -36,6 +36,14 @@ def hedges_fast():
                    else respond(200, body=b"slow", delay=SLOW))
 
 
+def slow_first_pair(upstream_factory):
+    """Two endpoints where the first attempt is slow and a hedge answers at once."""
+    a, b = upstream_factory(), upstream_factory()
+    a.set_default(hedges_fast())
+    b.set_default(hedges_fast())
+    return a, b
+
+
 def metric(rg, name, **labels):
     return rg.metric(name, upstream="api", **labels)
 
@@ -75,9 +83,7 @@ def hedged_after_switch_on(rg, ups, path):
 def test_a_hedge_draws_its_own_delay(upstream_factory, rg_factory, tmp_path):
     """Every attempt is delayed 300 ms: the first attempt, still in its delay, is hedged 50 ms
     after its start, and the hedge waits its own 300 ms before it is sent."""
-    a, b = upstream_factory(), upstream_factory()
-    a.set_default(hedges_fast())
-    b.set_default(hedges_fast())
+    a, b = slow_first_pair(upstream_factory)
     log = tmp_path / "access.log"
     rg = rg_factory(upstreams={"api": api([a, b], "50ms", [
         {"kind": "delay", "percent": 100, "delay": "300ms"}])}, access_log=log)
@@ -107,9 +113,7 @@ def test_a_hedge_draws_its_own_delay(upstream_factory, rg_factory, tmp_path):
 def test_a_hedge_drawing_connect_failure_reaches_nothing(upstream_factory, rg_factory):
     """The hedge fails as a refused connection: nothing reaches either upstream, the first
     attempt runs on and its answer is relayed; the hedge counts as an attempt and a fault."""
-    a, b = upstream_factory(), upstream_factory()
-    a.set_default(hedges_fast())
-    b.set_default(hedges_fast())
+    a, b = slow_first_pair(upstream_factory)
     rg = rg_factory(upstreams={"api": api([a, b], "1s", [
         {"kind": "connect-failure", "percent": 100}], enabled=False)})
     r, took = hedged_after_switch_on(rg, [a, b], "/x")
@@ -131,9 +135,7 @@ def test_a_hedge_drawing_abort_answers_for_it(upstream_factory, rg_factory):
     """abort answers the hedge itself: a status not retried wins at once and the first
     attempt is cancelled; a retried one ends that try alone and the first attempt's answer is
     relayed. Nothing of either hedge reaches an upstream."""
-    a, b = upstream_factory(), upstream_factory()
-    a.set_default(hedges_fast())
-    b.set_default(hedges_fast())
+    a, b = slow_first_pair(upstream_factory)
     rg = rg_factory(upstreams={"api": api([a, b], "1s", [
         {"kind": "abort", "percent": 100, "status": 429, "path_prefix": "/wins"},
         {"kind": "abort", "percent": 100, "status": 503, "path_prefix": "/ends"}],
@@ -199,9 +201,7 @@ def test_an_attempt_in_its_delay_is_hedged_and_its_wait_goes_on(upstream_factory
 def test_a_hedge_drawing_lost_response_is_a_reset(upstream_factory, rg_factory):
     """The hedge reaches the upstream, its answer is thrown away: a reset, which for a GET
     ends that try alone; the first attempt's answer is relayed."""
-    a, b = upstream_factory(), upstream_factory()
-    a.set_default(hedges_fast())
-    b.set_default(hedges_fast())
+    a, b = slow_first_pair(upstream_factory)
     rg = rg_factory(upstreams={"api": api([a, b], "1s", [
         {"kind": "lost-response", "percent": 100}], enabled=False)})
     r, took = hedged_after_switch_on(rg, [a, b], "/x")
