@@ -64,10 +64,7 @@ void h1_field3(struct h1_out *o, const char *name, size_t nlen, const char *v1, 
 
 void h1_field(struct h1_out *o, const char *name, size_t nlen, const char *v, size_t vlen)
 {
-	h1_out_add(o, name, nlen);
-	h1_out_add(o, ": ", 2);
-	h1_out_add(o, v, vlen);
-	h1_out_add(o, "\r\n", 2);
+	h1_field3(o, name, nlen, v, vlen, NULL, 0, NULL, 0);
 }
 
 void h1_field_int(struct h1_out *o, const char *name, size_t nlen, int64_t v)

@@ -30,7 +30,6 @@
 #include "net/stream.h"
 #include "net/tls.h"
 #include "base/loop.h"
-#include "base/timer.h"
 #include "base/util.h"
 
 #define H1REQ_MAGIC 0x4831e9a5u
@@ -65,7 +64,7 @@ struct h1_req {
 	const char *sni;
 	bool verify;
 	int64_t connect_timeout_us;
-	struct otimer timer;            /* the connect timer */
+	struct loop_timer timer;        /* the connect timer (the loop's, as the attempt's) */
 };
 
 /* The one writer of the state (DESIGN rule 2). */
@@ -171,16 +170,16 @@ static void write_request(struct h1_req *r)
 
 /* ---------------------------------------------------------------- timer, end */
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg);
+static void timer_cb(void *arg);
 
 static void timer_arm(struct h1_req *r, int64_t us)
 {
-	otimer_arm(&r->timer, r->loop->base, timer_cb, r, us);
+	loop_timer_add(r->loop, &r->timer, us, timer_cb, r);
 }
 
 static void timer_stop(struct h1_req *r)
 {
-	otimer_stop(&r->timer);
+	loop_timer_del(r->loop, &r->timer);
 }
 
 static void req_free_cb(void *p)
@@ -233,11 +232,10 @@ static bool conn_open(struct h1_req *r, const char **err)
 	return true;
 }
 
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
+static void timer_cb(void *arg)
 {
 	struct h1_req *r = arg;
 	MAGIC_CHECK(r, H1REQ_MAGIC);
-	otimer_fired(&r->timer);
 	if (r->state == R_CONNECTING)
 		req_end(r, false, OUT_CONNECT_FAILURE, false, "connect timeout");
 }
