@@ -14,6 +14,7 @@ import pytest
 
 from h2upstream import respond as h2respond
 from harness import wait_for
+from test_hedging import two_endpoints
 from upstream import dynamic, respond
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,10 +39,7 @@ def hedges_fast():
 
 def slow_first_pair(upstream_factory):
     """Two endpoints where the first attempt is slow and a hedge answers at once."""
-    a, b = upstream_factory(), upstream_factory()
-    a.set_default(hedges_fast())
-    b.set_default(hedges_fast())
-    return a, b
+    return two_endpoints(upstream_factory, hedges_fast())
 
 
 def metric(rg, name, **labels):
@@ -168,12 +166,10 @@ def test_an_attempt_in_its_delay_is_hedged_and_its_wait_goes_on(upstream_factory
     ends it alone: the first attempt's wait goes on, it is sent when its delay is over and its
     answer relayed. Then the hedge's 200 wins while the first attempt still waits: that one
     never reaches the upstream."""
-    a, b = upstream_factory(), upstream_factory()
     answers = {"/x": respond(503, body=b"no"), "/y": respond(200, body=b"hedge")}
     act = dynamic(lambda req: answers[req.path] if req.header("X-Retrygate-Hedge")
                   else respond(200, body=b"first"))
-    a.set_default(act)
-    b.set_default(act)
+    a, b = two_endpoints(upstream_factory, act)
     rg = rg_factory(upstreams={"api": api([a, b], "300ms", [
         {"kind": "delay", "percent": 100, "delay": "2s"}], enabled=False)})
 

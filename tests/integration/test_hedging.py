@@ -48,6 +48,14 @@ def first_slow(body_slow=b"slow", body_fast=b"fast"):
     return first_then(respond(200, body=body_slow, delay=SLOW), respond(200, body=body_fast))
 
 
+def two_endpoints(upstream_factory, action):
+    """Two upstreams that both answer with ACTION (each request to either one)."""
+    a, b = upstream_factory(), upstream_factory()
+    a.set_default(action)
+    b.set_default(action)
+    return a, b
+
+
 def hedge_metrics(rg):
     return (rg.metric("retrygate_upstream_hedges_total", upstream="api"),
             rg.metric("retrygate_upstream_hedges_won_total", upstream="api"))
@@ -55,10 +63,7 @@ def hedge_metrics(rg):
 
 def test_hedge_to_the_other_endpoint_wins_and_the_slow_attempt_is_cancelled(
         upstream_factory, rg_factory, tmp_path):
-    a, b = upstream_factory(), upstream_factory()
-    act = first_slow()
-    a.set_default(act)
-    b.set_default(act)
+    a, b = two_endpoints(upstream_factory, first_slow())
     log = tmp_path / "access.log"
     rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"})}, access_log=log)
     t0 = time.monotonic()
@@ -241,10 +246,8 @@ def test_the_deadline_is_never_exceeded(upstream, rg_factory):
 
 def test_a_retryable_answer_does_not_end_the_other_attempt(upstream_factory, rg_factory):
     """The hedge gets a 503 at once; the first attempt's 200 comes later and is relayed."""
-    a, b = upstream_factory(), upstream_factory()
-    pick = first_then(respond(200, body=b"first", delay=0.5), respond(503, body=b"no"))
-    a.set_default(pick)
-    b.set_default(pick)
+    a, b = two_endpoints(upstream_factory, first_then(respond(200, body=b"first", delay=0.5),
+                                                      respond(503, body=b"no")))
     rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"}, max_attempts=2)})
     r = rg.get("/x")
     assert (r.status, r.body) == (200, b"first")
@@ -255,10 +258,8 @@ def test_a_retryable_answer_does_not_end_the_other_attempt(upstream_factory, rg_
 def test_when_every_attempt_ends_retryable_the_last_decides(upstream_factory, rg_factory):
     """The hedge's 503 comes first, the first attempt's 502 later: no attempts left, so the
     client gets the last response any attempt produced, refused max-attempts."""
-    a, b = upstream_factory(), upstream_factory()
-    pick = first_then(respond(502, body=b"first", delay=0.4), respond(503, body=b"hedge"))
-    a.set_default(pick)
-    b.set_default(pick)
+    a, b = two_endpoints(upstream_factory, first_then(respond(502, body=b"first", delay=0.4),
+                                                      respond(503, body=b"hedge")))
     rg = rg_factory(upstreams={"api": api([a, b], {"after": "50ms"}, max_attempts=2)})
     r = rg.get("/x")
     assert (r.status, r.body) == (502, b"first")
