@@ -50,17 +50,18 @@ def stalled_output(port):
 
 
 def test_streams_queued_behind_an_unread_output_were_never_sent(h2up, rg_factory):
-    # The first connection reads the preface and SETTINGS, then nothing: a PUT's 60 KB body
-    # fills the kernels' buffers (small by RCVBUF and MSS) and the rest waits in retrygate's
-    # output. Keyless POSTs then come one per loop round: each HEADERS is a small append to
-    # the waiting output, which the stream packs every 64 of them (moving its bytes out and
-    # back). None of them reached the kernel: when the connection dies they are
+    # The first connection reads the preface and SETTINGS, then nothing. It grants a 1 MiB
+    # window, so a PUT's 200 KB body is more than the kernels can hold (their buffers are
+    # small by RCVBUF and MSS, and do not grow towards a shut window): the rest waits in
+    # retrygate's output. Keyless POSTs then come one per loop round: each HEADERS is a small
+    # append to the waiting output, which the stream packs every 64 of them (moving its bytes
+    # out and back). None of them reached the kernel: when the connection dies they are
     # connect-failures, retried on a new connection, and none is a reconciliation record.
-    up = h2up(max_streams=1000, deaf=1, rcvbuf=2048, mss=536)
+    up = h2up(max_streams=1000, deaf=1, rcvbuf=2048, mss=536, window=1 << 20)
     up.set_default(echo())
-    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "20s"},
+    rg = rg_factory(upstreams=api(up, {"per_try_timeout": "20s", "max_body": "1MiB"},
                                   deadline={"default": "30s", "max": "30s"}))
-    fill = InThread(rg.request, "PUT", "/fill", body=b"f" * 60000, timeout=30)
+    fill = InThread(rg.request, "PUT", "/fill", body=b"f" * 200000, timeout=30)
     up.wait_connections(1)
     wait_for(lambda: stalled_output(up.port), 20, what="the PUT filling the kernels' buffers")
     posts = []

@@ -19,6 +19,8 @@ for actions marked ``early``. Every frame write holds the connection's lock.
                                     # preface and SETTINGS, then nothing more until killed;
                                     # RCVBUF and MSS (set on the listening socket) keep the
                                     # bytes the kernels hold for an unread connection small
+    H2Upstream(window=1 << 20)      # the stream and connection flow-control windows it grants
+                                    # (SETTINGS_INITIAL_WINDOW_SIZE, a WINDOW_UPDATE on stream 0)
 
 Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after, hold) |
 echo() |
@@ -109,10 +111,13 @@ class _Conn:
         cfg = h2.config.H2Configuration(client_side=False, header_encoding="utf-8",
                                         validate_inbound_headers=False)
         self.h2 = h2.connection.H2Connection(config=cfg)
+        initial = {}
         if up.max_streams is not None:
-            self.h2.local_settings = h2.settings.Settings(
-                client=False, initial_values={
-                    h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: up.max_streams})
+            initial[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS] = up.max_streams
+        if up.window is not None:
+            initial[h2.settings.SettingCodes.INITIAL_WINDOW_SIZE] = up.window
+        if initial:
+            self.h2.local_settings = h2.settings.Settings(client=False, initial_values=initial)
         self.reqs = {}
         self.deaf = False
 
@@ -160,6 +165,8 @@ class _Conn:
         if self.up.settings_delay:
             time.sleep(self.up.settings_delay)
         self.do(self.h2.initiate_connection)
+        if self.up.window is not None and self.up.window > 65535:
+            self.do(lambda: self.h2.increment_flow_control_window(self.up.window - 65535))
         if self.deaf:
             self.read_settings_then_nothing()
             return
@@ -345,8 +352,9 @@ class _Conn:
 
 class H2Upstream:
     def __init__(self, max_streams=None, settings_delay=0.0, tls=None, alpn=("h2",), deaf=0,
-                 rcvbuf=None, mss=None):
+                 rcvbuf=None, mss=None, window=None):
         self.max_streams = max_streams
+        self.window = window
         self.deaf = deaf
         self.settings_delay = settings_delay
         self.queue, self.default = [], echo()
