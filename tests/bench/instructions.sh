@@ -13,6 +13,7 @@
 #                      h2h2: h2load -> HTTP/2 upstream (retrygate protocol: h2, HAProxy proto h2;
 #                            nginx has none)
 #                      grpc: h2load unary gRPC calls -> the gRPC-shaped HTTP/2 upstream
+#   BENCH_INSTR_JSON=FILE  also append one JSON line per proxy to FILE (run.sh's report reads them)
 #   BENCH_KEEP_PROFILE=DIR  keep each proxy's callgrind output of the larger run in DIR
 #                      (callgrind_annotate DIR/cg.retrygate.h2 shows where the instructions go)
 #
@@ -119,5 +120,8 @@ default="retrygate haproxy nginx"; [ "$MODE" != h2h2 ] || default="retrygate hap
 for what in ${@:-$default}; do
     read -r n1 i1 < <(measure "$what" $N1)
     read -r n2 i2 < <(measure "$what" $N2)
-    printf "  %-14s %8d\n" "$(basename "$what")" $(( (i2 - i1) / (n2 - n1) ))
+    per=$(( (i2 - i1) / (n2 - n1) ))
+    printf "  %-14s %8d\n" "$(basename "$what")" "$per"
+    [ -z "${BENCH_INSTR_JSON:-}" ] || printf '{"row":"%s","proxy":"%s","instructions":%d,"requests":[%d,%d]}\n' \
+        "$MODE" "$(basename "$what")" "$per" "$n1" "$n2" >> "$BENCH_INSTR_JSON"
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Aggregate the wrk records of tests/bench/run.sh into a table and build/bench/results.json.
 
-usage: report.py RECORDS.jsonl MEM.json META.json SYSCALLS.jsonl OUT.json
+usage: report.py RECORDS.jsonl MEM.json META.json SYSCALLS.jsonl OUT.json [INSTRUCTIONS.jsonl]
 
 Per proxy and concurrency: the median over rounds of req/s, p50, p99 and CPU time per request,
 plus min/max req/s (the spread), then ratios of retrygate to each peer and to the better peer.
@@ -10,6 +10,7 @@ A peer whose name ends in "-fields" (haproxy-fields: HAProxy doing retrygate's p
 work) gets its ratio line but is not a candidate for "best": the goal names the plain peers.
 """
 import json
+import os
 import statistics
 import sys
 
@@ -76,6 +77,7 @@ def aggregate(records, proxies):
 
 def main():
     rec_path, mem_path, meta_path, sys_path, out_path = sys.argv[1:6]
+    instr_path = sys.argv[6] if len(sys.argv) > 6 else None
     records = [json.loads(line) for line in open(rec_path) if line.strip()]
     mem = json.load(open(mem_path))
     meta = json.load(open(meta_path))
@@ -104,7 +106,16 @@ def main():
             "failed_per_request": round(sum(v[1] for v in s["calls"].values()) / n, 2),
         }
 
-    out = {"meta": meta, "memory_after_run": mem, "syscalls": syscalls, "results": results}
+    # instructions per request (instructions.sh): {row: {proxy: n}}; the h1 row is wrk -c64's
+    instructions = {}
+    if instr_path and os.path.exists(instr_path):
+        for line in open(instr_path):
+            if line.strip():
+                x = json.loads(line)
+                instructions.setdefault(x["row"], {})[x["proxy"]] = x["instructions"]
+
+    out = {"meta": meta, "memory_after_run": mem, "syscalls": syscalls,
+           "instructions_per_request": instructions, "results": results}
     with open(out_path, "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")
@@ -128,8 +139,16 @@ def main():
         if base != name and base in titles:
             titles[name] = titles[base] + ", the proxy on the load core (one core for everything)"
     blocks += [("%s: %s" % (name, titles.get(name, name)), name) for name in h2_rows]
+    def instr_row(key):
+        """The instructions.sh row measuring block KEY: h1 for the wrk block of its -c
+        (64), a HTTP/2 row for itself and its -1cpu twin."""
+        if key.isdigit():
+            return instructions.get("h1", {}) if int(key) == 64 else {}
+        return instructions.get(key[:-len("-1cpu")] if key.endswith("-1cpu") else key, {})
+
     for label, key in blocks:
         row, ratios = results[key]["proxies"], results[key]["ratios"]
+        ins = instr_row(key)
         if h2_rows and key == h2_rows[0]:
             print()
             print("HTTP/2 rows: %d rounds x %ss, h2load -t1 -c%d -m%d (%d streams), h2load %s" % (
@@ -137,17 +156,18 @@ def main():
                 meta["h2_conns"] * meta["h2_streams"], meta.get("h2load", "?")))
         print()
         print(label)
-        print("  %-14s %10s %21s %9s %9s %10s  %s" % (
-            "proxy", "req/s", "(min..max)", "p50 us", "p99 us", "cpu us/req", "errors"))
+        print("  %-14s %10s %21s %9s %9s %10s %10s  %s" % (
+            "proxy", "req/s", "(min..max)", "p50 us", "p99 us", "cpu us/req", "instr/req", "errors"))
         for p in ["direct"] + proxies:
             if p not in row:
                 continue
             x = row[p]
             cpu = "%.1f" % x["cpu_us_per_req"] if x["cpu_us_per_req"] is not None else "-"
             e = x["socket_errors"] + x["non_2xx"]
-            print("  %-14s %10.0f %21s %9d %9d %10s  %s" % (
+            print("  %-14s %10.0f %21s %9d %9d %10s %10s  %s" % (
                 p if p != "direct" else "(direct)", x["rps"],
                 "(%.0f..%.0f)" % (x["rps_min"], x["rps_max"]), x["p50_us"], x["p99_us"], cpu,
+                ins.get(p, "-"),
                 "%d sock, %d non-2xx" % (x["socket_errors"], x["non_2xx"]) if e else "0"))
             if p != "direct" and "direct" in row and x["rps"] > 0.8 * row["direct"]["rps"]:
                 warn.append("%s: %s reaches %.0f%% of the direct rate: the load core may be the "
@@ -156,8 +176,10 @@ def main():
                 warn.append("%s: %s had %d errors" % (label, p, e))
         for k, v in ratios.items():
             name = k + (" (" + v["peer"] + ")" if "peer" in v else "")
-            print("  %-32s req/s %6s (paired %5s)   p50 %6s   p99 %6s   cpu/req %6s" % (
-                name, v["rps"], v["rps_paired"], v["p50"], v["p99"], v["cpu_per_req"]))
+            peer = v.get("peer", k.split("/", 1)[1])
+            instr = ratio(ins["retrygate"], ins[peer]) if "retrygate" in ins and peer in ins else "-"
+            print("  %-32s req/s %6s (paired %5s)   p50 %6s   p99 %6s   cpu/req %6s   instr %6s" % (
+                name, v["rps"], v["rps_paired"], v["p50"], v["p99"], v["cpu_per_req"], instr))
     print()
     print("memory after the run (all processes of each proxy):")
     for p in proxies:

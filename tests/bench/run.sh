@@ -23,6 +23,9 @@
 #                            one more wrk run at the highest concurrency
 #   BENCH_SYSCALL_TOOL=strace  use strace even where perf works
 #   BENCH_SYSCALL_SECONDS    that run's length [BENCH_SECONDS with perf, 3 with strace]
+#   BENCH_INSTRUCTIONS [1; 0 in quick mode]  last, each proxy's user-space instructions per
+#                            request in every row (tests/bench/instructions.sh: callgrind, the
+#                            two-run difference; not moved by load), printed beside the ratios
 #   BENCH_KEEP=1             keep build/bench/run.* (configs, logs, raw wrk output) after success
 #   RETRYGATE_BIN            the binary to measure [build/retrygate]
 #   BENCH_H2_ROWS ["h2 h2h2 grpc h2h2-1cpu"]  the HTTP/2 rows ("" = none); ROW-1cpu is ROW with
@@ -44,10 +47,12 @@ RG_BIN=${RETRYGATE_BIN:-$ROOT/build/retrygate}
 ROUNDS=${BENCH_ROUNDS:-5}
 SECS=${BENCH_SECONDS:-5}
 SYSCALLS=${BENCH_SYSCALLS:-1}
+INSTRUCTIONS=${BENCH_INSTRUCTIONS:-1}
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
     ROUNDS=${BENCH_ROUNDS:-2}
     SECS=${BENCH_SECONDS:-2}
     SYSCALLS=${BENCH_SYSCALLS:-0}
+    INSTRUCTIONS=${BENCH_INSTRUCTIONS:-0}
 fi
 SYSCALL_SECS=${BENCH_SYSCALL_SECONDS:-3}
 CONNS=${BENCH_CONNS:-"1 64"}
@@ -70,6 +75,7 @@ die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
 # ------------------------------------------------------------------ tools
 need_cmd_pkg="wrk:wrk nginx:nginx haproxy:haproxy gcc:gcc taskset:util-linux python3:python3 curl:curl"
 [ -z "$H2_ROWS" ] || need_cmd_pkg="$need_cmd_pkg h2load:nghttp2-client"
+[ "$INSTRUCTIONS" = 0 ] || need_cmd_pkg="$need_cmd_pkg valgrind:valgrind"
 # the syscall phase uses perf when it works here, else strace
 [ "$SYSCALLS" = 0 ] || command -v perf >/dev/null 2>&1 || need_cmd_pkg="$need_cmd_pkg strace:strace"
 missing=""
@@ -428,6 +434,24 @@ if [ "$SYSCALLS" != 0 ]; then
     done
 fi
 
+# ------------------------------------------------------------------ instructions per request
+# Last, as it needs no quiet machine: every proxy of every row under callgrind, one after the
+# other, on instructions.sh's own upstreams and ports (the measured proxies above keep running,
+# idle). The -1cpu rows are their base row's work: counted once.
+INSTR=$RUN/instructions.jsonl
+: > "$INSTR"
+if [ "$INSTRUCTIONS" != 0 ]; then
+    irows="h1"
+    for row in $H2_ROWS; do case " $irows " in *" ${row%-1cpu} "*) ;; *) irows="$irows ${row%-1cpu}" ;; esac; done
+    for row in $irows; do
+        ips=""
+        for p in $PROXIES; do [ "$row" = h2h2 ] && [ "$p" = nginx ] || ips="$ips $p"; done
+        log "instructions per request, $row row:$ips (callgrind)"
+        BENCH_MODE=$row BENCH_INSTR_JSON=$INSTR RETRYGATE_BIN=$RG_BIN "$HERE/instructions.sh" $ips >&2 \
+            || log "instructions.sh failed for the $row row"
+    done
+fi
+
 # ------------------------------------------------------------------ memory, report
 MEM=$RUN/mem.json
 {
@@ -461,6 +485,6 @@ json.dump({
 }, open(sys.argv[1], "w"))
 EOF
 
-python3 "$HERE/report.py" "$RESULTS" "$MEM" "$META" "$SYSC" "$OUT/results.json" | tee "$OUT/results.txt"
+python3 "$HERE/report.py" "$RESULTS" "$MEM" "$META" "$SYSC" "$OUT/results.json" "$INSTR" | tee "$OUT/results.txt"
 log "results: $OUT/results.json, $OUT/results.txt"
 ok=1
