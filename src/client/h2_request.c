@@ -113,7 +113,242 @@ static int64_t parse_length(const char *v, size_t n)
 	return x;
 }
 
-/* The head is complete: check what nghttp2 leaves to us, build the http_head, start. */
+/* ------------------------------------------------------------------ SPEC §9: malformed */
+
+/* nghttp2 is told to leave HTTP messaging to us (h2_session.c): each field is checked here
+ * as it comes (RFC 9113 §8.2-8.3, the rules nghttp2 applies), the head's completeness when it
+ * ends (head_malformed), the DATA against content-length as it comes. */
+enum { PS_METHOD = 1, PS_SCHEME = 2, PS_AUTHORITY = 4, PS_PATH = 8, PS_HOST = 16 };
+enum { RQ_SCHEME_HTTP = 1, RQ_PATH_SLASH = 2, RQ_PATH_ASTERISK = 4, RQ_CONNECT = 8,
+       RQ_OPTIONS = 16 };
+
+static bool is_alpha(unsigned c)
+{
+	return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
+}
+
+static bool is_digit(unsigned c)
+{
+	return c >= '0' && c <= '9';
+}
+
+/* tchar (RFC 9110 §5.6.2), upper case included when UPPER */
+static bool is_tchar(unsigned c, bool upper)
+{
+	if ((c >= 'a' && c <= 'z') || is_digit(c) || c == '-')
+		return true;
+	if (c >= 'A' && c <= 'Z')
+		return upper;
+	switch (c) {
+	case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '.':
+	case '^': case '_': case '`': case '|': case '~':
+		return true;
+	default:
+		return false;
+	}
+}
+
+static bool all_tchar(const char *v, size_t n, bool upper)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!is_tchar((unsigned char)v[i], upper))
+			return false;
+	return n > 0;
+}
+
+/* The bytes of a field name (1: tchar, lower case, RFC 9113 §8.2.1) and of an authority
+ * (2: reg-name, IP literal and port bytes, RFC 3986 §3.2). A table: every name of every
+ * request passes here. */
+#define CH_NAME 1
+#define CH_AUTHORITY 2
+static const uint8_t char_class[256] = {
+	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	0, 3, 0, 1, 3, 3, 3, 3, 2, 2, 1, 3, 2, 3, 3, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 0, 2, 0, 0,
+	2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 2, 1, 3,
+	1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 1, 0, 3, 0,
+	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+};
+
+static bool all_of(const char *v, size_t len, unsigned cls)
+{
+	unsigned all = cls;
+	for (size_t i = 0; i < len; i++)
+		all &= char_class[(unsigned char)v[i]];
+	return all != 0;
+}
+
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+/* Whether any byte of X is below LOW (<= 0x80) or is DEL, eight at a time (a byte below LOW
+ * borrows into its top bit: the classic "has less" test). */
+static bool word_has_ctl(uint64_t x, uint64_t low)
+{
+	uint64_t del = x ^ (0x7f * ONES);
+	return (((x - low * ONES) & ~x) | ((del - ONES) & ~del)) & HIGHS;
+}
+
+/* No byte below LOW but TAB (when TAB), nor DEL. */
+static bool bytes_ok(const char *v, size_t n, unsigned low, bool tab)
+{
+	size_t i = 0;
+	for (; i + 8 <= n; i += 8) {
+		uint64_t x;
+		memcpy(&x, v + i, 8);
+		if (word_has_ctl(x, low))
+			break;          /* the bytes decide, one at a time */
+	}
+	for (; i < n; i++) {
+		unsigned c = (unsigned char)v[i];
+		if ((c < low && !(tab && c == '\t')) || c == 0x7f)
+			return false;
+	}
+	return true;
+}
+
+/* A field value: no NUL, CR, LF or other control byte but HTAB, no leading or trailing
+ * whitespace (RFC 9113 §8.2.1) */
+static bool value_ok(const char *v, size_t n)
+{
+	if (n > 0 && (v[0] == ' ' || v[0] == '\t' || v[n - 1] == ' ' || v[n - 1] == '\t'))
+		return false;
+	return bytes_ok(v, n, 0x20, true);
+}
+
+static bool authority_ok(const char *v, size_t n)
+{
+	return all_of(v, n, CH_AUTHORITY);
+}
+
+static bool path_ok(const char *v, size_t n)
+{
+	return bytes_ok(v, n, 0x21, false);
+}
+
+static bool scheme_ok(const char *v, size_t n)
+{
+	if (n == 0 || !is_alpha((unsigned char)v[0]))
+		return false;
+	for (size_t i = 1; i < n; i++) {
+		unsigned c = (unsigned char)v[i];
+		if (!is_alpha(c) && !is_digit(c) && c != '+' && c != '-' && c != '.')
+			return false;
+	}
+	return true;
+}
+
+static bool lit_ieq(const char *v, size_t n, const char *lit)
+{
+	return str_ieq(v, n, lit, strlen(lit));
+}
+
+/* A pseudo-header N: V of a head (not trailers). False: malformed. */
+static bool check_pseudo(struct h2_client_stream *st, const char *n, size_t nl, const char *v,
+                         size_t vl)
+{
+	int bit;
+	bool ok;
+	if (nl == 7 && memcmp(n, ":method", 7) == 0) {
+		bit = PS_METHOD;
+		ok = all_tchar(v, vl, true);
+		if (vl == 7 && memcmp(v, "CONNECT", 7) == 0)
+			st->req_flags |= RQ_CONNECT;
+		else if (vl == 7 && memcmp(v, "OPTIONS", 7) == 0)
+			st->req_flags |= RQ_OPTIONS;
+	} else if (nl == 5 && memcmp(n, ":path", 5) == 0) {
+		bit = PS_PATH;
+		ok = path_ok(v, vl);
+		if (vl > 0 && v[0] == '/')
+			st->req_flags |= RQ_PATH_SLASH;
+		else if (vl == 1 && v[0] == '*')
+			st->req_flags |= RQ_PATH_ASTERISK;
+	} else if (nl == 7 && memcmp(n, ":scheme", 7) == 0) {
+		bit = PS_SCHEME;
+		ok = scheme_ok(v, vl);
+		if ((vl == 4 && memcmp(v, "http", 4) == 0) || lit_ieq(v, vl, "http") ||
+		    lit_ieq(v, vl, "https"))
+			st->req_flags |= RQ_SCHEME_HTTP;
+	} else if (nl == 10 && memcmp(n, ":authority", 10) == 0) {
+		bit = PS_AUTHORITY;
+		ok = authority_ok(v, vl);
+	} else {
+		return false;   /* unknown (:protocol too: extended CONNECT is not offered) or
+		                 * a response's (:status) */
+	}
+	if (st->regular_seen || (st->pseudo & bit) || vl == 0)
+		return false;
+	st->pseudo |= (uint8_t)bit;
+	return ok;
+}
+
+/* Field N: V of the head, or of the trailers when TRAILER. False: malformed. */
+static bool check_field(struct h2_client_stream *st, const char *n, size_t nl, const char *v,
+                        size_t vl, bool trailer)
+{
+	if (nl > 0 && n[0] == ':')
+		return !trailer && check_pseudo(st, n, nl, v, vl);
+	st->regular_seen = true;
+	if (nl == 0 || !all_of(n, nl, CH_NAME) || !value_ok(v, vl))
+		return false;
+	switch (nl) {
+	case 2:
+		return memcmp(n, "te", 2) != 0 || lit_ieq(v, vl, "trailers");
+	case 4:
+		if (memcmp(n, "host", 4) != 0)
+			return true;
+		if (st->pseudo & PS_HOST)
+			return false;
+		st->pseudo |= PS_HOST;
+		return authority_ok(v, vl);
+	case 7:
+		return memcmp(n, "upgrade", 7) != 0;
+	case 10:
+		return memcmp(n, "connection", 10) != 0 && memcmp(n, "keep-alive", 10) != 0;
+	case 14:
+		if (memcmp(n, "content-length", 14) != 0)
+			return true;
+		if (st->cl_seen)
+			return false;
+		st->cl_seen = true;
+		return true;
+	case 16:
+		return memcmp(n, "proxy-connection", 16) != 0;
+	case 17:
+		return memcmp(n, "transfer-encoding", 17) != 0;
+	default:
+		return true;
+	}
+}
+
+/* The head is complete (its END_STREAM, if any, noted): what it must have. */
+static bool head_malformed(const struct h2_client_stream *st)
+{
+	if (st->req_flags & RQ_CONNECT)
+		return (st->pseudo & (PS_SCHEME | PS_PATH)) || !(st->pseudo & PS_AUTHORITY);
+	if ((st->pseudo & (PS_METHOD | PS_SCHEME | PS_PATH)) != (PS_METHOD | PS_SCHEME | PS_PATH))
+		return true;
+	if (!(st->pseudo & (PS_AUTHORITY | PS_HOST)))
+		return true;
+	if ((st->req_flags & RQ_SCHEME_HTTP) && !(st->req_flags & RQ_PATH_SLASH) &&
+	    !((st->req_flags & RQ_OPTIONS) && (st->req_flags & RQ_PATH_ASTERISK)))
+		return true;
+	/* a head that ends the stream carries no body: a content-length must say 0 */
+	return st->req_end && st->head.content_length > 0;
+}
+
+/* The request's DATA ended (END_STREAM): it must be as long as its content-length said. */
+static void body_end_check(struct h2_client_stream *st)
+{
+	if (!st->malformed && !st->refused && st->head.content_length >= 0 &&
+	    st->req_bytes != (uint64_t)st->head.content_length) {
+		st->malformed = true;
+		stream_malformed(st, "DATA shorter than content-length");
+	}
+}
+
+/* The head is complete: check what is left to check, build the http_head, start. */
 static void stream_start(struct h2_client_stream *st)
 {
 	struct h2_session *s = st->s;
@@ -124,8 +359,8 @@ static void stream_start(struct h2_client_stream *st)
 		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
 		return;
 	}
-	if (st->malformed) {
-		stream_malformed(st, ":authority and host differ, or a repeated host");
+	if (st->malformed || head_malformed(st)) {
+		stream_malformed(st, "malformed head (RFC 9113 §8.2-8.3)");
 		return;
 	}
 	if (st->cookie) {
@@ -366,13 +601,19 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	struct h2_client_stream *st = h2cl_stream_of(s, frame->hd.stream_id);
 	if (!st || st->malformed || st->refused)
 		return 0;
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
+	size_t nl = nv.len, vl = vv.len;
+	if (!check_field(st, n, nl, v, vl, st->head_done)) {
+		st->malformed = true;   /* a head's is reset once it is complete (stream_start) */
+		if (st->head_done)
+			stream_malformed(st, "malformed trailer field");
+		return 0;
+	}
 	if (st->head_done) {
 		keep_request_trailer(s, st, name, value);
 		return 0;
 	}
-	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
-	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
-	size_t nl = nv.len, vl = vv.len;
 	st->list_bytes += nl + vl + 32;
 	if (st->list_bytes > (size_t)s->lcfg->limits.max_header_bytes)
 		refuse_head(st, 431, "headers-too-large");
@@ -450,14 +691,6 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	return 0;
 }
 
-/* nghttp2 drops a field whose name has bytes outside a token; SPEC §9 resets the stream. */
-static int invalid_header_cb(nghttp2_session *ng, const nghttp2_frame *frame,
-                             nghttp2_rcbuf *name, nghttp2_rcbuf *value, uint8_t flags, void *arg)
-{
-	MAGIC_CHECK((struct h2_session *)arg, H2CL_SESSION_MAGIC);
-	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  /* RST_STREAM PROTOCOL_ERROR */
-}
-
 static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {
 	struct h2_session *s = arg;
@@ -473,12 +706,23 @@ static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	case NGHTTP2_HEADERS:
 		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
 			st->req_end = true;
-		if (!st->head_done)
+		if (!st->head_done) {
 			stream_start(st);
+		} else if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+			/* trailers end the stream, or are not trailers (RFC 9113 §8.1) */
+			if (!st->malformed) {
+				st->malformed = true;
+				stream_malformed(st, "trailers without END_STREAM");
+			}
+		} else {
+			body_end_check(st);
+		}
 		break;
 	case NGHTTP2_DATA:
-		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
 			st->req_end = true;
+			body_end_check(st);
+		}
 		break;
 	case NGHTTP2_RST_STREAM:
 		st->client_reset = true;
@@ -495,6 +739,13 @@ static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct h2_client_stream *st = h2cl_stream_of(s, id);
+	if (st && !st->malformed && !st->refused) {
+		st->req_bytes += len;
+		if (st->head.content_length >= 0 && st->req_bytes > (uint64_t)st->head.content_length) {
+			st->malformed = true;
+			stream_malformed(st, "DATA beyond content-length");
+		}
+	}
 	if (!st || st->ex_done || !st->ex) {
 		nghttp2_session_consume(ng, id, len);
 		return 0;
@@ -509,7 +760,6 @@ void h2cl_request_callbacks(nghttp2_session_callbacks *cbs)
 {
 	nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, begin_headers_cb);
 	nghttp2_session_callbacks_set_on_header_callback2(cbs, header_cb);
-	nghttp2_session_callbacks_set_on_invalid_header_callback2(cbs, invalid_header_cb);
 	nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, frame_recv_cb);
 	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, data_chunk_cb);
 }
