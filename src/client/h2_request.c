@@ -573,7 +573,7 @@ static void keep(struct h2_client_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b
 	st->rc[st->nrc++] = b;
 }
 
-/* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
+/* A field of the request's trailers (check_field passed it: no pseudo-field, no
  * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
  * upstream; past that the rest is dropped. */
 static void keep_request_trailer(struct h2_session *s, struct h2_client_stream *st,
