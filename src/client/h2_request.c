@@ -100,13 +100,14 @@ static void stream_malformed(struct h2_client_stream *st, const char *why)
 	nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
 }
 
+/* A content-length: digits, up to INT64_MAX as nghttp2 took them; -2 otherwise. */
 static int64_t parse_length(const char *v, size_t n)
 {
 	int64_t x = 0;
-	if (n == 0 || n > 18)
+	if (n == 0)
 		return -2;
 	for (size_t i = 0; i < n; i++) {
-		if (v[i] < '0' || v[i] > '9')
+		if (v[i] < '0' || v[i] > '9' || x > (INT64_MAX - (v[i] - '0')) / 10)
 			return -2;
 		x = x * 10 + (v[i] - '0');
 	}
@@ -163,7 +164,7 @@ static bool all_tchar(const char *v, size_t n, bool upper)
 #define CH_AUTHORITY 2
 static const uint8_t char_class[256] = {
 	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-	0, 3, 0, 1, 3, 3, 3, 3, 2, 2, 1, 3, 2, 3, 3, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 0, 2, 0, 0,
+	0, 3, 0, 1, 3, 3, 3, 3, 2, 2, 3, 3, 2, 3, 3, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 0, 2, 0, 0,
 	2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 2, 1, 3,
 	1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 1, 0, 3, 0,
 	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -298,7 +299,7 @@ static bool check_field(struct h2_client_stream *st, const char *n, size_t nl, c
 	case 4:
 		if (memcmp(n, "host", 4) != 0)
 			return true;
-		if (st->pseudo & PS_HOST)
+		if ((st->pseudo & PS_HOST) || vl == 0)
 			return false;
 		st->pseudo |= PS_HOST;
 		return authority_ok(v, vl);
@@ -312,7 +313,8 @@ static bool check_field(struct h2_client_stream *st, const char *n, size_t nl, c
 		if (st->cl_seen)
 			return false;
 		st->cl_seen = true;
-		return true;
+		/* in trailers (none in the head): it must say what came, as nghttp2 had it */
+		return !trailer || parse_length(v, vl) == (int64_t)st->req_bytes;
 	case 16:
 		return memcmp(n, "proxy-connection", 16) != 0;
 	case 17:
@@ -320,6 +322,52 @@ static bool check_field(struct h2_client_stream *st, const char *n, size_t nl, c
 	default:
 		return true;
 	}
+}
+
+/* The priority field (RFC 9218 §4), which nghttp2 read for us while it checked the head:
+ * "u=N" (0-7) and "i" (or i=?1 / i=?0) of a dictionary; other members are skipped up to
+ * their comma. A field it cannot read makes the stream's fields ignored, as nghttp2 did. */
+#define PRIO_SET 0x80
+#define PRIO_BAD 0x40
+#define PRIO_INC 0x08
+#define PRIO_URGENCY 0x07
+static void note_priority(struct h2_client_stream *st, const char *v, size_t n)
+{
+	uint8_t p = st->prio & PRIO_SET ? st->prio : (PRIO_SET | 3);
+	size_t i = 0;
+	if (st->prio & PRIO_BAD)
+		return;
+	while (i < n) {
+		while (i < n && (v[i] == ' ' || v[i] == '\t'))
+			i++;
+		char key = i < n ? v[i] : 0;
+		bool one = i + 1 >= n || v[i + 1] == '=' || v[i + 1] == ';' || v[i + 1] == ',' ||
+		           v[i + 1] == ' ' || v[i + 1] == '\t';
+		size_t end = i;
+		while (end < n && v[end] != ',')
+			end++;
+		if (one && key == 'u') {
+			if (i + 2 >= end || v[i + 1] != '=' || v[i + 2] < '0' || v[i + 2] > '7' ||
+			    (i + 3 < end && v[i + 3] != ';' && v[i + 3] != ' ' && v[i + 3] != '\t'))
+				goto bad;
+			p = (uint8_t)((p & ~PRIO_URGENCY) | (v[i + 2] - '0'));
+		} else if (one && key == 'i') {
+			bool val = true;
+			if (i + 1 < end && v[i + 1] == '=') {
+				if (i + 3 >= end || v[i + 2] != '?' || (v[i + 3] != '0' && v[i + 3] != '1'))
+					goto bad;
+				val = v[i + 3] == '1';
+			}
+			p = (uint8_t)(val ? p | PRIO_INC : p & ~PRIO_INC);
+		} else if (key == 0 || !((key >= 'a' && key <= 'z') || key == '*')) {
+			goto bad;
+		}
+		i = end + 1;
+	}
+	st->prio = p;
+	return;
+bad:
+	st->prio = PRIO_BAD;
 }
 
 /* The head is complete (its END_STREAM, if any, noted): what it must have. */
@@ -395,6 +443,11 @@ static void stream_start(struct h2_client_stream *st)
 	if (!h2cl_refresh_config(s)) {
 		stream_refuse(st, 404, "no-route");
 		return;
+	}
+	if (st->prio & PRIO_SET) {
+		nghttp2_extpri pri = { .urgency = st->prio & PRIO_URGENCY,
+		                       .inc = !!(st->prio & PRIO_INC) };
+		nghttp2_session_change_extpri_stream_priority(s->ng, st->id, &pri, 0);
 	}
 	struct client_info ci = { .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls };
 	struct responder rsp = h2_responder;
@@ -659,6 +712,8 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 		}
 		return 0;
 	}
+	if (nl == 8 && memcmp(n, "priority", 8) == 0)
+		note_priority(st, v, vl);
 	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
 		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
 	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
