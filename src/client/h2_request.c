@@ -25,6 +25,7 @@
 #include "config/config.h"
 #include "proxy/exchange.h"
 #include "http/grpc.h"
+#include "http/h2_fields.h"
 #include "client/h2_session_impl.h"
 #include "http/h1_parser.h"
 #include "base/log.h"
@@ -100,20 +101,6 @@ static void stream_malformed(struct h2_client_stream *st, const char *why)
 	nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
 }
 
-/* A content-length: digits, up to INT64_MAX as nghttp2 took them; -2 otherwise. */
-static int64_t parse_length(const char *v, size_t n)
-{
-	int64_t x = 0;
-	if (n == 0)
-		return -2;
-	for (size_t i = 0; i < n; i++) {
-		if (v[i] < '0' || v[i] > '9' || x > (INT64_MAX - (v[i] - '0')) / 10)
-			return -2;
-		x = x * 10 + (v[i] - '0');
-	}
-	return x;
-}
-
 /* ------------------------------------------------------------------ SPEC §9: malformed */
 
 /* nghttp2 is told to leave HTTP messaging to us (h2_session.c): each field is checked here
@@ -157,75 +144,9 @@ static bool all_tchar(const char *v, size_t n, bool upper)
 	return n > 0;
 }
 
-/* The bytes of a field name (1: tchar, lower case, RFC 9113 §8.2.1) and of an authority
- * (2: reg-name, IP literal and port bytes, RFC 3986 §3.2). A table: every name of every
- * request passes here. */
-#define CH_NAME 1
-#define CH_AUTHORITY 2
-static const uint8_t char_class[256] = {
-	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-	0, 3, 0, 1, 3, 3, 3, 3, 2, 2, 3, 3, 2, 3, 3, 0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 0, 2, 0, 0,
-	2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 2, 1, 3,
-	1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 1, 0, 3, 0,
-	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-	0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-};
-
-static bool all_of(const char *v, size_t len, unsigned cls)
-{
-	unsigned all = cls;
-	for (size_t i = 0; i < len; i++)
-		all &= char_class[(unsigned char)v[i]];
-	return all != 0;
-}
-
-#define ONES 0x0101010101010101ull
-#define HIGHS 0x8080808080808080ull
-/* Whether any byte of X is below LOW (<= 0x80) or is DEL, eight at a time (a byte below LOW
- * borrows into its top bit: the classic "has less" test). */
-static bool word_has_ctl(uint64_t x, uint64_t low)
-{
-	uint64_t del = x ^ (0x7f * ONES);
-	return (((x - low * ONES) & ~x) | ((del - ONES) & ~del)) & HIGHS;
-}
-
-/* No byte below LOW but TAB (when TAB), nor DEL. */
-static bool bytes_ok(const char *v, size_t n, unsigned low, bool tab)
-{
-	size_t i = 0;
-	for (; i + 8 <= n; i += 8) {
-		uint64_t x;
-		memcpy(&x, v + i, 8);
-		if (word_has_ctl(x, low))
-			break;          /* the bytes decide, one at a time */
-	}
-	for (; i < n; i++) {
-		unsigned c = (unsigned char)v[i];
-		if ((c < low && !(tab && c == '\t')) || c == 0x7f)
-			return false;
-	}
-	return true;
-}
-
-/* A field value: no NUL, CR, LF or other control byte but HTAB, no leading or trailing
- * whitespace (RFC 9113 §8.2.1) */
-static bool value_ok(const char *v, size_t n)
-{
-	if (n > 0 && (v[0] == ' ' || v[0] == '\t' || v[n - 1] == ' ' || v[n - 1] == '\t'))
-		return false;
-	return bytes_ok(v, n, 0x20, true);
-}
-
 static bool authority_ok(const char *v, size_t n)
 {
-	return all_of(v, n, CH_AUTHORITY);
-}
-
-static bool path_ok(const char *v, size_t n)
-{
-	return bytes_ok(v, n, 0x21, false);
+	return h2f_all_of(v, n, H2F_AUTHORITY);
 }
 
 static bool scheme_ok(const char *v, size_t n)
@@ -260,7 +181,7 @@ static bool check_pseudo(struct h2_client_stream *st, const char *n, size_t nl, 
 			st->req_flags |= RQ_OPTIONS;
 	} else if (nl == 5 && memcmp(n, ":path", 5) == 0) {
 		bit = PS_PATH;
-		ok = path_ok(v, vl);
+		ok = h2f_path_ok(v, vl);
 		if (vl > 0 && v[0] == '/')
 			st->req_flags |= RQ_PATH_SLASH;
 		else if (vl == 1 && v[0] == '*')
@@ -291,34 +212,20 @@ static bool check_field(struct h2_client_stream *st, const char *n, size_t nl, c
 	if (nl > 0 && n[0] == ':')
 		return !trailer && check_pseudo(st, n, nl, v, vl);
 	st->regular_seen = true;
-	if (nl == 0 || !all_of(n, nl, CH_NAME) || !value_ok(v, vl))
+	switch (h2f_regular(n, nl, v, vl)) {
+	case H2F_BAD:
 		return false;
-	switch (nl) {
-	case 2:
-		return memcmp(n, "te", 2) != 0 || lit_ieq(v, vl, "trailers");
-	case 4:
-		if (memcmp(n, "host", 4) != 0)
-			return true;
+	case H2F_HOST:
 		if ((st->pseudo & PS_HOST) || vl == 0)
 			return false;
 		st->pseudo |= PS_HOST;
 		return authority_ok(v, vl);
-	case 7:
-		return memcmp(n, "upgrade", 7) != 0;
-	case 10:
-		return memcmp(n, "connection", 10) != 0 && memcmp(n, "keep-alive", 10) != 0;
-	case 14:
-		if (memcmp(n, "content-length", 14) != 0)
-			return true;
+	case H2F_CONTENT_LENGTH:
 		if (st->cl_seen)
 			return false;
 		st->cl_seen = true;
 		/* in trailers (none in the head): it must say what came, as nghttp2 had it */
-		return !trailer || parse_length(v, vl) == (int64_t)st->req_bytes;
-	case 16:
-		return memcmp(n, "proxy-connection", 16) != 0;
-	case 17:
-		return memcmp(n, "transfer-encoding", 17) != 0;
+		return !trailer || h2f_parse_length(v, vl) == (int64_t)st->req_bytes;
 	default:
 		return true;
 	}
@@ -717,7 +624,7 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
 		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
 	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
-		int64_t cl = parse_length(v, vl);
+		int64_t cl = h2f_parse_length(v, vl);
 		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))
 			st->malformed = true;
 		st->head.content_length = cl;
