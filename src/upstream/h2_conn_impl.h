@@ -74,6 +74,10 @@ struct h2_upstream_stream {
 	size_t ntnv;
 	char *tmem;
 	int status;
+	/* the response's checks (RFC 9113 §8.1-8.3; nghttp2's HTTP messaging is off): RC_* */
+	uint8_t rchk;
+	int64_t resp_cl;                /* what the final head's content-length says, or -1 */
+	uint64_t resp_bytes;            /* response DATA received */
 	TAILQ_ENTRY(h2_upstream_stream) link;
 	/* A copy of the request's field bytes follows the struct: nghttp2 was told not to copy
 	 * them (NGHTTP2_NV_FLAG_NO_COPY_*), and reads them when it serializes the HEADERS, which
