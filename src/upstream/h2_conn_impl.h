@@ -109,6 +109,7 @@ struct h2_conn {
 	/* the last x-timeout-ms and grpc-timeout values sent (see repeats_last) */
 	char last_tmo[2][16];
 	uint8_t last_tmo_len[2];
+	bool rid_indexed;               /* an x-request-id went indexable (see goes_indexed) */
 	int busy;
 	bool want_flush;
 	int64_t connect_timeout_us;

@@ -510,18 +510,29 @@ void h2u_set_callbacks(nghttp2_session_callbacks *cb)
 
 #define NV_LOCAL 64                     /* a longer field list is copied by nghttp2 */
 
-/* The time-left fields come flagged never-indexed: their values may differ in every request,
- * and entering the connection's HPACK table each one would evict the fields that repeat. Yet
- * an HTTP request without a deadline from the client repeats them too (the per-try timeout:
- * send_attempt() counts the time spent before it in whole milliseconds; a gRPC call is told
- * its remaining time, which rarely repeats): a value equal to the previous one
- * on this connection goes indexable — it is then entered once and sent as one byte from the
- * table after that. */
-static bool repeats_last(struct h2_conn *c, const nghttp2_nv *e)
+/* The per-request fields come flagged never-indexed: their values may differ in every
+ * request, and entering the connection's HPACK table each one would evict the fields that
+ * repeat. Two exceptions go indexable.
+ *
+ * The first x-request-id of a connection: one entry, whose name every later never-indexed
+ * x-request-id then names by index instead of as a Huffman-coded literal (~420 instructions
+ * of nghttp2's a request).
+ *
+ * The time-left fields: an HTTP request without a deadline from the client repeats them (the
+ * per-try timeout: send_attempt() counts the time spent before it in whole milliseconds; a
+ * gRPC call is told its remaining time, which rarely repeats): a value equal to the previous
+ * one on this connection goes indexable — it is then entered once and sent as one byte from
+ * the table after that. */
+static bool goes_indexed(struct h2_conn *c, const nghttp2_nv *e)
 {
 	int k;
 	if (e->namelen != 12)
 		return false;
+	if (memcmp(e->name, "x-request-id", 12) == 0) {
+		bool first = !c->rid_indexed;
+		c->rid_indexed = true;
+		return first;
+	}
 	if (memcmp(e->name, "x-timeout-ms", 12) == 0)
 		k = 0;
 	else if (memcmp(e->name, "grpc-timeout", 12) == 0)
@@ -593,7 +604,7 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 		for (size_t i = 0; i < o->nvlen; i++) {
 			const nghttp2_nv *e = &o->nv[i];
 			local[i] = *e;
-			if ((e->flags & NGHTTP2_NV_FLAG_NO_INDEX) && repeats_last(c, e))
+			if ((e->flags & NGHTTP2_NV_FLAG_NO_INDEX) && goes_indexed(c, e))
 				local[i].flags &= (uint8_t)~NGHTTP2_NV_FLAG_NO_INDEX;
 			if (e->name >= lo && e->name + e->namelen <= hi) {
 				local[i].name = (uint8_t *)s->fields + (e->name - lo);
