@@ -71,7 +71,7 @@ MALFORMED = {
     "repeated :authority": base() + [(":authority", "example")],
     "empty :authority": base(authority=""),
     "empty :method": base(method=""),
-    "empty host": base() + [("host", "")],
+    "empty host": [(":method", "GET"), (":scheme", "http"), (":path", "/"), ("host", "")],
     "space in :method": base(method="G T"),
     "space in :path": base(path="/a b"),
     "DEL in :path": base(path="/a\x7f"),
