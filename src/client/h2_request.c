@@ -25,6 +25,7 @@
 #include "config/config.h"
 #include "proxy/exchange.h"
 #include "http/grpc.h"
+#include "http/h2_fields.h"
 #include "client/h2_session_impl.h"
 #include "http/h1_parser.h"
 #include "base/log.h"
@@ -100,20 +101,209 @@ static void stream_malformed(struct h2_client_stream *st, const char *why)
 	nghttp2_submit_rst_stream(st->s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
 }
 
-static int64_t parse_length(const char *v, size_t n)
+/* ------------------------------------------------------------------ SPEC §9: malformed */
+
+/* nghttp2 is told to leave HTTP messaging to us (h2_session.c): each field is checked here
+ * as it comes (RFC 9113 §8.2-8.3, the rules nghttp2 applies), the head's completeness when it
+ * ends (head_malformed), the DATA against content-length as it comes. */
+enum { PS_METHOD = 1, PS_SCHEME = 2, PS_AUTHORITY = 4, PS_PATH = 8, PS_HOST = 16 };
+enum { RQ_SCHEME_HTTP = 1, RQ_PATH_SLASH = 2, RQ_PATH_ASTERISK = 4, RQ_CONNECT = 8,
+       RQ_OPTIONS = 16 };
+
+static bool is_alpha(unsigned c)
 {
-	int64_t x = 0;
-	if (n == 0 || n > 18)
-		return -2;
-	for (size_t i = 0; i < n; i++) {
-		if (v[i] < '0' || v[i] > '9')
-			return -2;
-		x = x * 10 + (v[i] - '0');
-	}
-	return x;
+	return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
 }
 
-/* The head is complete: check what nghttp2 leaves to us, build the http_head, start. */
+static bool is_digit(unsigned c)
+{
+	return c >= '0' && c <= '9';
+}
+
+/* tchar (RFC 9110 §5.6.2), upper case included when UPPER */
+static bool is_tchar(unsigned c, bool upper)
+{
+	if ((c >= 'a' && c <= 'z') || is_digit(c) || c == '-')
+		return true;
+	if (c >= 'A' && c <= 'Z')
+		return upper;
+	switch (c) {
+	case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '.':
+	case '^': case '_': case '`': case '|': case '~':
+		return true;
+	default:
+		return false;
+	}
+}
+
+static bool all_tchar(const char *v, size_t n, bool upper)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!is_tchar((unsigned char)v[i], upper))
+			return false;
+	return n > 0;
+}
+
+static bool authority_ok(const char *v, size_t n)
+{
+	return h2f_all_of(v, n, H2F_AUTHORITY);
+}
+
+static bool scheme_ok(const char *v, size_t n)
+{
+	if (n == 0 || !is_alpha((unsigned char)v[0]))
+		return false;
+	for (size_t i = 1; i < n; i++) {
+		unsigned c = (unsigned char)v[i];
+		if (!is_alpha(c) && !is_digit(c) && c != '+' && c != '-' && c != '.')
+			return false;
+	}
+	return true;
+}
+
+static bool lit_ieq(const char *v, size_t n, const char *lit)
+{
+	return str_ieq(v, n, lit, strlen(lit));
+}
+
+/* A pseudo-header N: V of a head (not trailers). False: malformed. */
+static bool check_pseudo(struct h2_client_stream *st, const char *n, size_t nl, const char *v,
+                         size_t vl)
+{
+	int bit;
+	bool ok;
+	if (nl == 7 && memcmp(n, ":method", 7) == 0) {
+		bit = PS_METHOD;
+		ok = all_tchar(v, vl, true);
+		if (vl == 7 && memcmp(v, "CONNECT", 7) == 0)
+			st->req_flags |= RQ_CONNECT;
+		else if (vl == 7 && memcmp(v, "OPTIONS", 7) == 0)
+			st->req_flags |= RQ_OPTIONS;
+	} else if (nl == 5 && memcmp(n, ":path", 5) == 0) {
+		bit = PS_PATH;
+		ok = h2f_path_ok(v, vl);
+		if (vl > 0 && v[0] == '/')
+			st->req_flags |= RQ_PATH_SLASH;
+		else if (vl == 1 && v[0] == '*')
+			st->req_flags |= RQ_PATH_ASTERISK;
+	} else if (nl == 7 && memcmp(n, ":scheme", 7) == 0) {
+		bit = PS_SCHEME;
+		ok = scheme_ok(v, vl);
+		if ((vl == 4 && memcmp(v, "http", 4) == 0) || lit_ieq(v, vl, "http") ||
+		    lit_ieq(v, vl, "https"))
+			st->req_flags |= RQ_SCHEME_HTTP;
+	} else if (nl == 10 && memcmp(n, ":authority", 10) == 0) {
+		bit = PS_AUTHORITY;
+		ok = authority_ok(v, vl);
+	} else {
+		return false;   /* unknown (:protocol too: extended CONNECT is not offered) or
+		                 * a response's (:status) */
+	}
+	if (st->regular_seen || (st->pseudo & bit) || vl == 0)
+		return false;
+	st->pseudo |= (uint8_t)bit;
+	return ok;
+}
+
+/* Field N: V of the head, or of the trailers when TRAILER. False: malformed. */
+static bool check_field(struct h2_client_stream *st, const char *n, size_t nl, const char *v,
+                        size_t vl, bool trailer)
+{
+	if (nl > 0 && n[0] == ':')
+		return !trailer && check_pseudo(st, n, nl, v, vl);
+	st->regular_seen = true;
+	switch (h2f_regular(n, nl, v, vl)) {
+	case H2F_BAD:
+		return false;
+	case H2F_HOST:
+		if ((st->pseudo & PS_HOST) || vl == 0)
+			return false;
+		st->pseudo |= PS_HOST;
+		return authority_ok(v, vl);
+	case H2F_CONTENT_LENGTH:
+		if (st->cl_seen)
+			return false;
+		st->cl_seen = true;
+		/* in trailers (none in the head): it must say what came, as nghttp2 had it */
+		return !trailer || h2f_parse_length(v, vl) == (int64_t)st->req_bytes;
+	default:
+		return true;
+	}
+}
+
+/* The priority field (RFC 9218 §4), which nghttp2 read for us while it checked the head:
+ * "u=N" (0-7) and "i" (or i=?1 / i=?0) of a dictionary; other members are skipped up to
+ * their comma. A field it cannot read makes the stream's fields ignored, as nghttp2 did. */
+#define PRIO_SET 0x80
+#define PRIO_BAD 0x40
+#define PRIO_INC 0x08
+#define PRIO_URGENCY 0x07
+static void note_priority(struct h2_client_stream *st, const char *v, size_t n)
+{
+	uint8_t p = st->prio & PRIO_SET ? st->prio : (PRIO_SET | 3);
+	size_t i = 0;
+	if (st->prio & PRIO_BAD)
+		return;
+	while (i < n) {
+		while (i < n && (v[i] == ' ' || v[i] == '\t'))
+			i++;
+		char key = i < n ? v[i] : 0;
+		bool one = i + 1 >= n || v[i + 1] == '=' || v[i + 1] == ';' || v[i + 1] == ',' ||
+		           v[i + 1] == ' ' || v[i + 1] == '\t';
+		size_t end = i;
+		while (end < n && v[end] != ',')
+			end++;
+		if (one && key == 'u') {
+			if (i + 2 >= end || v[i + 1] != '=' || v[i + 2] < '0' || v[i + 2] > '7' ||
+			    (i + 3 < end && v[i + 3] != ';' && v[i + 3] != ' ' && v[i + 3] != '\t'))
+				goto bad;
+			p = (uint8_t)((p & ~PRIO_URGENCY) | (v[i + 2] - '0'));
+		} else if (one && key == 'i') {
+			bool val = true;
+			if (i + 1 < end && v[i + 1] == '=') {
+				if (i + 3 >= end || v[i + 2] != '?' || (v[i + 3] != '0' && v[i + 3] != '1'))
+					goto bad;
+				val = v[i + 3] == '1';
+			}
+			p = (uint8_t)(val ? p | PRIO_INC : p & ~PRIO_INC);
+		} else if (key == 0 || !((key >= 'a' && key <= 'z') || key == '*')) {
+			goto bad;
+		}
+		i = end + 1;
+	}
+	st->prio = p;
+	return;
+bad:
+	st->prio = PRIO_BAD;
+}
+
+/* The head is complete (its END_STREAM, if any, noted): what it must have. */
+static bool head_malformed(const struct h2_client_stream *st)
+{
+	if (st->req_flags & RQ_CONNECT)
+		return (st->pseudo & (PS_SCHEME | PS_PATH)) || !(st->pseudo & PS_AUTHORITY);
+	if ((st->pseudo & (PS_METHOD | PS_SCHEME | PS_PATH)) != (PS_METHOD | PS_SCHEME | PS_PATH))
+		return true;
+	if (!(st->pseudo & (PS_AUTHORITY | PS_HOST)))
+		return true;
+	if ((st->req_flags & RQ_SCHEME_HTTP) && !(st->req_flags & RQ_PATH_SLASH) &&
+	    !((st->req_flags & RQ_OPTIONS) && (st->req_flags & RQ_PATH_ASTERISK)))
+		return true;
+	/* a head that ends the stream carries no body: a content-length must say 0 */
+	return st->req_end && st->head.content_length > 0;
+}
+
+/* The request's DATA ended (END_STREAM): it must be as long as its content-length said. */
+static void body_end_check(struct h2_client_stream *st)
+{
+	if (!st->malformed && !st->refused && st->head.content_length >= 0 &&
+	    st->req_bytes != (uint64_t)st->head.content_length) {
+		st->malformed = true;
+		stream_malformed(st, "DATA shorter than content-length");
+	}
+}
+
+/* The head is complete: check what is left to check, build the http_head, start. */
 static void stream_start(struct h2_client_stream *st)
 {
 	struct h2_session *s = st->s;
@@ -124,8 +314,8 @@ static void stream_start(struct h2_client_stream *st)
 		nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_REFUSED_STREAM);
 		return;
 	}
-	if (st->malformed) {
-		stream_malformed(st, ":authority and host differ, or a repeated host");
+	if (st->malformed || head_malformed(st)) {
+		stream_malformed(st, "malformed head (RFC 9113 §8.2-8.3)");
 		return;
 	}
 	if (st->cookie) {
@@ -160,6 +350,11 @@ static void stream_start(struct h2_client_stream *st)
 	if (!h2cl_refresh_config(s)) {
 		stream_refuse(st, 404, "no-route");
 		return;
+	}
+	if (st->prio & PRIO_SET) {
+		nghttp2_extpri pri = { .urgency = st->prio & PRIO_URGENCY,
+		                       .inc = !!(st->prio & PRIO_INC) };
+		nghttp2_session_change_extpri_stream_priority(s->ng, st->id, &pri, 0);
 	}
 	struct client_info ci = { .sid = s->id, .peer_ip = s->peer_ip, .tls = s->tls };
 	struct responder rsp = h2_responder;
@@ -338,7 +533,7 @@ static void keep(struct h2_client_stream *st, nghttp2_rcbuf *a, nghttp2_rcbuf *b
 	st->rc[st->nrc++] = b;
 }
 
-/* A field of the request's trailers (nghttp2 checked it: no pseudo-field, no
+/* A field of the request's trailers (check_field passed it: no pseudo-field, no
  * connection-specific one). Kept, up to max_header_bytes as a head is, for an HTTP/2
  * upstream; past that the rest is dropped. */
 static void keep_request_trailer(struct h2_session *s, struct h2_client_stream *st,
@@ -366,13 +561,19 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	struct h2_client_stream *st = h2cl_stream_of(s, frame->hd.stream_id);
 	if (!st || st->malformed || st->refused)
 		return 0;
+	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
+	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
+	size_t nl = nv.len, vl = vv.len;
+	if (!check_field(st, n, nl, v, vl, st->head_done)) {
+		st->malformed = true;   /* a head's is reset once it is complete (stream_start) */
+		if (st->head_done)
+			stream_malformed(st, "malformed trailer field");
+		return 0;
+	}
 	if (st->head_done) {
 		keep_request_trailer(s, st, name, value);
 		return 0;
 	}
-	nghttp2_vec nv = nghttp2_rcbuf_get_buf(name), vv = nghttp2_rcbuf_get_buf(value);
-	const char *n = (const char *)nv.base, *v = (const char *)vv.base;
-	size_t nl = nv.len, vl = vv.len;
 	st->list_bytes += nl + vl + 32;
 	if (st->list_bytes > (size_t)s->lcfg->limits.max_header_bytes)
 		refuse_head(st, 431, "headers-too-large");
@@ -418,10 +619,12 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 		}
 		return 0;
 	}
+	if (nl == 8 && memcmp(n, "priority", 8) == 0)
+		note_priority(st, v, vl);
 	if (nl == 12 && memcmp(n, "content-type", 12) == 0 && grpc_content_type(v, vl))
 		st->grpc = true;        /* noted even in an oversized head: the refusal is gRPC */
 	if (nl == 14 && memcmp(n, "content-length", 14) == 0) {
-		int64_t cl = parse_length(v, vl);
+		int64_t cl = h2f_parse_length(v, vl);
 		if (cl < 0 || (st->head.content_length >= 0 && st->head.content_length != cl))
 			st->malformed = true;
 		st->head.content_length = cl;
@@ -450,14 +653,6 @@ static int header_cb(nghttp2_session *ng, const nghttp2_frame *frame, nghttp2_rc
 	return 0;
 }
 
-/* nghttp2 drops a field whose name has bytes outside a token; SPEC §9 resets the stream. */
-static int invalid_header_cb(nghttp2_session *ng, const nghttp2_frame *frame,
-                             nghttp2_rcbuf *name, nghttp2_rcbuf *value, uint8_t flags, void *arg)
-{
-	MAGIC_CHECK((struct h2_session *)arg, H2CL_SESSION_MAGIC);
-	return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  /* RST_STREAM PROTOCOL_ERROR */
-}
-
 static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *arg)
 {
 	struct h2_session *s = arg;
@@ -473,12 +668,23 @@ static int frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *frame, void *
 	case NGHTTP2_HEADERS:
 		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
 			st->req_end = true;
-		if (!st->head_done)
+		if (!st->head_done) {
 			stream_start(st);
+		} else if (!(frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+			/* trailers end the stream, or are not trailers (RFC 9113 §8.1) */
+			if (!st->malformed) {
+				st->malformed = true;
+				stream_malformed(st, "trailers without END_STREAM");
+			}
+		} else {
+			body_end_check(st);
+		}
 		break;
 	case NGHTTP2_DATA:
-		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+		if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
 			st->req_end = true;
+			body_end_check(st);
+		}
 		break;
 	case NGHTTP2_RST_STREAM:
 		st->client_reset = true;
@@ -495,6 +701,13 @@ static int data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, const u
 	struct h2_session *s = arg;
 	MAGIC_CHECK(s, H2CL_SESSION_MAGIC);
 	struct h2_client_stream *st = h2cl_stream_of(s, id);
+	if (st && !st->malformed && !st->refused) {
+		st->req_bytes += len;
+		if (st->head.content_length >= 0 && st->req_bytes > (uint64_t)st->head.content_length) {
+			st->malformed = true;
+			stream_malformed(st, "DATA beyond content-length");
+		}
+	}
 	if (!st || st->ex_done || !st->ex) {
 		nghttp2_session_consume(ng, id, len);
 		return 0;
@@ -509,7 +722,6 @@ void h2cl_request_callbacks(nghttp2_session_callbacks *cbs)
 {
 	nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, begin_headers_cb);
 	nghttp2_session_callbacks_set_on_header_callback2(cbs, header_cb);
-	nghttp2_session_callbacks_set_on_invalid_header_callback2(cbs, invalid_header_cb);
 	nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, frame_recv_cb);
 	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, data_chunk_cb);
 }

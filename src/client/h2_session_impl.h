@@ -82,6 +82,14 @@ struct h2_client_stream {
 	const char *authority, *hosthdr;  /* into rc, as hdrs; NULL once the head is released */
 	size_t alen, hlen;
 	bool host_kept;                 /* a host field was kept: a second one is malformed */
+	/* SPEC §9's checks, which nghttp2 is told to leave to us (h2_request.c, check_field) */
+	uint8_t pseudo;                 /* the pseudo-headers seen, a bit each (PS_*) */
+	uint8_t req_flags;              /* what the head says of the path rule (RQ_*) */
+	bool regular_seen;              /* a regular field came: no pseudo-header after it */
+	bool cl_seen;                   /* a content-length came: a second one is malformed */
+	uint8_t prio;                   /* its priority field (RFC 9218): PRIO_SET | PRIO_INC |
+	                                 * urgency, PRIO_BAD, or 0 (none) */
+	uint64_t req_bytes;             /* request DATA received, against content-length */
 	size_t list_bytes;              /* decoded header-list size, RFC 7541 §4.1 */
 	int refuse_status;              /* 414 / 431 / 501 found while reading the head */
 	const char *refuse_reason;

@@ -74,6 +74,10 @@ struct h2_upstream_stream {
 	size_t ntnv;
 	char *tmem;
 	int status;
+	/* the response's checks (RFC 9113 §8.1-8.3; nghttp2's HTTP messaging is off): RC_* */
+	uint8_t rchk;
+	int64_t resp_cl;                /* what the final head's content-length says, or -1 */
+	uint64_t resp_bytes;            /* response DATA received */
 	TAILQ_ENTRY(h2_upstream_stream) link;
 	/* A copy of the request's field bytes follows the struct: nghttp2 was told not to copy
 	 * them (NGHTTP2_NV_FLAG_NO_COPY_*), and reads them when it serializes the HEADERS, which
@@ -105,6 +109,7 @@ struct h2_conn {
 	/* the last x-timeout-ms and grpc-timeout values sent (see repeats_last) */
 	char last_tmo[2][16];
 	uint8_t last_tmo_len[2];
+	bool rid_indexed;               /* an x-request-id went indexable (see goes_indexed) */
 	int busy;
 	bool want_flush;
 	int64_t connect_timeout_us;

@@ -22,6 +22,7 @@
 #include "upstream/h2_conn_impl.h"
 #include "base/loop.h"
 #include "base/util.h"
+#include "http/h2_fields.h"
 #include "net/stream.h"
 
 /* The one writer of the state (DESIGN rule 2). */
@@ -116,7 +117,7 @@ void h2u_end(struct h2_upstream_stream *s, enum outcome out, const char *detail)
 	cbs.on_close(arg, out, bad, detail);
 }
 
-/* ---------------------------------------------------------------- frames in, body out */
+/* ---------------------------------------------------------------- frames out */
 
 static int on_frame_send_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 {
@@ -147,6 +148,99 @@ static int on_frame_not_send_cb(nghttp2_session *ng, const nghttp2_frame *f, int
 	return 0;
 }
 
+/* ------------------------------------------------------------ RFC 9113 §8: malformed */
+
+/* nghttp2 is told to leave HTTP messaging to us (h2_conn.c): each field is checked as it
+ * comes, each head and the END_STREAM when their frame is in, the DATA against the
+ * content-length as it comes; the rules and their outcome are nghttp2's (lib/nghttp2_http.c):
+ * the stream is reset with PROTOCOL_ERROR, and the attempt ends as a reset. */
+enum {
+	RC_STATUS = 1,          /* this block: :status came */
+	RC_REGULAR = 2,         /* this block: a regular field came, no pseudo-header after it */
+	RC_CL = 4,              /* this block: a content-length came */
+	RC_BLOCK = RC_STATUS | RC_REGULAR | RC_CL,
+	RC_HEAD_REQ = 8,        /* the request was a HEAD: no response body */
+	RC_BAD = 16,            /* malformed: reset, the rest of it ignored */
+};
+
+/* Reset S's stream: it is malformed. It ends once its frame is in (malformed_end). */
+static void malformed(struct h2_conn *c, struct h2_upstream_stream *s)
+{
+	s->rchk |= RC_BAD;
+	nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_PROTOCOL_ERROR);
+}
+
+static void malformed_end(struct h2_upstream_stream *s)
+{
+	h2u_end(s, OUT_RESET, "malformed response (RFC 9113 §8.1-8.3), stream reset");
+}
+
+/* A field of a response head, or of its trailers (once the final head is in): 1 to keep it,
+ * 0 to drop it (:status, noted; a 204's content-length: 0, as nghttp2 dropped it), -1 for a
+ * malformed one. */
+static int check_field(struct h2_upstream_stream *s, const char *n, size_t nl, const char *v,
+                       size_t vl)
+{
+	bool trailer = s->state == US_BODY;
+	if (nl > 0 && n[0] == ':') {
+		if (trailer || (s->rchk & (RC_STATUS | RC_REGULAR)) || nl != 7 ||
+		    memcmp(n, ":status", 7) != 0 || vl != 3)
+			return -1;
+		int st = 0;
+		for (size_t i = 0; i < 3; i++) {
+			if (v[i] < '0' || v[i] > '9')
+				return -1;
+			st = st * 10 + (v[i] - '0');
+		}
+		if (st == 101)
+			return -1;      /* no Upgrade in HTTP/2 (RFC 9113 §8.6) */
+		s->status = st;
+		s->rchk |= RC_STATUS;
+		return 0;
+	}
+	s->rchk |= RC_REGULAR;
+	switch (h2f_regular(n, nl, v, vl)) {
+	case H2F_BAD:
+		return -1;
+	case H2F_CONTENT_LENGTH: {
+		if (s->rchk & RC_CL)
+			return -1;
+		s->rchk |= RC_CL;
+		int64_t cl = h2f_parse_length(v, vl);
+		if (trailer)    /* none in the head: it must say what came */
+			return s->resp_cl == -1 && cl == (int64_t)s->resp_bytes ? 1 : -1;
+		if (s->status == 204)
+			return vl == 1 && v[0] == '0' ? 0 : -1;
+		if (s->status / 100 == 1 || cl < 0)
+			return -1;
+		s->resp_cl = cl;
+		return 1;
+	}
+	default:
+		return 1;
+	}
+}
+
+/* A head's frame is in (ES: it ends the stream): whether it is complete and may end so. */
+static bool head_ok(struct h2_upstream_stream *s, bool es)
+{
+	if (!(s->rchk & RC_STATUS))
+		return false;
+	if (s->status / 100 == 1)
+		return !es;     /* an informational head is followed by the final one */
+	if ((s->rchk & RC_HEAD_REQ) || s->status == 204 || s->status == 304)
+		s->resp_cl = 0;
+	return !es || s->resp_cl <= 0;
+}
+
+/* The stream ended (END_STREAM): the DATA must be as long as the content-length said. */
+static bool end_ok(const struct h2_upstream_stream *s)
+{
+	return s->resp_cl < 0 || s->resp_bytes == (uint64_t)s->resp_cl;
+}
+
+/* ---------------------------------------------------------------- frames in, body out */
+
 static int on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 {
 	struct h2_conn *c = ud;
@@ -154,8 +248,12 @@ static int on_begin_headers_cb(nghttp2_session *ng, const nghttp2_frame *f, void
 	c->hused = 0;
 	c->nhf = 0;
 	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
-	if (s)
+	if (s) {
 		s->status = 0;
+		s->rchk &= (uint8_t)~RC_BLOCK;
+		if (s->state == US_OPEN)
+			s->resp_cl = -1;
+	}
 	return 0;
 }
 
@@ -165,13 +263,12 @@ static int on_header_cb(nghttp2_session *ng, const nghttp2_frame *f, const uint8
 	struct h2_conn *c = ud;
 	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	struct h2_upstream_stream *s = find(c, f->hd.stream_id);
-	if (!s)
+	if (!s || (s->rchk & RC_BAD))
 		return 0;
-	if (nlen == 7 && memcmp(name, ":status", 7) == 0) {
-		int st = 0;
-		for (size_t i = 0; i < vlen && i < 3; i++)
-			st = st * 10 + (value[i] - '0');
-		s->status = vlen == 3 ? st : 0;
+	int keep = check_field(s, (const char *)name, nlen, (const char *)value, vlen);
+	if (keep <= 0) {
+		if (keep < 0)
+			malformed(c, s);
 		return 0;
 	}
 	if (c->hused + nlen + vlen + 32 > H2_HEAD_MAX || c->nhf >= H2_MAX_FIELDS) {
@@ -209,13 +306,11 @@ static void block_fields(struct h2_conn *c, int64_t *clen)
 		h->value = c->hb + c->hf[i].voff;
 		h->vlen = c->hf[i].vlen;
 		h->hop = false;
-		/* nghttp2 refused any name with a capital letter (RFC 9113 §8.2.1) */
+		/* check_field refused any name with a capital letter (RFC 9113 §8.2.1) */
 		if (h->nlen == 14 && memcmp(h->name, "content-length", 14) == 0) {
 			h->hop = true;
-			int64_t v = 0;
-			for (uint32_t j = 0; j < h->vlen && v < (1LL << 50); j++)
-				v = v * 10 + (h->value[j] - '0');
-			*clen = v;      /* nghttp2 checked it is digits and matches the DATA */
+			/* check_field took its digits, and on_data_chunk_cb holds the DATA to it */
+			*clen = h2f_parse_length(h->value, h->vlen);
 		}
 	}
 }
@@ -269,11 +364,21 @@ static int on_frame_recv_cb(nghttp2_session *ng, const nghttp2_frame *f, void *u
 	if (!s)
 		return 0;
 	bool es = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+	if (!(s->rchk & RC_BAD) && f->hd.type == NGHTTP2_HEADERS) {
+		if (s->state == US_OPEN ? !head_ok(s, es) : !es || !end_ok(s))
+			malformed(c, s);        /* trailers end the stream (RFC 9113 §8.1) */
+	} else if (!(s->rchk & RC_BAD) && es && !end_ok(s)) {
+		malformed(c, s);
+	}
+	if (s->rchk & RC_BAD) {
+		malformed_end(s);
+		return 0;
+	}
 	if (f->hd.type == NGHTTP2_HEADERS) {
 		if (s->state == US_OPEN) {
 			if (s->status < 100) {
 				s->bad_head = true;
-				return 0;   /* nghttp2 resets a response without :status */
+				return 0;   /* not a status (RFC 9110 §15): a bad response */
 			}
 			deliver_head(s, es);
 		} else {
@@ -294,7 +399,14 @@ static int on_data_chunk_cb(nghttp2_session *ng, uint8_t flags, int32_t id, cons
 	struct h2_conn *c = ud;
 	MAGIC_CHECK(c, H2U_CONN_MAGIC);
 	struct h2_upstream_stream *s = find(c, id);
-	if (!s || s->state != US_BODY) {
+	if (s && !(s->rchk & RC_BAD)) {
+		s->resp_bytes += len;
+		/* none before the final head, none beyond its content-length */
+		if (s->state != US_BODY ||
+		    (s->resp_cl >= 0 && s->resp_bytes > (uint64_t)s->resp_cl))
+			malformed(c, s);
+	}
+	if (!s || s->state != US_BODY || (s->rchk & RC_BAD)) {
 		nghttp2_session_consume(ng, id, len);   /* nobody wants it: keep the window open */
 		return 0;
 	}
@@ -398,18 +510,29 @@ void h2u_set_callbacks(nghttp2_session_callbacks *cb)
 
 #define NV_LOCAL 64                     /* a longer field list is copied by nghttp2 */
 
-/* The time-left fields come flagged never-indexed: their values may differ in every request,
- * and entering the connection's HPACK table each one would evict the fields that repeat. Yet
- * an HTTP request without a deadline from the client repeats them too (the per-try timeout:
- * send_attempt() counts the time spent before it in whole milliseconds; a gRPC call is told
- * its remaining time, which rarely repeats): a value equal to the previous one
- * on this connection goes indexable — it is then entered once and sent as one byte from the
- * table after that. */
-static bool repeats_last(struct h2_conn *c, const nghttp2_nv *e)
+/* The per-request fields come flagged never-indexed: their values may differ in every
+ * request, and entering the connection's HPACK table each one would evict the fields that
+ * repeat. Two exceptions go indexable.
+ *
+ * The first x-request-id of a connection: one entry, whose name every later never-indexed
+ * x-request-id then names by index instead of as a Huffman-coded literal (~420 instructions
+ * of nghttp2's a request).
+ *
+ * The time-left fields: an HTTP request without a deadline from the client repeats them (the
+ * per-try timeout: send_attempt() counts the time spent before it in whole milliseconds; a
+ * gRPC call is told its remaining time, which rarely repeats): a value equal to the previous
+ * one on this connection goes indexable — it is then entered once and sent as one byte from
+ * the table after that. */
+static bool goes_indexed(struct h2_conn *c, const nghttp2_nv *e)
 {
 	int k;
 	if (e->namelen != 12)
 		return false;
+	if (memcmp(e->name, "x-request-id", 12) == 0) {
+		bool first = !c->rid_indexed;
+		c->rid_indexed = true;
+		return first;
+	}
 	if (memcmp(e->name, "x-timeout-ms", 12) == 0)
 		k = 0;
 	else if (memcmp(e->name, "grpc-timeout", 12) == 0)
@@ -462,6 +585,11 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	s->ep = ep;
 	s->body = o->body;
 	s->streaming = o->streaming;
+	s->resp_cl = -1;
+	for (size_t i = 0; i < o->nvlen && o->nv[i].namelen > 0 && o->nv[i].name[0] == ':'; i++)
+		if (o->nv[i].namelen == 7 && memcmp(o->nv[i].name, ":method", 7) == 0 &&
+		    o->nv[i].valuelen == 4 && memcmp(o->nv[i].value, "HEAD", 4) == 0)
+			s->rchk |= RC_HEAD_REQ;
 	if (o->streaming)
 		s->pending = loop_buf_get(l);
 	keep_trailers(s, o->trailers, o->ntrailers);
@@ -476,7 +604,7 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 		for (size_t i = 0; i < o->nvlen; i++) {
 			const nghttp2_nv *e = &o->nv[i];
 			local[i] = *e;
-			if ((e->flags & NGHTTP2_NV_FLAG_NO_INDEX) && repeats_last(c, e))
+			if ((e->flags & NGHTTP2_NV_FLAG_NO_INDEX) && goes_indexed(c, e))
 				local[i].flags &= (uint8_t)~NGHTTP2_NV_FLAG_NO_INDEX;
 			if (e->name >= lo && e->name + e->namelen <= hi) {
 				local[i].name = (uint8_t *)s->fields + (e->name - lo);

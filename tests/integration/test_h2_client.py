@@ -298,3 +298,20 @@ def test_tls_http2_false_selects_http11(upstream, rg_factory, certs):
                         "%{http_version} %{http_code}", "https://localhost:%d/x" % rg.port],
                        capture_output=True, timeout=20)
     assert p.stdout == b"1.1 200"
+
+
+def test_priority_field_orders_the_responses(upstream, rg_factory):
+    # RFC 9218: both responses wait on their streams' flow-control windows; once both windows
+    # open together, the more urgent one (u=0) is sent first though it was asked for second
+    from hyperframe.frame import DataFrame, SettingsFrame, WindowUpdateFrame
+    upstream.set_default(respond(200, body=b"x" * 20000))
+    rg = rg_factory(upstreams=api(upstream))
+    c = H2Raw(rg.port, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0}, auto_window=False)
+    low = c.get("/low", extra=[("priority", "u=7")])
+    high = c.get("/high", extra=[("priority", "u=0")])
+    assert c.pump(lambda: c.streams[low].status and c.streams[high].status), c.streams
+    c.send(WindowUpdateFrame(low, window_increment=20000).serialize() +
+           WindowUpdateFrame(high, window_increment=20000).serialize())
+    assert c.pump(lambda: any(isinstance(f, DataFrame) for f in c.frames))
+    first = next(f for f in c.frames if isinstance(f, DataFrame))
+    assert first.stream_id == high, [(type(f).__name__, f.stream_id) for f in c.frames]

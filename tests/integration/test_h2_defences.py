@@ -56,6 +56,78 @@ MALFORMED = {
     "repeated host": base() + [("host", "example"), ("host", "example")],
     ":protocol": base(method="CONNECT") + [(":protocol", "websocket")],
     "invalid name byte": base() + [("x a", "1")],
+    # RFC 9113 §8.2-8.3 read rule by rule against what nghttp2 checked before the checks
+    # became retrygate's own (h2_request.c): every row was reset on either
+    "empty name": base() + [("", "1")],
+    "colon in name": base() + [("x:a", "1")],
+    "lone colon name": base() + [(":", "1")],
+    "uppercase pseudo name": base() + [(":Path", "/")],
+    "proxy-connection field": base() + [("proxy-connection", "close")],
+    "te with more than trailers": base() + [("te", "trailers, gzip")],
+    "missing :scheme": [(":method", "GET"), (":authority", "example"), (":path", "/")],
+    "no :authority nor host": [(":method", "GET"), (":scheme", "http"), (":path", "/")],
+    "repeated :path": base() + [(":path", "/x")],
+    "repeated :scheme": base() + [(":scheme", "http")],
+    "repeated :authority": base() + [(":authority", "example")],
+    "empty :authority": base(authority=""),
+    "empty :method": base(method=""),
+    "empty host": [(":method", "GET"), (":scheme", "http"), (":path", "/"), ("host", "")],
+    "space in :method": base(method="G T"),
+    "space in :path": base(path="/a b"),
+    "DEL in :path": base(path="/a\x7f"),
+    "bad :scheme": [(":method", "GET"), (":scheme", "1http"), (":authority", "example"),
+                    (":path", "/")],
+    "space in :authority": base(authority="exa mple"),
+    "slash in host": base() + [("host", "a/b")],
+    "CONNECT with :path": [(":method", "CONNECT"), (":authority", "example:443"),
+                           (":path", "/")],
+    "CONNECT with :scheme": [(":method", "CONNECT"), (":authority", "example:443"),
+                             (":scheme", "http")],
+    "CONNECT without :authority": [(":method", "CONNECT")],
+    "control byte in value": base() + [("x-a", "a\x01b")],
+    "DEL in value": base() + [("x-a", "a\x7fb")],
+    "leading tab": base() + [("x-a", "\ta")],
+    "trailing space": base() + [("x-a", "a ")],
+    "content-length not digits": base() + [("content-length", "1x")],
+    "negative content-length": base() + [("content-length", "-1")],
+    "repeated content-length": base() + [("content-length", "0"), ("content-length", "0")],
+    "END_STREAM on a head with content-length": base(method="POST") + [("content-length", "3")],
+}
+
+# What the checks must let through (each was forwarded before they were ours).
+ACCEPTED = {
+    "sub-delims in :authority": base(authority="a*b!c.example:80"),
+    "host without :authority": [(":method", "GET"), (":scheme", "http"), (":path", "/"),
+                                ("host", "example")],
+    "host equal to :authority but for case": base(authority="Example") + [("host", "example")],
+    "te trailers in capitals": base() + [("te", "Trailers")],
+    "inner whitespace and high bytes in a value": base() + [("x-a", "a b\tc caf\u00e9")],
+    "priority field": base() + [("priority", "u=0, i")],
+    "unreadable priority field": base() + [("priority", "u=9;x, ??")],
+    "content-length 0 on a head that ends the stream": base() + [("content-length", "0")],
+}
+
+# A head that passes, then trailers or DATA that break it: the stream is reset.
+def _trailers(fields, end=True, body=b"abc", cl=None):
+    def send(c):
+        head = base(method="POST") + ([("content-length", cl)] if cl else [])
+        sid = c.request(head, end=False)
+        c.data(sid, body, end=False)
+        c.headers(sid, fields, end=end)
+        return sid
+    return send
+
+
+MALFORMED_LATER = {
+    "trailers without END_STREAM": _trailers([("x-t", "1")], end=False),
+    "pseudo-header in trailers": _trailers([(":path", "/")]),
+    "connection field in trailers": _trailers([("connection", "close")]),
+    "uppercase name in trailers": _trailers([("X-T", "1")]),
+    "CR in a trailer value": _trailers([("x-t", "a\rb")]),
+    "content-length in trailers, not what came": _trailers([("content-length", "5")]),
+    "content-length in trailers after the head's": _trailers([("content-length", "3")],
+                                                             cl="3"),
+    "trailers short of content-length": _trailers([("x-t", "1")], cl="5"),
 }
 
 
@@ -71,6 +143,31 @@ def test_malformed_request_is_reset(upstream, rg2, case):
     time.sleep(0.05)
     assert len(upstream.requests) == 1
     assert rg2.wait_metric(METRIC, 1, error="malformed")
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_LATER))
+def test_malformed_after_the_head_is_reset(upstream, rg2, case):
+    upstream.set_default(stall())
+    c = H2Raw(rg2.port)
+    r = c.response(MALFORMED_LATER[case](c))
+    assert r.status is None and r.reset == PROTOCOL_ERROR, (case, r)
+    ok = c.response(c.get("/after"))       # the connection carries on
+    assert ok.reset is None and not c.closed
+
+
+@pytest.mark.parametrize("case", sorted(ACCEPTED))
+def test_well_formed_request_is_forwarded(upstream, rg2, case):
+    c = H2Raw(rg2.port)
+    r = c.response(c.request(ACCEPTED[case]))
+    assert r.reset is None and r.status == 200, (case, r)
+    assert len(upstream.wait_requests(1)) == 1
+
+
+def test_content_length_in_trailers_that_says_what_came_is_accepted(upstream, rg2):
+    c = H2Raw(rg2.port)
+    r = c.response(_trailers([("content-length", "3")])(c))
+    assert r.reset is None and r.status == 200, r
+    assert upstream.wait_requests(1)[0].body == b"abc"
 
 
 @pytest.mark.parametrize("sent,declared", [(b"abcdef", 3), (b"ab", 5)])

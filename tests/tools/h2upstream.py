@@ -24,7 +24,7 @@ for actions marked ``early``. Every frame write holds the connection's lock.
 
 Actions: respond(status, headers, body, trailers, delay, delay_body, early, rst_after, hold) |
 echo() |
-rst(code, after_head=False, body=b"", together=False) | goaway(last_stream_id, code=0) | stall(seconds) |
+rst(code, after_head=False, body=b"", together=False) | raw(frames) | goaway(last_stream_id, code=0) | stall(seconds) |
 kill() (close the TCP connection) | a dict {"action": name, ...}.
 """
 
@@ -68,6 +68,12 @@ def rst(code=INTERNAL_ERROR, after_head=False, body=b"", early=False, together=F
     proxy reads them at once; else the reset follows 0.1 s later."""
     return {"action": "rst", "code": code, "after_head": after_head, "body": body,
             "early": early, "together": together}
+
+
+def raw(*frames):
+    """A response written past h2's checks, for the malformed ones: each frame is
+    ("headers", [(name, value)], end_stream) or ("data", bytes, end_stream)."""
+    return {"action": "raw", "frames": frames}
 
 
 def goaway(last_stream_id=0, code=NO_ERROR):
@@ -301,6 +307,24 @@ class _Conn:
                     self.do(lambda: self.h2.send_data(sid, a["body"]))
                 self.wait(0.1)
             self.do(lambda: self.h2.reset_stream(sid, error_code=a["code"]))
+        elif kind == "raw":
+            from hyperframe.frame import DataFrame, HeadersFrame
+            with self.lock:
+                self.flush()
+                for what, payload, end in a["frames"]:
+                    f = HeadersFrame(sid) if what == "headers" else DataFrame(sid)
+                    if what == "headers":
+                        f.data = self.h2.encoder.encode(
+                            [(n.encode("latin-1"), v.encode("latin-1")) for n, v in payload])
+                        f.flags.add("END_HEADERS")
+                    else:
+                        f.data = payload
+                    if end:
+                        f.flags.add("END_STREAM")
+                    try:
+                        self.sock.sendall(f.serialize())
+                    except OSError:
+                        self.dead = True
         elif kind in ("respond", "echo"):
             if kind == "echo":
                 body = json.dumps({"method": req.header(":method"), "path": req.header(":path"),
