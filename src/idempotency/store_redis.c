@@ -415,6 +415,10 @@ static void send_write(struct redis_conn *c, const struct idem_key *k, const cha
 	for (int i = 0; i < nextra && n < 4; i++)
 		argv[n] = extra[i], lens[n++] = extra_lens[i];
 	redis_link_script(c->link, script, 1, n, argv, lens, write_reply, (void *)what);
+	/* SPEC §6: a caller that repeats the key at another replica once it has the answer is
+	 * served the outcome, not 409. The outcome is settled before the answer's last bytes
+	 * are flushed (later in this loop turn), so it must be on the wire before them. */
+	redis_link_flush(c->link);
 }
 
 static void redis_put(struct idem_store *s, const struct idem_key *k, enum rec_state st,

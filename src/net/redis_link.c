@@ -218,6 +218,16 @@ void redis_link_command(struct redis_link *l, int argc, const char **argv, const
 	send_cmd(l, argc, argv, lens, fn, arg, false);
 }
 
+void redis_link_flush(struct redis_link *l)
+{
+	int done;
+
+	/* redisBufferWrite, not redisAsyncHandleWrite: an error here runs no callback (the
+	 * caller may be in the middle of its own work); the armed write event meets it */
+	if (l->ac && l->connected)
+		(void)redisBufferWrite(&l->ac->c, &done);
+}
+
 void redis_link_script(struct redis_link *l, int script, int nkeys, int argc, const char **argv,
                        const size_t *lens, redis_reply_fn fn, void *arg)
 {

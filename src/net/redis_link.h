@@ -81,6 +81,10 @@ void redis_link_command(struct redis_link *l, int argc, const char **argv, const
  * server's script cache was flushed) drops the connection, so the next one loads it again. */
 void redis_link_script(struct redis_link *l, int script, int nkeys, int argc, const char **argv,
                        const size_t *lens, redis_reply_fn fn, void *arg);
+/* Puts the commands queued so far on the wire now, not at the loop's next write event: for
+ * a write that must reach Redis before what the caller sends next reaches its peer. A
+ * failure is left to that write event, where the link handles it. */
+void redis_link_flush(struct redis_link *l);
 
 enum redis_link_state redis_link_state(const struct redis_link *l);
 /* "redis host:port/db", for the owner's log lines: never the password. */

@@ -191,6 +191,8 @@ struct exchange {
 	bool executed;                  /* some retried attempt may have executed (its outcome was
 	                                 * not idem_not_executed()); the last one is judged at the end */
 	bool resp_complete;             /* a relayed response went out whole */
+	int64_t idem_body_left;         /* body bytes to relay before the response is whole (its
+	                                 * Content-Length), when `idem` is set; -1: not known */
 
 	/* SPEC §11: the fault the current attempt drew, or NULL. Faults that send nothing
 	 * (connect-failure, abort, a delay) wait on fault_ev in X_FAULT_WAIT. */

@@ -43,6 +43,33 @@ static const char *own_refusal(const struct exchange *ex)
 
 /* ------------------------------------------------------------------ finishing */
 
+/* SPEC §6: the claim's outcome, stored, kept or released; once (a settled job owns no
+ * claim). IN_FLIGHT: an attempt cut in flight may have executed. */
+static void idem_settle(struct exchange *ex, bool in_flight, bool complete)
+{
+	if (!ex->idem)
+		return;
+	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
+	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
+	/* SPEC §6: released at once when no attempt can have executed (the earlier ones were
+	 * judged as they were retried) */
+	bool refused = !ex->executed && !in_flight && ex->attempts > 0 &&
+	               idem_not_executed(&ex->up->idem, ex->last_out, ex->last_att_status, gs);
+	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached || in_flight, refused,
+	                    complete))
+		STAT_INC(ex->us->idem[IS_STORED]);
+}
+
+/* The relayed response is whole once what is being handed to the client has gone: its
+ * outcome is settled before those last bytes, so that the store has it (a Redis store: on
+ * the wire) before the client can repeat the key at another replica (SPEC §6: the stored
+ * response, not 409). */
+static void idem_settle_before_end(struct exchange *ex)
+{
+	ex->idem_body_left = -1;
+	idem_settle(ex, ex->att && attempt_wrote_any(ex->att), true);
+}
+
 /* Stop everything the exchange runs: timers, attempts, slots, the kept response, the claim
  * (a fault wait or a held gRPC head ends with the state). Used once, by ex_finish(),
  * ex_start_tunnel() or exchange_abort(). */
@@ -61,17 +88,7 @@ void ex_end(struct exchange *ex)
 	attempt_free(ex->relay);
 	ex->att = ex->relay = NULL;
 	saved_clear(&ex->saved);
-	if (!ex->idem)
-		return;
-	/* SPEC §10: a gRPC response is stored by its grpc-status; none at all reads as UNKNOWN */
-	int gs = !ex->grpc ? -1 : ex->att_grpc >= 0 ? ex->att_grpc : GRPC_UNKNOWN;
-	/* SPEC §6: released at once when no attempt can have executed (the earlier ones were
-	 * judged as they were retried) */
-	bool refused = !ex->executed && !in_flight && ex->attempts > 0 &&
-	               idem_not_executed(&ex->up->idem, ex->last_out, ex->last_att_status, gs);
-	if (idem_job_settle(ex->idem, ex->last_att_status, gs, ex->reached || in_flight, refused,
-	                    ex->resp_complete))
-		STAT_INC(ex->us->idem[IS_STORED]);
+	idem_settle(ex, in_flight, ex->resp_complete);
 }
 
 /* The facts the outcome is decided on (access_unknown_cause()), for the count and the line. */
@@ -196,6 +213,11 @@ void ex_send_head(struct exchange *ex, const struct http_head *h, enum refusal r
 	if (h->end_stream && ex->grpc)
 		ex->client_grpc = ex->att_grpc;
 	idem_job_record_head(ex->idem, &rh.head);
+	if (ex->idem) {
+		ex->idem_body_left = h->content_length;
+		if (h->end_stream || h->content_length == 0)
+			idem_settle_before_end(ex);
+	}
 	ex->head_sent = true;
 	ex->resp_status = h->status;
 	ex->log.ok_response = true;
@@ -206,7 +228,10 @@ void ex_relay_body(struct exchange *ex, struct evbuffer *data)
 {
 	if (evbuffer_get_length(data) == 0)
 		return;
+	size_t n = evbuffer_get_length(data);
 	idem_job_record_body(ex->idem, data);
+	if (ex->idem && ex->idem_body_left > 0 && (ex->idem_body_left -= (int64_t)n) <= 0)
+		idem_settle_before_end(ex);
 	ex->rsp.body(ex->rsp.arg, data);
 }
 
@@ -227,6 +252,8 @@ void ex_relay_trailers(struct exchange *ex, const struct http_hdr *t, int n)
 	if (ex->grpc)
 		ex->client_grpc = ex->att_grpc;
 	idem_job_record_trailers(ex->idem, t, n);
+	if (ex->idem)
+		idem_settle_before_end(ex);
 	ex->rsp.trailers(ex->rsp.arg, t, n);
 }
 

@@ -169,3 +169,17 @@ def test_redis_replica_replays_the_trailers(h2up, rg_factory, redis_url):
     assert again.header("idempotency-replayed") == "true" and again.body == MSG, again
     assert dict(again.trailers) == {"grpc-status": "0", "x-order": "o-7"}
     assert len(up.requests) == 1
+
+
+def test_a_call_repeated_at_another_replica_at_once_is_replayed(h2up, rg_factory, redis_url):
+    # The outcome is in Redis before the trailers leave: a caller that repeats the key at
+    # another replica as soon as its call ended is replayed, never ABORTED in-progress.
+    up = h2up()
+    up.set_default(respond(200, headers=GRPC, body=MSG, trailers=[("grpc-status", "0")]))
+    a = rg_factory(upstreams=api(up, store=redis_url))
+    b = rg_factory(upstreams=api(up, store=redis_url))
+    for i in range(30):
+        call(a, "s-%d" % i)
+        again, _, _ = call(b, "s-%d" % i)
+        assert again.header("idempotency-replayed") == "true", (i, again)
+    assert len(up.requests) == 30

@@ -201,6 +201,29 @@ def test_redis_store_dedupes_across_two_replicas(upstream, rg_factory, redis_url
     assert len(upstream.requests) == 1
 
 
+def test_an_outcome_is_in_redis_before_its_answer_leaves(upstream, rg_factory, redis_url):
+    # A caller that repeats a key at another replica as soon as it has the answer is served
+    # the stored response, never 409: the outcome goes on the wire to Redis before the
+    # answer's last bytes go to the caller (and a released claim likewise: SPEC §6).
+    url, _ = redis_url
+    upstream.set_default(respond(201, body=b"paid"))
+    a = rg_factory(upstreams=idem_upstream(upstream, store=url))
+    b = rg_factory(upstreams=idem_upstream(upstream, store=url))
+    got = []
+    for i in range(60):
+        assert post(a, "k-seq%d" % i)[0] == 201
+        s, h, body = post(b, "k-seq%d" % i)
+        got.append((s, h.get("Idempotency-Replayed"), h.get("X-Retrygate-Reason")))
+    assert all(g == (201, "true", None) for g in got), (sum(g[0] != 201 for g in got), got[:3])
+    assert len(upstream.requests) == 60
+    upstream.set_default(respond(503, body=b"later"))
+    for i in range(30):
+        assert post(a, "k-rel%d" % i)[0] == 503
+        upstream.set_default(respond(201, body=b"paid"))
+        assert post(b, "k-rel%d" % i)[0] == 201, i
+        upstream.set_default(respond(503, body=b"later"))
+
+
 def test_redis_down_fails_closed(upstream, rg_factory, redis_url):
     url, proc = redis_url
     rg = rg_factory(upstreams=idem_upstream(upstream, store=url))
