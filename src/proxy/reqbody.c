@@ -14,6 +14,11 @@
 static void copy_into(struct evbuffer *dst, struct evbuffer *src)
 {
 	struct evbuffer_iovec v[8];
+	/* one extent (a gRPC call's message, most often): copied without walking positions */
+	if (evbuffer_peek(src, -1, NULL, v, 2) == 1) {
+		evbuffer_add(dst, v[0].iov_base, v[0].iov_len);
+		return;
+	}
 	struct evbuffer_ptr at;
 	evbuffer_ptr_set(src, &at, 0, EVBUFFER_PTR_SET);
 	size_t left = evbuffer_get_length(src);
