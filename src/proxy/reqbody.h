@@ -42,6 +42,10 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
                                 int64_t keep_max, bool strict, struct attempt *to);
 /* The last byte arrived. */
 void reqbody_end(struct reqbody *b, struct attempt *to);
+/* What an attempt reads in place (its body, referenced): the buffered body, or the teed
+ * body kept for replay, which grows while it streams (HTTP/2 only: a gRPC call's); NULL
+ * when every byte is sent to it. */
+struct evbuffer *reqbody_ref(const struct reqbody *b);
 /* A streaming attempt TO just started: what arrived so far goes to it. */
 void reqbody_stream_to(struct reqbody *b, struct attempt *to);
 /* How many bytes the body takes now: 0 stops reading the client (a streaming attempt's
