@@ -19,8 +19,10 @@ struct evbuffer;
 
 struct reqbody {
 	enum body_mode mode;
-	struct evbuffer *buf;           /* the buffered body (BODY_BUFFER), or bytes that came
-	                                 * before a streaming attempt started */
+	struct evbuffer *buf;           /* the buffered body (BODY_BUFFER), the teed one kept
+	                                 * for replay (BODY_TEE: the attempts read it in place,
+	                                 * reqbody_ref), or bytes that came before a streaming
+	                                 * attempt started */
 	int64_t len;                    /* bytes received so far */
 	bool present;                   /* the request has a body at all */
 	bool done;                      /* its last byte arrived */
