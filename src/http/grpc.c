@@ -200,10 +200,25 @@ int grpc_client_code(int code, int http_status, bool complete)
 	}
 }
 
+/* N (LEN bytes) is LIT: the exact bytes first (an HTTP/2 peer's names are lowercase), any
+ * case only then */
+#define NAME_IS(n, len, lit) \
+	(memcmp((n), lit, sizeof(lit) - 1) == 0 || str_ieq((n), (len), lit, sizeof(lit) - 1))
+
+enum grpc_field grpc_field_kind(const char *name, size_t n)
+{
+	/* by length: every other field of a response is told apart without a compare */
+	if (n == 11 && NAME_IS(name, n, "grpc-status"))
+		return GRPC_F_STATUS;
+	if (n == 22 && NAME_IS(name, n, "grpc-retry-pushback-ms"))
+		return GRPC_F_PUSHBACK;
+	return GRPC_F_OTHER;
+}
+
 int grpc_status_field(const struct http_hdr *f, int n)
 {
 	for (int i = 0; i < n; i++)
-		if (str_ieq(f[i].name, f[i].nlen, "grpc-status", 11))
+		if (grpc_field_kind(f[i].name, f[i].nlen) == GRPC_F_STATUS)
 			return grpc_status_parse(f[i].value, f[i].vlen);
 	return -1;
 }

@@ -79,6 +79,10 @@ bool grpc_definite(int code);
  * 504 UNAVAILABLE, anything else, 200 included, UNKNOWN). */
 int grpc_client_code(int code, int http_status, bool complete);
 
+/* Which of the response fields retrygate reads a name (N bytes, any case) is. */
+enum grpc_field { GRPC_F_OTHER, GRPC_F_STATUS, GRPC_F_PUSHBACK };
+enum grpc_field grpc_field_kind(const char *name, size_t n);
+
 struct http_hdr;
 /* The grpc-status among fields F[N] (grpc_status_parse), or -1 when none is well-formed. */
 int grpc_status_field(const struct http_hdr *f, int n);

@@ -49,9 +49,10 @@ int ex_grpc_outcome(struct exchange *ex, const struct http_hdr *f, int n)
 	int code = -1;
 	int64_t pb = -1;
 	for (int i = 0; i < n; i++) {
-		if (str_ieq(f[i].name, f[i].nlen, "grpc-status", 11)) {
+		enum grpc_field k = grpc_field_kind(f[i].name, f[i].nlen);
+		if (k == GRPC_F_STATUS) {
 			code = grpc_status_parse(f[i].value, f[i].vlen);
-		} else if (str_ieq(f[i].name, f[i].nlen, "grpc-retry-pushback-ms", 22)) {
+		} else if (k == GRPC_F_PUSHBACK) {
 			int64_t us;
 			pb = grpc_pushback_parse(f[i].value, f[i].vlen, &us) ? us : -2;
 		}

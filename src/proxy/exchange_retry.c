@@ -221,7 +221,7 @@ static struct attempt *attempt_go(struct exchange *ex, struct ep_state *ep, int6
 	char sni[256];
 	struct attempt_req rq = {
 		.head = head,
-		.body = (ex->rb.mode == BODY_BUFFER && ex->rb.len > 0) ? ex->rb.buf : NULL,
+		.body = reqbody_ref(&ex->rb),
 		.streaming = ex->rb.mode == BODY_STREAM || ex->rb.mode == BODY_TEE,
 		.chunked = ex->rb.mode == BODY_STREAM && ex->req->content_length < 0,
 		.is_head = ex->req->method_head,

@@ -10,28 +10,6 @@
 #define STREAM_HIGH (256 * 1024)    /* upstream output above this: stop reading the client */
 #define BUFFER_STEP (64 * 1024)     /* what a buffering body takes per read */
 
-/* Append a copy of SRC to DST, extent by extent (SRC untouched, not made contiguous). */
-static void copy_into(struct evbuffer *dst, struct evbuffer *src)
-{
-	struct evbuffer_iovec v[8];
-	struct evbuffer_ptr at;
-	evbuffer_ptr_set(src, &at, 0, EVBUFFER_PTR_SET);
-	size_t left = evbuffer_get_length(src);
-	while (left > 0) {
-		int n = evbuffer_peek(src, (ev_ssize_t)left, &at, v, 8);
-		if (n <= 0)
-			break;
-		size_t got = 0;
-		for (int i = 0; i < n && i < 8; i++) {
-			size_t len = v[i].iov_len < left - got ? v[i].iov_len : left - got;
-			evbuffer_add(dst, v[i].iov_base, len);
-			got += len;
-		}
-		left -= got;
-		evbuffer_ptr_set(src, &at, got, EVBUFFER_PTR_ADD);
-	}
-}
-
 void reqbody_init(struct reqbody *b, struct evbuffer *buf, bool present, enum body_mode mode)
 {
 	b->mode = present ? mode : BODY_NONE;
@@ -60,21 +38,26 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
 		return RB_OUTGREW;
 	}
 	if (b->mode == BODY_TEE) {
-		if (b->len > keep_max) {
-			/* outgrew replay: from now on it only streams (without an attempt in flight,
-			 * all of it waits in BUF for the next one) */
-			b->mode = BODY_STREAM;
-			if (!to) {
+		if (b->len <= keep_max) {
+			/* kept for replay in BUF, which the attempts read where it is
+			 * (reqbody_ref): an empty send tells the one in flight that it grew. The
+			 * first piece (a unary call's one message) moves in whole; later ones are
+			 * copied behind it, so memory held follows the bytes counted */
+			if (evbuffer_get_length(b->buf) == 0)
+				evbuffer_add_buffer(b->buf, data);
+			else
 				loop_buf_hold(b->buf, data);
-				return RB_TAKEN;
-			}
-			evbuffer_drain(b->buf, evbuffer_get_length(b->buf));
-		} else {
-			copy_into(b->buf, data);        /* the replay copy */
-			if (!to) {
-				evbuffer_drain(data, n);
-				return RB_TAKEN;
-			}
+			if (to)
+				attempt_send_body(to, data);
+			return RB_TAKEN;
+		}
+		/* outgrew replay: from now on it only streams. The attempt in flight reads
+		 * the rest of BUF first, then what it is sent; without one, all of it waits in
+		 * BUF for the next one */
+		b->mode = BODY_STREAM;
+		if (!to) {
+			loop_buf_hold(b->buf, data);
+			return RB_TAKEN;
 		}
 	}
 	if ((b->mode == BODY_STREAM || b->mode == BODY_TEE) && to)
@@ -94,13 +77,7 @@ void reqbody_end(struct reqbody *b, struct attempt *to)
 void reqbody_stream_to(struct reqbody *b, struct attempt *to)
 {
 	if (b->mode == BODY_TEE) {
-		/* a replay: a copy of everything so far, the rest as it comes */
-		if (evbuffer_get_length(b->buf) > 0) {
-			struct evbuffer *copy = evbuffer_new();
-			copy_into(copy, b->buf);
-			attempt_send_body(to, copy);
-			evbuffer_free(copy);
-		}
+		/* it reads BUF, everything so far and the rest as it comes (reqbody_ref) */
 		if (b->done)
 			attempt_send_body_end(to);
 		return;
@@ -111,6 +88,13 @@ void reqbody_stream_to(struct reqbody *b, struct attempt *to)
 		attempt_send_body(to, b->buf);
 	if (b->done)
 		attempt_send_body_end(to);
+}
+
+struct evbuffer *reqbody_ref(const struct reqbody *b)
+{
+	if (b->mode == BODY_TEE || (b->mode == BODY_BUFFER && b->len > 0))
+		return b->buf;
+	return NULL;
 }
 
 size_t reqbody_room(const struct reqbody *b, const struct attempt *to)

@@ -19,8 +19,10 @@ struct evbuffer;
 
 struct reqbody {
 	enum body_mode mode;
-	struct evbuffer *buf;           /* the buffered body (BODY_BUFFER), or bytes that came
-	                                 * before a streaming attempt started */
+	struct evbuffer *buf;           /* the buffered body (BODY_BUFFER), the teed one kept
+	                                 * for replay (BODY_TEE: the attempts read it in place,
+	                                 * reqbody_ref), or bytes that came before a streaming
+	                                 * attempt started */
 	int64_t len;                    /* bytes received so far */
 	bool present;                   /* the request has a body at all */
 	bool done;                      /* its last byte arrived */
@@ -42,6 +44,10 @@ enum reqbody_event reqbody_take(struct reqbody *b, struct evbuffer *data, int64_
                                 int64_t keep_max, bool strict, struct attempt *to);
 /* The last byte arrived. */
 void reqbody_end(struct reqbody *b, struct attempt *to);
+/* What an attempt reads in place (its body, referenced): the buffered body, or the teed
+ * body kept for replay, which grows while it streams (HTTP/2 only: a gRPC call's); NULL
+ * when every byte is sent to it. */
+struct evbuffer *reqbody_ref(const struct reqbody *b);
 /* A streaming attempt TO just started: what arrived so far goes to it. */
 void reqbody_stream_to(struct reqbody *b, struct attempt *to);
 /* How many bytes the body takes now: 0 stops reading the client (a streaming attempt's

@@ -49,7 +49,9 @@ struct attempt_cbs {
 
 struct attempt_req {
 	struct evbuffer *head;          /* serialized request head (taken); NULL with h2 */
-	struct evbuffer *body;          /* complete replayable body (referenced, not taken) or NULL */
+	struct evbuffer *body;          /* replayable body (referenced, not taken) or NULL; with
+	                                 * streaming (HTTP/2 only) it may grow, and an empty
+	                                 * send_body() says it did */
 	bool streaming;                 /* body arrives later through attempt_send_body() */
 	bool chunked;                   /* encode the streamed body as chunked */
 	bool is_head;                   /* HEAD request: the response has no body */

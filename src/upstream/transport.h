@@ -51,7 +51,9 @@ struct transport_cbs {
 };
 
 struct transport_req {
-	struct evbuffer *body;          /* complete replayable body (referenced, not taken) or NULL */
+	struct evbuffer *body;          /* replayable body (referenced, not taken) or NULL; with
+	                                 * streaming (HTTP/2 only) it may grow, and an empty
+	                                 * send_body() says it did */
 	bool streaming;                 /* more body through send_body() */
 	struct evbuffer *body_out;      /* the opener's: decoded response body goes here */
 	int64_t connect_timeout_us;     /* for a connection this request makes us open */

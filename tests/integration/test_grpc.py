@@ -765,6 +765,28 @@ def test_client_stream_over_max_body_not_replayed(grpcsrv, rg_factory, channel):
     assert len(srv.calls_for("big")) == 1
 
 
+def test_client_stream_outgrowing_max_body_reaches_the_server_whole(grpcsrv, rg_factory,
+                                                                    channel):
+    # the attempt reads the kept messages in place, then streams what comes after the body
+    # outgrew max_body: every byte once, in order, whether the messages come together or
+    # one by one
+    srv = grpcsrv()
+    rg = rg_factory(upstreams=api(srv, {"max_body": "64"}))
+    ch = channel(rg)
+    msgs = [b"a" * 30, b"b" * 20, b"c" * 100, b"d" * 10, b"e" * 3000]
+
+    def slowly():
+        for m in msgs:
+            time.sleep(0.05)
+            yield m
+
+    for key, req in (("together", msgs), ("apart", slowly())):
+        r = call(ch, COLLECT, req=req, kind="collect", key=key)
+        assert r.code == grpc.StatusCode.OK and r.messages == [b"|".join(msgs)], (key, r)
+        (c,) = srv.wait_calls(1, key=key)
+        assert c.messages == msgs, key
+
+
 # ------------------------------------------------------------------------------- metrics, log, budget
 
 def test_grpc_responses_metric_and_access_log(grpcsrv, rg_factory, channel, tmp_path):

@@ -342,6 +342,29 @@ static void test_status_field(void **state)
 	assert_int_equal(grpc_status_field(f, 2), -1);
 }
 
+static void test_field_kind(void **state)
+{
+	(void)state;
+	static const struct { const char *name; enum grpc_field want; } rows[] = {
+		{ "grpc-status", GRPC_F_STATUS },
+		{ "Grpc-Status", GRPC_F_STATUS },
+		{ "GRPC-STATUS", GRPC_F_STATUS },
+		{ "grpc-retry-pushback-ms", GRPC_F_PUSHBACK },
+		{ "Grpc-Retry-Pushback-Ms", GRPC_F_PUSHBACK },
+		{ "grpc-statue", GRPC_F_OTHER },        /* the length of one, not the name */
+		{ "grpc-retry-pushback-mx", GRPC_F_OTHER },
+		{ "grpc-message", GRPC_F_OTHER },
+		{ "grpc-status-details-bin", GRPC_F_OTHER },
+		{ "content-type", GRPC_F_OTHER },
+		{ "", GRPC_F_OTHER },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		enum grpc_field got = grpc_field_kind(rows[i].name, strlen(rows[i].name));
+		if (got != rows[i].want)
+			fail_msg("%s: got %d, want %d", rows[i].name, got, rows[i].want);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -355,6 +378,7 @@ int main(void)
 		cmocka_unit_test(test_definite),
 		cmocka_unit_test(test_client_code),
 		cmocka_unit_test(test_status_field),
+		cmocka_unit_test(test_field_kind),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
