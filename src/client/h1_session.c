@@ -66,7 +66,7 @@ struct h1_session {
 	struct evbuffer *body_tmp;
 	struct loop_timer timer;        /* header or idle timeout (the loop's: one per request) */
 	bool head_timer;
-	struct event *resume_ev;
+	struct loop_soon resume;        /* session_process again, from the loop */
 	bool close_after;               /* drain: close after the current response */
 	bool resp_started, resp_chunked, resp_bodyless, resp_close;   /* the current response */
 	bool tls;
@@ -79,6 +79,20 @@ static void session_process(struct h1_session *s);
 
 /* The one writer of the state (DESIGN rule 2). */
 DEFINE_STATE_SETTER(set_state, h1_session, sstate, S_CLOSED)
+
+static void resume_cb(void *arg)
+{
+	struct h1_session *s = arg;
+	MAGIC_CHECK(s, SESSION_MAGIC);
+	session_process(s);
+}
+
+/* Look at the input again once the callbacks up the stack have returned. */
+static void resume(struct h1_session *s)
+{
+	if (s->state != S_CLOSED)
+		loop_soon_add(s->loop, &s->resume, resume_cb, s);
+}
 
 static void session_free_cb(void *p)
 {
@@ -106,7 +120,7 @@ void h1_session_close(struct h1_session *s, const char *why)
 		stream_free(s->strm);
 	s->strm = NULL;
 	loop_timer_del(s->loop, &s->timer);
-	event_free(s->resume_ev);
+	loop_soon_del(s->loop, &s->resume);
 	http_msg_free(s->req);
 	evbuffer_free(s->body_tmp);
 	runtime_unref(s->rt);
@@ -290,7 +304,7 @@ static void rsp_end(void *arg, bool complete, bool close)
 		session_close_after_flush(s);
 		return;
 	}
-	event_active(s->resume_ev, EV_TIMEOUT, 0);
+	resume(s);
 }
 
 static size_t rsp_queued(void *arg)
@@ -305,7 +319,7 @@ static void rsp_want_body(void *arg)
 	struct h1_session *s = arg;
 	MAGIC_CHECK(s, SESSION_MAGIC);
 	if (s->state == S_BODY)
-		event_active(s->resume_ev, EV_TIMEOUT, 0);
+		resume(s);
 }
 
 static void tunnel_closed_cb(void *arg)
@@ -469,13 +483,6 @@ static void session_process(struct h1_session *s)
 	}
 }
 
-static void resume_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct h1_session *s = arg;
-	MAGIC_CHECK(s, SESSION_MAGIC);
-	session_process(s);
-}
-
 static void read_cb(struct stream *strm, void *arg)
 {
 	session_process(arg);
@@ -502,7 +509,7 @@ static void write_cb(struct stream *strm, void *arg)
 	if (s->ex && !s->ex_done)
 		exchange_client_drained(s->ex);
 	else if (s->state == S_WAIT && s->ex_done)
-		event_active(s->resume_ev, EV_TIMEOUT, 0);     /* held back by CLIENT_HIGH */
+		resume(s);      /* held back by CLIENT_HIGH */
 }
 
 /* SPEC §7: a client whose TLS handshake failed is counted by reason, and logged once a minute
@@ -604,7 +611,6 @@ struct h1_session *h1_session_new(struct loop *loop, const struct session_owner 
 	/* the request parser (its head arrays are most of a connection's memory) comes with the
 	 * first byte: an idle connection costs a few hundred bytes of ours */
 	s->body_tmp = evbuffer_new();
-	s->resume_ev = event_new(loop->base, -1, 0, resume_cb, s);
 	stream_setcb(s->strm, read_cb, write_cb, event_cb, s);
 	stream_set_take(s->strm, take_cb);
 	/* bounds pipelined input and client-side backpressure (the head itself always fits) */
