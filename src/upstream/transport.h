@@ -69,7 +69,7 @@ struct transport_req {
 	/* HTTP/2 */
 	const nghttp2_nv *nv;           /* lowercase names; copied */
 	size_t nvlen;
-	const char *nv_bytes;           /* the bytes NV's names and values lie in: the stream
+	const char *nv_bytes;           /* the bytes every name and value of NV lies in: the stream
 	                                 * keeps one copy until its HEADERS left (NULL: nghttp2
 	                                 * copies each field) */
 	size_t nv_bytes_len;
