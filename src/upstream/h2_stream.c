@@ -598,12 +598,14 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	const nghttp2_nv *nv = o->nv;
 	if (nb > 0) {
 		memcpy(s->fields, o->nv_bytes, nb);
-		/* every name and value lies in nv_bytes (transport_req): each moves by as much */
+		/* every value lies in nv_bytes (transport_req), and every name but the literals:
+		 * each moves by as much */
 		const uint8_t *lo = (const uint8_t *)o->nv_bytes;
 		for (size_t i = 0; i < o->nvlen; i++) {
 			const nghttp2_nv *e = &o->nv[i];
 			nghttp2_nv *d = &local[i];
-			d->name = (uint8_t *)s->fields + (e->name - lo);
+			uintptr_t at = (uintptr_t)e->name - (uintptr_t)lo;
+			d->name = at < nb ? (uint8_t *)s->fields + at : e->name;
 			d->value = (uint8_t *)s->fields + (e->value - lo);
 			d->namelen = e->namelen;
 			d->valuelen = e->valuelen;
