@@ -94,7 +94,8 @@ static void nv_room(struct forward_nv *o, size_t need)
  * that differs in every request (x-request-id, the deadline fields): indexed, each would enter
  * the connection's HPACK table, evict the fields that repeat, and make the encoder compare every
  * same-name entry on each lookup. Sent as never-indexed literals (RFC 7541 §6.2.3) instead. */
-static void nv_add(struct forward_nv *o, const char *name, size_t nlen, enum nname how,
+static inline __attribute__((always_inline))
+void nv_add(struct forward_nv *o, const char *name, size_t nlen, enum nname how,
                    uint8_t flags, const char *v1, size_t l1, const char *v2, size_t l2,
                    const char *v3, size_t l3)
 {
