@@ -137,8 +137,9 @@ static void put_client(struct sink *k, const struct http_hdr *h, uint8_t flags)
 }
 
 /* A field of retrygate's: NAME's spelling for the protocol */
-static void put3(struct sink *k, const struct fname *f, uint8_t flags, const char *v1, size_t l1,
-                 const char *v2, size_t l2, const char *v3, size_t l3)
+static inline __attribute__((always_inline))
+void put3(struct sink *k, const struct fname *f, uint8_t flags, const char *v1, size_t l1,
+          const char *v2, size_t l2, const char *v3, size_t l3)
 {
 	if (k->o)
 		h1_field3(k->o, f->h1, f->len, v1, l1, v2, l2, v3, l3);
