@@ -54,11 +54,11 @@ FNAME(F_EXPECT, "Expect", "expect");
 FNAME(F_CL, "Content-Length", "content-length");
 FNAME(F_TE, "te", "te");
 
-/* A pointer at arena[FROM, FROM + LEN) now at TO's */
+/* A pointer into arena[FROM, FROM + LEN] (an empty value may point at its end) now at TO's */
 static uint8_t *moved(uint8_t *p, const char *from, size_t len, char *to)
 {
 	uintptr_t d = (uintptr_t)p - (uintptr_t)from;
-	return d < len ? (uint8_t *)to + d : p;
+	return d <= len ? (uint8_t *)to + d : p;
 }
 
 /* Room for N more bytes and one more field; the first ones go in the struct's own storage. */
@@ -95,9 +95,8 @@ static void nv_room(struct forward_nv *o, size_t need)
  * the connection's HPACK table, evict the fields that repeat, and make the encoder compare every
  * same-name entry on each lookup. Sent as never-indexed literals (RFC 7541 §6.2.3) instead. */
 static inline __attribute__((always_inline))
-void nv_add(struct forward_nv *o, const char *name, size_t nlen, enum nname how,
-                   uint8_t flags, const char *v1, size_t l1, const char *v2, size_t l2,
-                   const char *v3, size_t l3)
+void nv_add(struct forward_nv *o, const char *name, size_t nlen, enum nname how, uint8_t flags,
+            const char *v1, size_t l1, const char *v2, size_t l2, const char *v3, size_t l3)
 {
 	size_t nbytes = how == NAME_OURS ? 0 : nlen;
 	size_t need = nbytes + l1 + l2 + l3;
