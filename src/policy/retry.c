@@ -50,13 +50,20 @@ const char *outcome_name(enum outcome o)
 enum method_class retry_method_class(const char *method)
 {
 	/* RFC 9110 §9.2.2; method names are case-sensitive, so "get" is not GET */
-	static const char *const idempotent[] = { "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE" };
+	const char *name;
 	if (!method)
 		return MC_OTHER;
-	for (size_t i = 0; i < sizeof(idempotent) / sizeof(idempotent[0]); i++)
-		if (strcmp(method, idempotent[i]) == 0)
-			return MC_IDEMPOTENT;
-	return MC_OTHER;
+	/* by the first byte: one compare, not one per idempotent method (a POST tried all six) */
+	switch (method[0]) {
+	case 'G': name = "GET"; break;
+	case 'H': name = "HEAD"; break;
+	case 'O': name = "OPTIONS"; break;
+	case 'T': name = "TRACE"; break;
+	case 'P': name = "PUT"; break;
+	case 'D': name = "DELETE"; break;
+	default: return MC_OTHER;
+	}
+	return strcmp(method, name) == 0 ? MC_IDEMPOTENT : MC_OTHER;
 }
 
 static int64_t sat_add(int64_t a, int64_t b)

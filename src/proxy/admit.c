@@ -56,7 +56,11 @@ struct req_fields {
 	const struct http_hdr *key;             /* the upstream's idempotency header */
 };
 
-#define IS_FIELD(f, lit) str_ieq((f)->name, (f)->nlen, lit, sizeof(lit) - 1)
+/* LIT lowercase: the exact bytes first, as an HTTP/2 client must send them (and most HTTP/1
+ * ones do), before the caseless compare */
+#define IS_FIELD(f, lit)                                                        \
+	(memcmp((f)->name, lit, sizeof(lit) - 1) == 0 ||                        \
+	 str_ieq((f)->name, (f)->nlen, lit, sizeof(lit) - 1))
 /* within find_fields: a field of LIT's length is LIT or none of the others */
 #define FIELD_CASE(lit, member)                                         \
 	case sizeof(lit) - 1:                                           \
@@ -72,7 +76,7 @@ static void find_fields(const struct http_head *r, const char *keyname, struct r
 		const struct http_hdr **slot = NULL;
 		switch (f->nlen) {
 		FIELD_CASE("content-type", ctype)
-		FIELD_CASE("X-Retrygate-Attempt", attempt)
+		FIELD_CASE("x-retrygate-attempt", attempt)
 		FIELD_CASE("x-envoy-attempt-count", envoy_count)
 		FIELD_CASE("grpc-previous-rpc-attempts", grpc_prev)
 		}

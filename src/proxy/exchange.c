@@ -509,7 +509,7 @@ void exchange_expire(struct exchange *ex)
 		return;
 	/* the attempt awaiting its head may have executed: no answer within the time there was
 	 * is a timeout, which for a non-idempotent request leaves the outcome unknown, recorded
-	 * for reconciliation (ex_count_end) as any other timeout */
+	 * for reconciliation (ex_count_and_log) as any other timeout */
 	if (ex->att && (ex->state == X_ATTEMPT || ex->state == X_HELD) &&
 	    attempt_wrote_any(ex->att)) {
 		ex->last_out = OUT_TIMEOUT;

@@ -248,7 +248,7 @@ enum outcome ex_fault_outcome(struct exchange *ex, const struct http_head **h);
 bool ex_body_left_unread(const struct exchange *ex, bool ours);
 void ex_end(struct exchange *ex);
 void ex_log_request(struct exchange *ex, int64_t now);
-void ex_count_end(struct exchange *ex, int64_t now);
+void ex_count_and_log(struct exchange *ex, int64_t now);
 void ex_finish(struct exchange *ex, bool complete, bool close);
 void ex_finish_error(struct exchange *ex, int status, const char *reason, bool close,
                      const char *retry_after);

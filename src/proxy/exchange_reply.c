@@ -121,8 +121,8 @@ void ex_log_request(struct exchange *ex, int64_t now)
 	accesslog_write(&ex->log);
 }
 
-/* SPEC §12: the unknown outcome goes to the reconciliation queue, once (count_end runs once),
- * with CAUSE as its last_outcome. */
+/* SPEC §12: the unknown outcome goes to the reconciliation queue, once (ex_count_and_log runs
+ * once), with CAUSE as its last_outcome. */
 static void record_unknown(struct exchange *ex, const char *cause)
 {
 	struct reconcile_rec r = {
@@ -141,7 +141,8 @@ static void record_unknown(struct exchange *ex, const char *cause)
 	STAT_INC(ex->us->reconcile_recorded);
 }
 
-void ex_count_end(struct exchange *ex, int64_t now)
+/* The counts, and the access-log line, of a request that ended: the facts once for both. */
+void ex_count_and_log(struct exchange *ex, int64_t now)
 {
 	int c = ex->resp_status / 100;
 	if (c >= 1 && c <= 5)
@@ -161,6 +162,7 @@ void ex_count_end(struct exchange *ex, int64_t now)
 		STAT_INC(ex->us->unknown_outcomes);
 		record_unknown(ex, cause);
 	}
+	accesslog_write(&ex->log);
 }
 
 /* COMPLETE: the response went out whole; CLOSE: the connection must not be reused. */
@@ -169,9 +171,7 @@ void ex_finish(struct exchange *ex, bool complete, bool close)
 	if (ex->state == X_DONE)
 		return;
 	ex_end(ex);
-	int64_t now = clock_now_us();
-	ex_count_end(ex, now);
-	ex_log_request(ex, now);
+	ex_count_and_log(ex, clock_now_us());
 	ex->rsp.end(ex->rsp.arg, complete, close || ex->close_after);
 }
 
@@ -323,9 +323,7 @@ void ex_start_tunnel(struct exchange *ex, struct attempt *a, const struct http_h
 	ex->log.ok_response = true;
 	ex->head_sent = true;
 	ex_end(ex);
-	int64_t now = clock_now_us();
-	ex_count_end(ex, now);
-	ex_log_request(ex, now);
+	ex_count_and_log(ex, clock_now_us());
 	ex->rsp.tunnel(ex->rsp.arg, &rh.head, ubev);
 }
 

@@ -19,14 +19,21 @@ static bool named(const struct http_hdr *h, const char *name, size_t nlen)
 
 #define NAMED(h, lit) named((h), lit, sizeof(lit) - 1)
 
+/* How nv_add() takes a field's name */
+enum nname {
+	NAME_OURS,      /* a literal of retrygate's: pointed at, never copied */
+	NAME_COPY,      /* the client's, lowercase already (an HTTP/2 client's: uppercase is
+	                 * malformed, SPEC §9) */
+	NAME_LOWER,     /* the client's, lowercased (an HTTP/1 client's) */
+};
+
 /* Where the fields go: an HTTP/1.1 head (names as they came) or an HTTP/2 field list
  * (names lowercased). One walk over the client's fields serves both, so the two protocols
  * cannot drift apart in what they forward. */
 struct sink {
 	struct h1_out *o;               /* HTTP/1.1 */
 	struct forward_nv *nv;          /* HTTP/2 */
-	bool lower;                     /* HTTP/2: the client's names are lowercase already (an
-	                                 * HTTP/2 client's: uppercase is malformed, SPEC §9) */
+	enum nname client;              /* HTTP/2: how the client's names go */
 };
 
 /* A field name retrygate writes itself, in both spellings: lowercasing it per request would
@@ -47,6 +54,13 @@ FNAME(F_EXPECT, "Expect", "expect");
 FNAME(F_CL, "Content-Length", "content-length");
 FNAME(F_TE, "te", "te");
 
+/* A pointer into arena[FROM, FROM + LEN] (an empty value may point at its end) now at TO's */
+static uint8_t *moved(uint8_t *p, const char *from, size_t len, char *to)
+{
+	uintptr_t d = (uintptr_t)p - (uintptr_t)from;
+	return d <= len ? (uint8_t *)to + d : p;
+}
+
 /* Room for N more bytes and one more field; the first ones go in the struct's own storage. */
 static void nv_room(struct forward_nv *o, size_t need)
 {
@@ -56,6 +70,11 @@ static void nv_room(struct forward_nv *o, size_t need)
 			cap *= 2;
 		char *a = xmalloc(cap);
 		memcpy(a, o->arena, o->used);
+		/* rare: the fields so far point into the old arena (names of ours do not) */
+		for (size_t i = 0; i < o->n; i++) {
+			o->nv[i].name = moved(o->nv[i].name, o->arena, o->used, a);
+			o->nv[i].value = moved(o->nv[i].value, o->arena, o->used, a);
+		}
 		if (o->arena != o->inl)
 			free(o->arena);
 		o->arena = a;
@@ -71,32 +90,37 @@ static void nv_room(struct forward_nv *o, size_t need)
 	}
 }
 
-/* One field; LOWER: NAME is lowercase already. FLAGS: NGHTTP2_NV_FLAG_NO_INDEX for a value
+/* One field, its name taken as HOW says. FLAGS: NGHTTP2_NV_FLAG_NO_INDEX for a value
  * that differs in every request (x-request-id, the deadline fields): indexed, each would enter
  * the connection's HPACK table, evict the fields that repeat, and make the encoder compare every
  * same-name entry on each lookup. Sent as never-indexed literals (RFC 7541 §6.2.3) instead. */
-static void nv_add(struct forward_nv *o, const char *name, size_t nlen, bool lower, uint8_t flags,
-                   const char *v1, size_t l1, const char *v2, size_t l2, const char *v3, size_t l3)
+static inline __attribute__((always_inline))
+void nv_add(struct forward_nv *o, const char *name, size_t nlen, enum nname how, uint8_t flags,
+            const char *v1, size_t l1, const char *v2, size_t l2, const char *v3, size_t l3)
 {
-	size_t need = nlen + l1 + l2 + l3;
+	size_t nbytes = how == NAME_OURS ? 0 : nlen;
+	size_t need = nbytes + l1 + l2 + l3;
 	nv_room(o, need);
-	/* offsets into the arena until forward_h2_headers() ends: it may still move */
 	nghttp2_nv *e = &o->nv[o->n++];
 	char *p = o->arena + o->used;
-	if (lower)
-		memcpy(p, name, nlen);
-	else
-		ascii_lower_copy(p, name, nlen);
-	e->name = (uint8_t *)(uintptr_t)o->used;
+	if (how == NAME_OURS) {
+		e->name = (uint8_t *)(uintptr_t)name;
+	} else {
+		if (how == NAME_COPY)
+			memcpy(p, name, nlen);
+		else
+			ascii_lower_copy(p, name, nlen);
+		e->name = (uint8_t *)p;
+	}
 	e->namelen = nlen;
-	p += nlen;
+	p += nbytes;
+	e->value = (uint8_t *)p;
 	if (l1)
 		memcpy(p, v1, l1);
 	if (l2)
 		memcpy(p + l1, v2, l2);
 	if (l3)
 		memcpy(p + l1 + l2, v3, l3);
-	e->value = (uint8_t *)(uintptr_t)(o->used + nlen);
 	e->valuelen = l1 + l2 + l3;
 	e->flags = flags;
 	o->used += need;
@@ -108,17 +132,18 @@ static void put_client(struct sink *k, const struct http_hdr *h, uint8_t flags)
 	if (k->o)
 		h1_field(k->o, h->name, h->nlen, h->value, h->vlen);
 	else
-		nv_add(k->nv, h->name, h->nlen, k->lower, flags, h->value, h->vlen, NULL, 0, NULL, 0);
+		nv_add(k->nv, h->name, h->nlen, k->client, flags, h->value, h->vlen, NULL, 0, NULL, 0);
 }
 
 /* A field of retrygate's: NAME's spelling for the protocol */
-static void put3(struct sink *k, const struct fname *f, uint8_t flags, const char *v1, size_t l1,
-                 const char *v2, size_t l2, const char *v3, size_t l3)
+static inline __attribute__((always_inline))
+void put3(struct sink *k, const struct fname *f, uint8_t flags, const char *v1, size_t l1,
+          const char *v2, size_t l2, const char *v3, size_t l3)
 {
 	if (k->o)
 		h1_field3(k->o, f->h1, f->len, v1, l1, v2, l2, v3, l3);
 	else
-		nv_add(k->nv, f->h2, f->len, true, flags, v1, l1, v2, l2, v3, l3);
+		nv_add(k->nv, f->h2, f->len, NAME_OURS, flags, v1, l1, v2, l2, v3, l3);
 }
 
 static void put(struct sink *k, const struct fname *f, uint8_t flags, const char *v, size_t vlen)
@@ -325,27 +350,23 @@ static bool te_trailers(const struct http_head *r)
 void forward_h2_headers(const struct forward_req *f, bool up_tls, struct forward_nv *out)
 {
 	const struct http_head *r = f->req;
-	struct sink k = { .nv = out, .lower = r->version == 20 };
+	struct sink k = { .nv = out, .client = r->version == 20 ? NAME_COPY : NAME_LOWER };
 	out->n = out->used = 0;
 	const uint8_t none = NGHTTP2_NV_FLAG_NONE;
-	nv_add(out, ":method", 7, true, none, r->method, strlen(r->method), NULL, 0, NULL, 0);
-	nv_add(out, ":scheme", 7, true, none, up_tls ? "https" : "http", up_tls ? 5 : 4, NULL, 0,
+	nv_add(out, ":method", 7, NAME_OURS, none, r->method, strlen(r->method), NULL, 0, NULL, 0);
+	nv_add(out, ":scheme", 7, NAME_OURS, none, up_tls ? "https" : "http", up_tls ? 5 : 4, NULL, 0,
 	       NULL, 0);
 	const char *host;
 	size_t hlen;
 	authority(f, &host, &hlen);
-	nv_add(out, ":authority", 10, true, none, host, hlen, NULL, 0, NULL, 0);
-	nv_add(out, ":path", 5, true, none, r->path, r->path_len, NULL, 0, NULL, 0);
+	nv_add(out, ":authority", 10, NAME_OURS, none, host, hlen, NULL, 0, NULL, 0);
+	nv_add(out, ":path", 5, NAME_OURS, none, r->path, r->path_len, NULL, 0, NULL, 0);
 	fields(f, &k);
 	/* gRPC servers refuse a call without it (it says the client reads trailers); exactly
 	 * one, the client's own TE being hop-by-hop and dropped above */
 	if (f->grpc || te_trailers(r))
 		put(&k, &F_TE, none, "trailers", 8);
 	framing(f, &k);
-	for (size_t i = 0; i < out->n; i++) {
-		out->nv[i].name = (uint8_t *)out->arena + (uintptr_t)out->nv[i].name;
-		out->nv[i].value = (uint8_t *)out->arena + (uintptr_t)out->nv[i].value;
-	}
 }
 
 void forward_nv_free(struct forward_nv *o)

@@ -56,9 +56,10 @@ void forward_h1_head(const struct forward_req *f, struct evbuffer *out);
  * UP_TLS), :authority (host_rewrite, else the client's Host or :authority, else the endpoint),
  * :path, then the fields of forward_h1_head with lowercase names, no host and no
  * connection-specific field, te: trailers only when the client's TE listed it, a length when
- * known and never chunked. OUT (forward_nv_init, or reused) owns the names and values, all in
- * arena[0, used): they stay valid until the next call or forward_nv_free(). A request's list
- * usually fits the struct itself (no allocation); x-request-id and the deadline fields carry
+ * known and never chunked. OUT (forward_nv_init, or reused) owns the values and the client's
+ * names, all in arena[0, used): they stay valid until the next call or forward_nv_free(); the
+ * names retrygate writes itself are string literals, pointed at. A request's list usually fits
+ * the struct itself (no allocation); x-request-id and the deadline fields carry
  * NGHTTP2_NV_FLAG_NO_INDEX. */
 #define FORWARD_NV_INLINE 32
 struct forward_nv {

@@ -68,7 +68,8 @@ struct attempt_req {
 	bool h2;
 	const nghttp2_nv *nv;
 	size_t nvlen;
-	const char *nv_bytes;           /* the bytes every name and value of NV lies in */
+	const char *nv_bytes;           /* the bytes every value of NV lies in, and every name
+	                                 * that is not a string literal */
 	size_t nv_bytes_len;
 	const struct http_hdr *trailers;    /* HTTP/2: request trailers known at the start (copied) */
 	int ntrailers;

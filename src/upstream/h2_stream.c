@@ -586,10 +586,8 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	s->body = o->body;
 	s->streaming = o->streaming;
 	s->resp_cl = -1;
-	for (size_t i = 0; i < o->nvlen && o->nv[i].namelen > 0 && o->nv[i].name[0] == ':'; i++)
-		if (o->nv[i].namelen == 7 && memcmp(o->nv[i].name, ":method", 7) == 0 &&
-		    o->nv[i].valuelen == 4 && memcmp(o->nv[i].value, "HEAD", 4) == 0)
-			s->rchk |= RC_HEAD_REQ;
+	if (o->is_head)
+		s->rchk |= RC_HEAD_REQ;
 	if (o->streaming)
 		s->pending = loop_buf_get(l);
 	keep_trailers(s, o->trailers, o->ntrailers);
@@ -600,20 +598,20 @@ static struct transport *h2_upstream_open(struct loop *l, struct ep_state *ep,
 	const nghttp2_nv *nv = o->nv;
 	if (nb > 0) {
 		memcpy(s->fields, o->nv_bytes, nb);
-		const uint8_t *lo = (const uint8_t *)o->nv_bytes, *hi = lo + nb;
+		/* every value lies in nv_bytes (transport_req), and every name but the literals:
+		 * each moves by as much */
+		const uint8_t *lo = (const uint8_t *)o->nv_bytes;
 		for (size_t i = 0; i < o->nvlen; i++) {
 			const nghttp2_nv *e = &o->nv[i];
-			local[i] = *e;
+			nghttp2_nv *d = &local[i];
+			uintptr_t at = (uintptr_t)e->name - (uintptr_t)lo;
+			d->name = at < nb ? (uint8_t *)s->fields + at : e->name;
+			d->value = (uint8_t *)s->fields + (e->value - lo);
+			d->namelen = e->namelen;
+			d->valuelen = e->valuelen;
+			d->flags = e->flags | NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE;
 			if ((e->flags & NGHTTP2_NV_FLAG_NO_INDEX) && goes_indexed(c, e))
-				local[i].flags &= (uint8_t)~NGHTTP2_NV_FLAG_NO_INDEX;
-			if (e->name >= lo && e->name + e->namelen <= hi) {
-				local[i].name = (uint8_t *)s->fields + (e->name - lo);
-				local[i].flags |= NGHTTP2_NV_FLAG_NO_COPY_NAME;
-			}
-			if (e->value >= lo && e->value + e->valuelen <= hi) {
-				local[i].value = (uint8_t *)s->fields + (e->value - lo);
-				local[i].flags |= NGHTTP2_NV_FLAG_NO_COPY_VALUE;
-			}
+				d->flags &= (uint8_t)~NGHTTP2_NV_FLAG_NO_INDEX;
 		}
 		nv = local;
 		/* it may wait beyond a limit the server has not told yet: keep the list (pointing

@@ -69,9 +69,10 @@ struct transport_req {
 	/* HTTP/2 */
 	const nghttp2_nv *nv;           /* lowercase names; copied */
 	size_t nvlen;
-	const char *nv_bytes;           /* the bytes NV's names and values lie in: the stream
-	                                 * keeps one copy until its HEADERS left (NULL: nghttp2
-	                                 * copies each field) */
+	const char *nv_bytes;           /* the bytes every value of NV lies in, and every name
+	                                 * that is not a string literal: the stream keeps one copy
+	                                 * until its HEADERS left (NULL: nghttp2 copies each
+	                                 * field) */
 	size_t nv_bytes_len;
 	const struct http_hdr *trailers;    /* request trailers (copied), or NULL: SPEC §9 relays
 	                                     * them between HTTP/2 peers */

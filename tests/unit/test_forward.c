@@ -360,11 +360,49 @@ static void test_h2_large_list(void **state)
 	evbuffer_free(req);
 }
 
+/* Every name and value but retrygate's literal names lies in the arena, also when it grew
+ * after them (an empty value included: it may point at the arena's end). */
+static void test_h2_arena_moves(void **state)
+{
+	struct evbuffer *req = evbuffer_new();
+	evbuffer_add_printf(req, "GET / HTTP/1.1\r\nHost: svc\r\nX-Empty:\r\n");
+	char big[300];
+	memset(big, 'v', sizeof(big) - 1);
+	big[sizeof(big) - 1] = 0;
+	for (int i = 0; i < 20; i++)
+		evbuffer_add_printf(req, "X-Field-%d: %s\r\n", i, big);
+	evbuffer_add_printf(req, "\r\n");
+	char *text = strndup((const char *)evbuffer_pullup(req, -1), evbuffer_get_length(req));
+	struct parsed pr;
+	const struct http_head *h = parse(&pr, text);
+	struct forward_nv nv;
+	forward_nv_init(&nv);
+	struct forward_req f = {
+		.req = h, .endpoint = "127.0.0.1:9001", .peer_ip = "10.0.0.9", .reqid = "rid",
+		.dl_present = pr.present, .wait_us = 950000, .attempt = 1,
+	};
+	forward_h2_headers(&f, false, &nv);
+	assert_true(nv.arena != nv.inl);
+	const nghttp2_nv *e = &nv.nv[4];
+	assert_int_equal(e->namelen, 7);
+	assert_memory_equal(e->name, "x-empty", 7);
+	assert_int_equal(e->valuelen, 0);
+	for (size_t j = 0; j < nv.n; j++) {
+		const char *v = (const char *)nv.nv[j].value;
+		assert_true(v >= nv.arena && v + nv.nv[j].valuelen <= nv.arena + nv.used);
+	}
+	forward_nv_free(&nv);
+	parsed_free(&pr);
+	free(text);
+	evbuffer_free(req);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_h2_never_indexed),
 		cmocka_unit_test(test_h2_large_list),
+		cmocka_unit_test(test_h2_arena_moves),
 		cmocka_unit_test(test_h2_rows),
 		cmocka_unit_test(test_rows),
 	};
