@@ -102,11 +102,9 @@ size_t format_duration(int64_t us, char *buf, size_t cap)
 	return n < 0 ? 0 : (size_t)n;
 }
 
-bool str_ieq(const char *a, size_t alen, const char *b, size_t blen)
+bool str_ieq_fold(const char *a, const char *b, size_t n)
 {
-	if (alen != blen)
-		return false;
-	for (size_t i = 0; i < alen; i++)
+	for (size_t i = 0; i < n; i++)
 		if (ascii_lower((unsigned char)a[i]) != ascii_lower((unsigned char)b[i]))
 			return false;
 	return true;

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* "250ms" "2s" "1m" "24h", or a bare integer meaning milliseconds; no fractions or compounds.
  * Returns 0 and sets *us, or -1. Overflow is an error. */
@@ -20,7 +21,15 @@ int parse_size(const char *s, int64_t *bytes);
  * 0 is "0s"). Returns the length it needed, like snprintf. */
 size_t format_duration(int64_t us, char *buf, size_t cap);
 
-bool str_ieq(const char *a, size_t alen, const char *b, size_t blen);
+/* N bytes of A and B equal but for ASCII case. */
+bool str_ieq_fold(const char *a, const char *b, size_t n);
+/* A[ALEN] equals B[BLEN] but for ASCII case. Inline, so that the exact compare, which
+ * answers most calls (an HTTP/2 peer's names are lowercase, as are most HTTP/1 ones and every
+ * literal they are compared with), is inlined for a literal's length. */
+static inline bool str_ieq(const char *a, size_t alen, const char *b, size_t blen)
+{
+	return alen == blen && (memcmp(a, b, blen) == 0 || str_ieq_fold(a, b, blen));
+}
 /* N bytes of SRC into DST with ASCII capitals lowercased (an HTTP/2 field name). */
 void ascii_lower_copy(char *dst, const char *src, size_t n);
 bool str_iprefix(const char *s, size_t len, const char *prefix);

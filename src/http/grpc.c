@@ -200,17 +200,12 @@ int grpc_client_code(int code, int http_status, bool complete)
 	}
 }
 
-/* N (LEN bytes) is LIT: the exact bytes first (an HTTP/2 peer's names are lowercase), any
- * case only then */
-#define NAME_IS(n, len, lit) \
-	(memcmp((n), lit, sizeof(lit) - 1) == 0 || str_ieq((n), (len), lit, sizeof(lit) - 1))
-
 enum grpc_field grpc_field_kind(const char *name, size_t n)
 {
 	/* by length: every other field of a response is told apart without a compare */
-	if (n == 11 && NAME_IS(name, n, "grpc-status"))
+	if (n == 11 && str_ieq(name, n, "grpc-status", 11))
 		return GRPC_F_STATUS;
-	if (n == 22 && NAME_IS(name, n, "grpc-retry-pushback-ms"))
+	if (n == 22 && str_ieq(name, n, "grpc-retry-pushback-ms", 22))
 		return GRPC_F_PUSHBACK;
 	return GRPC_F_OTHER;
 }

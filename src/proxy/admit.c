@@ -56,11 +56,7 @@ struct req_fields {
 	const struct http_hdr *key;             /* the upstream's idempotency header */
 };
 
-/* LIT lowercase: the exact bytes first, as an HTTP/2 client must send them (and most HTTP/1
- * ones do), before the caseless compare */
-#define IS_FIELD(f, lit)                                                        \
-	(memcmp((f)->name, lit, sizeof(lit) - 1) == 0 ||                        \
-	 str_ieq((f)->name, (f)->nlen, lit, sizeof(lit) - 1))
+#define IS_FIELD(f, lit) str_ieq((f)->name, (f)->nlen, lit, sizeof(lit) - 1)
 /* within find_fields: a field of LIT's length is LIT or none of the others */
 #define FIELD_CASE(lit, member)                                         \
 	case sizeof(lit) - 1:                                           \

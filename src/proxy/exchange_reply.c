@@ -226,9 +226,9 @@ void ex_send_head(struct exchange *ex, const struct http_head *h, enum refusal r
 
 void ex_relay_body(struct exchange *ex, struct evbuffer *data)
 {
-	if (evbuffer_get_length(data) == 0)
-		return;
 	size_t n = evbuffer_get_length(data);
+	if (n == 0)
+		return;
 	idem_job_record_body(ex->idem, data);
 	if (ex->idem && ex->idem_body_left > 0 && (ex->idem_body_left -= (int64_t)n) <= 0)
 		idem_settle_before_end(ex);
