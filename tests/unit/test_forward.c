@@ -321,26 +321,46 @@ static void test_h2_never_indexed(void **state)
 	parsed_free(&pr);
 }
 
-/* A field list beyond the struct's own storage moves to the heap, every field intact. */
-static void test_h2_large_list(void **state)
+#define BIG_VALUE 299      /* bytes of each X-Field-N's value: 'v's */
+
+/* A GET whose head has EXTRA (whole lines) and then NFIELDS fields X-Field-N of BIG_VALUE
+ * bytes, parsed into PR; its forward_req in F. Free with big_free(). */
+static char *big_head(struct parsed *pr, struct forward_req *f, const char *extra, int nfields)
 {
 	struct evbuffer *req = evbuffer_new();
-	evbuffer_add_printf(req, "GET / HTTP/1.1\r\nHost: svc\r\n");
-	char big[300];
-	memset(big, 'v', sizeof(big) - 1);
-	big[sizeof(big) - 1] = 0;
-	for (int i = 0; i < 60; i++)
+	evbuffer_add_printf(req, "GET / HTTP/1.1\r\nHost: svc\r\n%s", extra);
+	char big[BIG_VALUE + 1];
+	memset(big, 'v', BIG_VALUE);
+	big[BIG_VALUE] = 0;
+	for (int i = 0; i < nfields; i++)
 		evbuffer_add_printf(req, "X-Field-%d: %s\r\n", i, big);
 	evbuffer_add_printf(req, "\r\n");
 	char *text = strndup((const char *)evbuffer_pullup(req, -1), evbuffer_get_length(req));
+	evbuffer_free(req);
+	*f = (struct forward_req){
+		.req = parse(pr, text), .endpoint = "127.0.0.1:9001", .peer_ip = "10.0.0.9",
+		.reqid = "rid", .dl_present = pr->present, .wait_us = 950000, .attempt = 1,
+	};
+	return text;
+}
+
+static void big_free(struct parsed *pr, struct forward_nv *nv, char *text)
+{
+	forward_nv_free(nv);
+	parsed_free(pr);
+	free(text);
+}
+
+/* A field list beyond the struct's own storage moves to the heap, every field intact. */
+static void test_h2_large_list(void **state)
+{
 	struct parsed pr;
-	const struct http_head *h = parse(&pr, text);
+	struct forward_req f;
+	char *text = big_head(&pr, &f, "", 60);
 	struct forward_nv nv;
 	forward_nv_init(&nv);
-	struct forward_req f = {
-		.req = h, .endpoint = "127.0.0.1:9001", .peer_ip = "10.0.0.9", .reqid = "rid",
-		.dl_present = pr.present, .wait_us = 950000, .attempt = 1,
-	};
+	char big[BIG_VALUE];
+	memset(big, 'v', BIG_VALUE);
 	for (int round = 0; round < 2; round++) {   /* and reused once grown */
 		forward_h2_headers(&f, false, &nv);
 		assert_int_equal(nv.n, 4 + 60 + 5);
@@ -350,37 +370,22 @@ static void test_h2_large_list(void **state)
 			const nghttp2_nv *e = &nv.nv[4 + i];
 			assert_int_equal(e->namelen, nl);
 			assert_memory_equal(e->name, name, (size_t)nl);
-			assert_int_equal(e->valuelen, sizeof(big) - 1);
-			assert_memory_equal(e->value, big, sizeof(big) - 1);
+			assert_int_equal(e->valuelen, BIG_VALUE);
+			assert_memory_equal(e->value, big, BIG_VALUE);
 		}
 	}
-	forward_nv_free(&nv);
-	parsed_free(&pr);
-	free(text);
-	evbuffer_free(req);
+	big_free(&pr, &nv, text);
 }
 
 /* Every name and value but retrygate's literal names lies in the arena, also when it grew
  * after them (an empty value included: it may point at the arena's end). */
 static void test_h2_arena_moves(void **state)
 {
-	struct evbuffer *req = evbuffer_new();
-	evbuffer_add_printf(req, "GET / HTTP/1.1\r\nHost: svc\r\nX-Empty:\r\n");
-	char big[300];
-	memset(big, 'v', sizeof(big) - 1);
-	big[sizeof(big) - 1] = 0;
-	for (int i = 0; i < 20; i++)
-		evbuffer_add_printf(req, "X-Field-%d: %s\r\n", i, big);
-	evbuffer_add_printf(req, "\r\n");
-	char *text = strndup((const char *)evbuffer_pullup(req, -1), evbuffer_get_length(req));
 	struct parsed pr;
-	const struct http_head *h = parse(&pr, text);
+	struct forward_req f;
+	char *text = big_head(&pr, &f, "X-Empty:\r\n", 20);
 	struct forward_nv nv;
 	forward_nv_init(&nv);
-	struct forward_req f = {
-		.req = h, .endpoint = "127.0.0.1:9001", .peer_ip = "10.0.0.9", .reqid = "rid",
-		.dl_present = pr.present, .wait_us = 950000, .attempt = 1,
-	};
 	forward_h2_headers(&f, false, &nv);
 	assert_true(nv.arena != nv.inl);
 	const nghttp2_nv *e = &nv.nv[4];
@@ -391,10 +396,7 @@ static void test_h2_arena_moves(void **state)
 		const char *v = (const char *)nv.nv[j].value;
 		assert_true(v >= nv.arena && v + nv.nv[j].valuelen <= nv.arena + nv.used);
 	}
-	forward_nv_free(&nv);
-	parsed_free(&pr);
-	free(text);
-	evbuffer_free(req);
+	big_free(&pr, &nv, text);
 }
 
 int main(void)
